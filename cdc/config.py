@@ -1,0 +1,179 @@
+"""Configuration models, validated up front.
+
+Settings come from (highest first) command-line options, environment variables prefixed ``CDC_``
+(nested keys joined by ``__``: ``CDC_SPARK__MASTER=spark://host:7077``,
+``CDC_STACK__POSTGRES__PORT=5433``), then the defaults documented on each field. An invalid value
+raises :class:`cdc.errors.ConfigError` naming the key and the reason.
+"""
+
+from __future__ import annotations
+
+import os
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from cdc.errors import ConfigError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class MavenJars(_Strict):
+    """Fetch the Delta and Kafka connector jars from Maven Central once, then reuse the cached copy."""
+
+    kind: Literal["maven"] = "maven"
+    cache_dir: Path | None = Field(
+        default=None,
+        description="Where resolved jars are kept; default $CDC_JARS_CACHE or ~/.cache/cdc-lakehouse/jars.",
+    )
+
+
+class LocalJars(_Strict):
+    """Use the jars of a local folder as they are (air-gapped machines, pre-baked cluster images)."""
+
+    kind: Literal["local"] = "local"
+    folder: Path = Field(description="Folder holding delta-spark, spark-sql-kafka and their dependencies.")
+
+    @field_validator("folder")
+    @classmethod
+    def _has_jars(cls, folder: Path) -> Path:
+        if not folder.is_dir() or not any(folder.glob("*.jar")):
+            raise ValueError(f"{folder} is not a folder holding .jar files")
+        return folder
+
+
+class ProvidedJars(_Strict):
+    """The cluster already puts Delta and the Kafka source on the classpath: add nothing."""
+
+    kind: Literal["provided"] = "provided"
+
+
+JarsSource = Annotated[Union[MavenJars, LocalJars, ProvidedJars], Field(discriminator="kind")]
+
+
+class SparkConfig(_Strict):
+    """How the SparkSession is built (see :func:`cdc.spark.build_spark_session`)."""
+
+    master: str = Field(
+        default="local[*]",
+        description="Spark master URL; any master works (local[N], spark://, yarn, k8s://).",
+    )
+    app_name: str = Field(default="cdc-lakehouse", description="Application name shown in the Spark UI.")
+    shuffle_partitions: int = Field(
+        default=4,
+        ge=1,
+        description="spark.sql.shuffle.partitions: a few per core; the default suits a 2-core machine.",
+    )
+    driver_memory: str = Field(
+        default="4g",
+        pattern=r"^\d+[kmgt]$",
+        description="spark.driver.memory, applied when this process starts the JVM (e.g. 4g).",
+    )
+    ui_enabled: bool = Field(default=False, description="Start the Spark web UI (on 127.0.0.1 locally).")
+    jars: JarsSource = Field(default_factory=MavenJars, description="Where the Delta and Kafka jars come from.")
+    conf: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra Spark settings, applied last (object-store credentials, cluster tuning).",
+    )
+
+    @property
+    def is_local(self) -> bool:
+        return self.master.startswith("local")
+
+
+class PostgresConfig(_Strict):
+    """The local stack's PostgreSQL server."""
+
+    port: int = Field(default=5432, gt=0, lt=65536, description="TCP port on 127.0.0.1.")
+    user: str = Field(default="postgres", description="Superuser created by initdb; Debezium connects as it.")
+    password: str = Field(default="postgres", description="Password of that user (a local demo secret).")
+    database: str = Field(default="demo", description="Database holding the sample schema.")
+
+    def dsn(self, host: str = "127.0.0.1") -> str:
+        return f"host={host} port={self.port} user={self.user} password={self.password} dbname={self.database}"
+
+
+class KafkaConfig(_Strict):
+    """The local stack's single-node KRaft Kafka."""
+
+    port: int = Field(default=9092, gt=0, lt=65536, description="Client listener on 127.0.0.1.")
+    controller_port: int = Field(default=9093, gt=0, lt=65536, description="KRaft controller listener.")
+    heap: str = Field(default="768m", pattern=r"^\d+[kmg]$", description="JVM heap (-Xmx) of the broker.")
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+class ConnectConfig(_Strict):
+    """The local stack's Kafka Connect worker (distributed mode) with Debezium's connectors."""
+
+    port: int = Field(default=8083, gt=0, lt=65536, description="REST API port on 127.0.0.1.")
+    heap: str = Field(default="768m", pattern=r"^\d+[kmg]$", description="JVM heap (-Xmx) of the worker.")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+class StackBackend(str, Enum):
+    """Which engine runs the stack: local processes, or docker/compose.yml where Docker exists."""
+
+    LOCAL = "local"
+    DOCKER = "docker"
+
+
+class StackConfig(_Strict):
+    """The local CDC stack: every component a real process on 127.0.0.1, state under one folder."""
+
+    state_dir: Path = Field(
+        default=Path(".cdc/stack"),
+        description="Data, configuration, pid files and logs of every component.",
+    )
+    postgres: PostgresConfig = Field(default_factory=PostgresConfig)
+    kafka: KafkaConfig = Field(default_factory=KafkaConfig)
+    connect: ConnectConfig = Field(default_factory=ConnectConfig)
+    start_timeout_s: float = Field(default=180.0, gt=0, description="How long `up` waits for each component.")
+
+    @field_validator("state_dir")
+    @classmethod
+    def _absolute(cls, state_dir: Path) -> Path:
+        return state_dir.expanduser().absolute()
+
+
+class Settings(BaseSettings):
+    """Everything the CLI reads from the environment (``CDC_`` prefix, ``__`` between nested keys)."""
+
+    model_config = SettingsConfigDict(env_prefix="CDC_", env_nested_delimiter="__", extra="ignore", frozen=True)
+
+    spark: SparkConfig = Field(default_factory=SparkConfig)
+    stack: StackConfig = Field(default_factory=StackConfig)
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read :class:`Settings` from the environment, apply ``overrides``, and turn errors into ConfigError."""
+    try:
+        settings = Settings()
+        if overrides:
+            settings = Settings.model_validate({**settings.model_dump(), **overrides})
+        return settings
+    except ValidationError as error:
+        raise config_error(error, prefix="CDC_") from None
+
+
+def config_error(error: ValidationError, prefix: str = "") -> ConfigError:
+    """One ConfigError listing each invalid key (as the user would write it) with the reason."""
+    problems = []
+    for item in error.errors():
+        key = "__".join(str(part) for part in item["loc"]).upper() if prefix else ".".join(map(str, item["loc"]))
+        problems.append(f"{prefix}{key}: {item['msg']}")
+    return ConfigError("invalid configuration: " + "; ".join(problems))
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}

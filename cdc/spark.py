@@ -1,0 +1,64 @@
+"""The one place that builds the SparkSession: Delta Lake and Spark's Kafka source on any master."""
+
+from __future__ import annotations
+
+from pyspark.sql import SparkSession
+
+from cdc import jars
+from cdc.config import LocalJars, MavenJars, SparkConfig
+
+
+def spark_conf(config: SparkConfig) -> dict[str, str]:
+    """The Spark settings :func:`build_spark_session` applies, in order (later keys win)."""
+    conf = {
+        "spark.master": config.master,
+        "spark.app.name": config.app_name,
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        # CDC timestamps are instants: keep them in UTC whatever the machine's zone.
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": str(config.shuffle_partitions),
+        "spark.ui.enabled": str(config.ui_enabled).lower(),
+        "spark.ui.showConsoleProgress": "false",
+        # Small Delta logs checkpoint and snapshot fast with few partitions on a small machine.
+        "spark.databricks.delta.snapshotPartitions": str(max(config.shuffle_partitions, 1)),
+        "spark.sql.streaming.stateStore.providerClass": (
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+        ),
+    }
+    if config.is_local:
+        # A local driver serves only this machine: keep every port it opens on loopback.
+        conf |= {
+            "spark.driver.memory": config.driver_memory,
+            "spark.driver.host": "127.0.0.1",
+            "spark.driver.bindAddress": "127.0.0.1",
+        }
+    jar_paths = _jar_paths(config)
+    if jar_paths:
+        conf["spark.jars"] = ",".join(jar_paths)
+    return conf | config.conf
+
+
+def build_spark_session(config: SparkConfig | None = None) -> SparkSession:
+    """Build (or return the running) SparkSession configured by ``config``.
+
+    Settings that only take effect when the JVM starts (jars, driver memory) apply to the first
+    session of the process; a later call returns that session with the SQL settings re-applied.
+    """
+    config = config or SparkConfig()
+    builder = SparkSession.builder
+    for key, value in spark_conf(config).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def _jar_paths(config: SparkConfig) -> list[str]:
+    match config.jars:
+        case MavenJars(cache_dir=cache_dir):
+            return [str(path) for path in jars.resolve(jars.SPARK_BUNDLE, cache_dir)]
+        case LocalJars(folder=folder):
+            return sorted(str(path) for path in folder.glob("*.jar"))
+        case _:
+            return []
