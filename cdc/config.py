@@ -94,8 +94,12 @@ class PostgresConfig(_Strict):
     password: str = Field(default="postgres", description="Password of that user (a local demo secret).")
     database: str = Field(default="demo", description="Database holding the sample schema.")
 
-    def dsn(self, host: str = "127.0.0.1") -> str:
-        return f"host={host} port={self.port} user={self.user} password={self.password} dbname={self.database}"
+    def dsn(self, database: str | None = None) -> str:
+        """A libpq connection string to ``database`` (default: the demo database) on 127.0.0.1."""
+        return (
+            f"host=127.0.0.1 port={self.port} user={self.user} password={self.password} "
+            f"dbname={database or self.database}"
+        )
 
 
 class KafkaConfig(_Strict):

@@ -1,0 +1,130 @@
+"""PostgreSQL from the system's packages, with logical decoding for Debezium, and the demo schema."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pwd
+import shutil
+import subprocess
+from importlib import resources
+from pathlib import Path
+
+import psycopg
+
+from cdc.config import StackConfig
+from cdc.errors import DependencyError, StackError
+from cdc.stack.base import POSTGRES
+from cdc.stack.component import Component
+
+# Postgres refuses to run as root; a root caller runs it as the account Debian's package creates.
+SERVER_ACCOUNT = "postgres"
+
+
+def bin_dir() -> Path:
+    """The folder of the newest installed PostgreSQL server's programs (initdb, postgres)."""
+    pg_config = shutil.which("pg_config")
+    if pg_config:
+        found = Path(subprocess.run([pg_config, "--bindir"], capture_output=True, text=True).stdout.strip())
+        if (found / "initdb").exists():
+            return found
+    versions = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parent.parent.name))
+    if versions:
+        return versions[-1].parent
+    if shutil.which("initdb"):
+        return Path(shutil.which("initdb")).resolve().parent  # type: ignore[arg-type]
+    raise DependencyError(
+        "PostgreSQL server not found (no initdb): install it with `apt-get install postgresql` "
+        "or run ./dev, which installs it"
+    )
+
+
+def demo_schema_sql() -> str:
+    return resources.files("cdc.stack").joinpath("sql/demo_schema.sql").read_text()
+
+
+class PostgresServer(Component):
+    name = POSTGRES
+
+    def __init__(self, config: StackConfig) -> None:
+        super().__init__(config, config.postgres.port)
+        self.settings = config.postgres
+        self.data_dir = self.home / "data"
+
+    def user(self) -> str | None:
+        return SERVER_ACCOUNT if os.geteuid() == 0 else None
+
+    def command(self) -> list[str]:
+        return [
+            str(bin_dir() / "postgres"),
+            "-D", str(self.data_dir),
+            "-p", str(self.port),
+            "-c", "listen_addresses=127.0.0.1",
+            "-c", f"unix_socket_directories={self.data_dir}",
+            "-c", "wal_level=logical",
+            "-c", "max_wal_senders=10",
+            "-c", "max_replication_slots=10",
+        ]  # fmt: skip
+
+    def is_up(self) -> bool:
+        try:
+            with psycopg.connect(self.settings.dsn(database="postgres"), connect_timeout=2):
+                return True
+        except psycopg.Error:
+            return False
+
+    def prepare(self) -> None:
+        if (self.data_dir / "PG_VERSION").exists():
+            return
+        account = self.user()
+        if account is not None:
+            self._make_reachable_for(account)
+        self.home.mkdir(parents=True, exist_ok=True)
+        password_file = self.home / "initdb.pw"
+        password_file.write_text(self.settings.password + "\n")
+        if account is not None:
+            record = pwd.getpwnam(account)
+            os.chown(self.home, record.pw_uid, record.pw_gid)
+            os.chown(password_file, record.pw_uid, record.pw_gid)
+        command = [
+            str(bin_dir() / "initdb"),
+            "-D", str(self.data_dir),
+            "-U", self.settings.user,
+            "--pwfile", str(password_file),
+            "--auth-local=trust", "--auth-host=scram-sha-256",
+            "--encoding=UTF8", "--no-locale",
+        ]  # fmt: skip
+        result = subprocess.run(command, capture_output=True, text=True, user=account)
+        password_file.unlink()
+        if result.returncode != 0:
+            raise StackError("initdb failed", component=self.name, log_tail=(result.stdout + result.stderr)[-2000:])
+
+    def after_start(self) -> None:
+        """Create the demo database and apply its schema (both idempotent)."""
+        with psycopg.connect(self.settings.dsn(database="postgres"), autocommit=True) as conn:
+            exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (self.settings.database,)).fetchone()
+            if not exists:
+                conn.execute(f'CREATE DATABASE "{self.settings.database}"')
+        with psycopg.connect(self.settings.dsn(), autocommit=True) as conn:
+            conn.execute(demo_schema_sql())
+
+    def _make_reachable_for(self, account: str) -> None:
+        """Keep the data folder where ``account`` can reach it.
+
+        A state folder under a private home (root's is mode 700) is out of the server account's
+        reach; the data then lives under /var/tmp and the state folder links to it.
+        """
+        self.config.state_dir.mkdir(parents=True, exist_ok=True)
+        probe = subprocess.run(["test", "-x", str(self.config.state_dir)], user=account)
+        if probe.returncode == 0:
+            return
+        digest = hashlib.sha256(str(self.config.state_dir).encode()).hexdigest()[:12]
+        outside = Path("/var/tmp/cdc-lakehouse") / digest / self.name
+        outside.mkdir(parents=True, exist_ok=True)
+        os.chmod(outside.parent.parent, 0o755)
+        os.chmod(outside.parent, 0o755)
+        if self.home.is_symlink():
+            self.home.unlink()
+        elif self.home.exists():
+            shutil.rmtree(self.home)
+        self.home.symlink_to(outside, target_is_directory=True)

@@ -1,0 +1,1 @@
+"""Debezium connector configurations and a client for Kafka Connect's REST API."""
