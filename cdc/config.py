@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -20,7 +20,7 @@ from cdc.errors import ConfigError
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
 
 class MavenJars(_Strict):
@@ -159,15 +159,25 @@ class Settings(BaseSettings):
     stack: StackConfig = Field(default_factory=StackConfig)
 
 
-def load_settings(**overrides: object) -> Settings:
-    """Read :class:`Settings` from the environment, apply ``overrides``, and turn errors into ConfigError."""
+def load_settings(overrides: dict[str, Any] | None = None) -> Settings:
+    """Read :class:`Settings` from the environment, apply nested ``overrides`` (command-line options).
+
+    Invalid values raise ConfigError naming each key as an environment variable.
+    """
     try:
         settings = Settings()
         if overrides:
-            settings = Settings.model_validate({**settings.model_dump(), **overrides})
+            settings = Settings.model_validate(_merge(settings.model_dump(), overrides))
         return settings
     except ValidationError as error:
         raise config_error(error, prefix="CDC_") from None
+
+
+def _merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in overrides.items():
+        merged[key] = _merge(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+    return merged
 
 
 def config_error(error: ValidationError, prefix: str = "") -> ConfigError:

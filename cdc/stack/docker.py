@@ -11,15 +11,17 @@ import subprocess
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import yaml
-from testcontainers.compose import DockerCompose
 
 from cdc.config import StackConfig
 from cdc.errors import ConfigError, DependencyError, StackError
 from cdc.stack.base import CONNECT, KAFKA, POSTGRES, ComponentStatus
 from cdc.stack.process import port_open
+
+if TYPE_CHECKING:
+    from testcontainers.compose import DockerCompose
 
 COMPOSE_FILE = Path(__file__).resolve().parents[2] / "docker" / "compose.yml"
 # The one-shot service that registers connectors/*.json once Connect is healthy, then exits.
@@ -27,14 +29,21 @@ CONNECT_INIT = "connect-init"
 LOG_LINES = 25
 
 
-def published_ports(compose: Mapping[str, Any]) -> dict[str, list[tuple[str, int]]]:
-    """Each service's published ports as (host address, host port), from "[address:]port:port"."""
-    published: dict[str, list[tuple[str, int]]] = {}
+class PublishedPort(NamedTuple):
+    address: str
+    host_port: int
+    container_port: int
+
+
+def published_ports(compose: Mapping[str, Any]) -> dict[str, list[PublishedPort]]:
+    """The ports each service of a compose model publishes, from the "[address:]port:port" syntax."""
+    published: dict[str, list[PublishedPort]] = {}
     for name, service in compose["services"].items():
         for entry in service.get("ports", []):
-            *address, host_port, _container_port = str(entry).split(":")
+            *address, host_port, container_port = str(entry).split(":")
             # Without an address Docker publishes on every interface.
-            published.setdefault(name, []).append((address[0] if address else "0.0.0.0", int(host_port)))
+            port = PublishedPort(address[0] if address else "0.0.0.0", int(host_port), int(container_port))
+            published.setdefault(name, []).append(port)
     return published
 
 
@@ -77,6 +86,13 @@ class DockerComposeStack:
         ]
 
     def _compose(self, services: list[str] | None = None, wait: bool = True) -> DockerCompose:
+        # Imported here: testcontainers is an optional dependency that only this backend needs.
+        try:
+            from testcontainers.compose import DockerCompose
+        except ImportError:
+            raise DependencyError(
+                "the Docker stack needs testcontainers: pip install 'testcontainers>=4.8'", package="testcontainers"
+            ) from None
         return DockerCompose(
             self.compose_file.parent, compose_file_name=self.compose_file.name, services=services, wait=wait
         )
@@ -88,24 +104,26 @@ class DockerComposeStack:
         deadline = time.monotonic() + self.config.start_timeout_s
         while (container := compose.get_container(CONNECT_INIT, include_all=True)).State != "exited":
             if time.monotonic() > deadline:
-                raise StackError(
-                    f"{CONNECT_INIT} did not finish within {self.config.start_timeout_s:.0f}s",
-                    component=CONNECT,
-                    log_tail=_last_lines(compose.get_logs(CONNECT_INIT)[0]),
-                )
+                break
             time.sleep(1)
-        if container.ExitCode != 0:
+        if container.State != "exited" or container.ExitCode != 0:
+            outcome = (
+                f"exit code {container.ExitCode}"
+                if container.State == "exited"
+                else f"still running after {self.config.start_timeout_s:.0f}s"
+            )
             raise StackError(
-                f"{CONNECT_INIT} could not register the connectors (exit code {container.ExitCode})",
+                f"{CONNECT_INIT} could not register the connectors ({outcome})",
                 component=CONNECT,
                 log_tail=_last_lines(compose.get_logs(CONNECT_INIT)[0]),
             )
 
-    def _check_ports(self, published: dict[str, list[tuple[str, int]]]) -> None:
+    def _check_ports(self, published: dict[str, list[PublishedPort]]) -> None:
         for name, port in self.ports.items():
-            if ("127.0.0.1", port) not in published.get(name, []):
+            addresses = [f"{entry.address}:{entry.host_port}" for entry in published.get(name, [])]
+            if f"127.0.0.1:{port}" not in addresses:
                 raise ConfigError(
-                    f"{self.compose_file} publishes {name} on {published.get(name)}, not on 127.0.0.1:{port}: "
+                    f"{self.compose_file} publishes {name} on {addresses}, not on 127.0.0.1:{port}: "
                     "the Docker stack takes the default ports only (or use the local stack)",
                     component=name,
                 )

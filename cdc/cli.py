@@ -1,0 +1,177 @@
+"""The ``cdc`` command. Each command only builds settings and calls the library.
+
+Errors the tool raises on purpose (:class:`cdc.errors.CdcError`) print as one line and exit with
+their code; the traceback shows only under ``--debug``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from cdc import jars
+from cdc.config import Settings, load_settings
+from cdc.errors import CdcError
+
+Command = Callable[[argparse.Namespace, Settings], int]
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    """Settings from the environment, with the command-line options on top."""
+    state_dir = getattr(args, "state_dir", None)
+    return load_settings({"stack": {"state_dir": state_dir}} if state_dir else None)
+
+
+def stack_up(args: argparse.Namespace, settings: Settings) -> int:
+    from cdc.stack.local import LocalStack
+
+    _print_status(LocalStack(settings.stack).up(), as_json=args.json)
+    return 0
+
+
+def stack_down(args: argparse.Namespace, settings: Settings) -> int:
+    from cdc.stack.local import LocalStack
+
+    LocalStack(settings.stack).down()
+    print("stack stopped")
+    return 0
+
+
+def stack_status(args: argparse.Namespace, settings: Settings) -> int:
+    from cdc.stack.local import LocalStack
+
+    statuses = LocalStack(settings.stack).status()
+    _print_status(statuses, as_json=args.json)
+    return 0 if all(status.up for status in statuses) else 1
+
+
+def _print_status(statuses: Sequence, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"components": [status.as_dict() for status in statuses]}, indent=2))
+        return
+    for status in statuses:
+        state = "up" if status.up else "down"
+        print(f"{status.name:<9} {state:<5} {status.address}" + (f"  pid {status.pid}" if status.pid else ""))
+
+
+def connectors_register(args: argparse.Namespace, settings: Settings) -> int:
+    from connectors import definitions
+    from connectors.client import ConnectClient
+
+    client = ConnectClient(settings.stack.connect.url)
+    for kind in args.kinds:
+        connector = definitions.load(kind)
+        client.register(connector)
+        client.wait_running(connector.name, timeout_s=args.timeout)
+        print(f"{connector.name} running")
+    return 0
+
+
+def connectors_list(args: argparse.Namespace, settings: Settings) -> int:
+    from connectors.client import ConnectClient
+
+    client = ConnectClient(settings.stack.connect.url)
+    for name in client.connectors():
+        status = client.status(name)
+        tasks = ", ".join(f"task {task['id']} {task['state']}" for task in status["tasks"])
+        print(f"{name:<20} {status['connector']['state']:<8} {tasks}")
+    return 0
+
+
+def workload(args: argparse.Namespace, settings: Settings) -> int:
+    from cdc.stack.workload import run_workload
+
+    report = run_workload(settings.stack.postgres.dsn(), customers=args.customers, seed=args.seed)
+    for table, ops in report.changes.items():
+        print(f"shop.{table:<11} " + " ".join(f"{op}={count}" for op, count in sorted(ops.items())))
+    return 0
+
+
+def demo(args: argparse.Namespace, settings: Settings) -> int:
+    from cdc.demo import run_demo
+
+    run_demo(settings)
+    return 0
+
+
+def jars_fetch(args: argparse.Namespace, settings: Settings) -> int:
+    for bundle in (jars.SPARK_BUNDLE, jars.KAFKA_BUNDLE, jars.DEBEZIUM_POSTGRES_BUNDLE):
+        resolved = jars.resolve(bundle)
+        print(f"{bundle.name:<28} {len(resolved):>3} jars in {resolved[0].parent.parent}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cdc",
+        description="Land Debezium change topics from Kafka in Delta Lake and refine them with Spark.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    state_dir = argparse.ArgumentParser(add_help=False)
+    state_dir.add_argument(
+        "--state-dir", type=Path, help="folder of the stack's data, logs and pid files (default .cdc/stack)"
+    )
+    as_json = argparse.ArgumentParser(add_help=False)
+    as_json.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
+    stack = commands.add_parser("stack", help="run the local CDC stack (Postgres, Kafka, Kafka Connect)")
+    stack_commands = stack.add_subparsers(dest="action", required=True, metavar="ACTION")
+    _add(stack_commands, "up", stack_up, "start every component and wait until it answers", [state_dir, as_json])
+    _add(stack_commands, "down", stack_down, "stop every component", [state_dir])
+    _add(stack_commands, "status", stack_status, "show each component, up or down (exit 1 if one is down)",
+         [state_dir, as_json])  # fmt: skip
+
+    connectors = commands.add_parser("connectors", help="manage Debezium connectors through Kafka Connect")
+    connector_commands = connectors.add_subparsers(dest="action", required=True, metavar="ACTION")
+    register = _add(connector_commands, "register", connectors_register, "create or update shipped connectors")
+    register.add_argument("kinds", nargs="*", default=["postgres"], help="connectors/<kind>.json (default postgres)")
+    register.add_argument("--timeout", type=float, default=60.0, help="seconds to wait until it runs")
+    _add(connector_commands, "list", connectors_list, "list connectors and the state of their tasks")
+
+    run = _add(commands, "workload", workload, "apply a sample workload to the demo database")
+    run.add_argument("--customers", type=int, default=10, help="new customers to insert (default 10)")
+    run.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+
+    _add(commands, "demo", demo, "run the end-to-end demo on the local stack", [state_dir])
+
+    jar_commands = commands.add_parser("jars", help="JVM dependencies").add_subparsers(
+        dest="action", required=True, metavar="ACTION"
+    )
+    _add(jar_commands, "fetch", jars_fetch, "resolve and cache every jar bundle from Maven Central")
+    return parser
+
+
+def _add(
+    commands: argparse._SubParsersAction,
+    name: str,
+    handler: Command,
+    help_text: str,
+    parents: Sequence[argparse.ArgumentParser] = (),
+) -> argparse.ArgumentParser:
+    command = commands.add_parser(name, help=help_text, description=help_text, parents=list(parents))
+    command.set_defaults(handler=handler)
+    return command
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args, _settings(args))
+    except CdcError as error:
+        if args.debug:
+            traceback.print_exc()
+        print(f"cdc: error: {error}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        print("cdc: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+from pyspark.testing import assertDataFrameEqual
+
+from cdc.config import LocalJars, ProvidedJars, SparkConfig
+from cdc.spark import spark_conf
+
+
+def test_conf_wires_delta_and_utc():
+    conf = spark_conf(SparkConfig(jars=ProvidedJars()))
+    assert conf["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension"
+    assert conf["spark.sql.catalog.spark_catalog"] == "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+    assert conf["spark.sql.session.timeZone"] == "UTC"
+    assert "spark.jars" not in conf
+
+
+def test_local_master_keeps_the_driver_on_loopback_and_a_cluster_master_does_not():
+    local = spark_conf(SparkConfig(jars=ProvidedJars()))
+    assert local["spark.driver.bindAddress"] == "127.0.0.1"
+    cluster = spark_conf(SparkConfig(master="spark://cluster:7077", jars=ProvidedJars()))
+    assert "spark.driver.bindAddress" not in cluster
+    assert "spark.driver.memory" not in cluster
+
+
+def test_user_conf_is_applied_last():
+    conf = spark_conf(SparkConfig(jars=ProvidedJars(), conf={"spark.sql.shuffle.partitions": "64"}))
+    assert conf["spark.sql.shuffle.partitions"] == "64"
+
+
+def test_local_jars_folder_goes_on_the_classpath(tmp_path):
+    for name in ("b.jar", "a.jar"):
+        (tmp_path / name).write_bytes(b"")
+    conf = spark_conf(SparkConfig(jars=LocalJars(folder=tmp_path)))
+    assert conf["spark.jars"] == f"{tmp_path}/a.jar,{tmp_path}/b.jar"
+
+
+def test_maven_jars_put_delta_and_the_kafka_source_on_the_classpath():
+    jars = spark_conf(SparkConfig())["spark.jars"].split(",")
+    names = {path.rsplit("/", 1)[1] for path in jars}
+    assert "delta-spark_2.13-4.0.0.jar" in names
+    assert "spark-sql-kafka-0-10_2.13-4.0.0.jar" in names
+    assert not any(name.startswith("scala-library") for name in names), "pyspark ships Scala already"
+
+
+def test_session_writes_delta_with_change_data_feed(spark, tmp_path):
+    path = str(tmp_path / "table")
+    spark.range(3).write.format("delta").option("delta.enableChangeDataFeed", "true").save(path)
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE id = 1")
+    changes = (
+        spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 0).load(path)
+        .select("id", "_change_type", "_commit_version")
+    )  # fmt: skip
+    expected = spark.createDataFrame(
+        [(0, "insert", 0), (1, "insert", 0), (2, "insert", 0), (1, "delete", 1)],
+        "id long, _change_type string, _commit_version long",
+    )
+    assertDataFrameEqual(changes, expected)
+
+
+def test_session_has_the_kafka_source(spark):
+    # Resolved the way `format("kafka")` resolves it, through Spark's own class loader.
+    lookup = spark._jvm.org.apache.spark.sql.execution.datasources.DataSource.lookupDataSource
+    provider = lookup("kafka", spark._jsparkSession.sessionState().conf())
+    assert provider.getName() == "org.apache.spark.sql.kafka010.KafkaSourceProvider"
