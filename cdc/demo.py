@@ -38,6 +38,9 @@ def run_demo(settings: Settings, say: Callable[[str], None] = print) -> dict[str
         ops = Counter(event.op for event in received)
         say(f"  {topic:<24} {len(received):>3} events  " + " ".join(f"{op}={n}" for op, n in sorted(ops.items())))
     sample = next(event for event in events[topics["customers"]] if event.op == "u")
-    say(f"a customer update at offset {sample.offset}: before={sample.payload['before']}")
-    say(f"  after.notes = {sample.payload['after']['notes']!r} (unchanged TOASTed column)")
+    after = sample.payload["after"]
+    say(f"a customer update, key {sample.key}, offset {sample.offset}, as Debezium encodes it:")
+    say(f"  balance    = {after['balance']!r}  (numeric(12,2): base64 unscaled integer, scale in the schema)")
+    say(f"  birth_date = {after['birth_date']!r}  (date: days since 1970-01-01)")
+    say(f"  notes      = {after['notes']!r}  (TOASTed column the update left alone)")
     return events

@@ -65,3 +65,40 @@ def stack(stack_config: StackConfig) -> Iterator[Stack]:
 def unique_name() -> str:
     """A name no other test uses (topics, tables, connectors, replication slots)."""
     return f"t{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def postgres_connector(stack, stack_config: StackConfig, unique_name: str):
+    """Register a Debezium Postgres connector of this test's own (name, topics, slot, publication).
+
+    Yields its definition once it runs; then removes it with its replication slot and publication.
+    """
+    import time
+
+    import psycopg
+
+    from connectors import definitions
+    from connectors.client import ConnectClient
+    from connectors.definitions import ConnectorDefinition
+
+    shipped = definitions.load("postgres")
+    connector = ConnectorDefinition(
+        unique_name,
+        {**shipped.config, "topic.prefix": unique_name, "slot.name": unique_name, "publication.name": unique_name},
+    )
+    client = ConnectClient(stack_config.connect.url)
+    client.register(connector)
+    client.wait_running(connector.name)
+    yield connector
+    client.delete(connector.name)
+    with psycopg.connect(stack_config.postgres.dsn(), autocommit=True) as conn:
+        deadline = time.monotonic() + 60
+        # The slot stays active until the stopped task lets go of its replication connection.
+        while conn.execute(
+            "SELECT active FROM pg_replication_slots WHERE slot_name = %s", (unique_name,)
+        ).fetchone() == (True,):
+            assert time.monotonic() < deadline, f"replication slot {unique_name} still active"
+            time.sleep(0.2)
+        conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
+                     (unique_name,))
+        conn.execute(f'DROP PUBLICATION IF EXISTS "{unique_name}"')

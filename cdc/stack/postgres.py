@@ -16,6 +16,7 @@ from cdc.config import StackConfig
 from cdc.errors import DependencyError, StackError
 from cdc.stack.base import POSTGRES
 from cdc.stack.component import Component
+from cdc.stack.process import account_kwargs
 
 # Postgres refuses to run as root; a root caller runs it as the account Debian's package creates.
 SERVER_ACCOUNT = "postgres"
@@ -49,7 +50,11 @@ class PostgresServer(Component):
     def __init__(self, config: StackConfig) -> None:
         super().__init__(config, config.postgres.port)
         self.settings = config.postgres
-        self.data_dir = self.home / "data"
+
+    @property
+    def data_dir(self) -> Path:
+        # Resolved: the server account may reach the folder only through its real path.
+        return self.home.resolve() / "data"
 
     def user(self) -> str | None:
         return SERVER_ACCOUNT if os.geteuid() == 0 else None
@@ -80,7 +85,7 @@ class PostgresServer(Component):
         if account is not None:
             self._make_reachable_for(account)
         self.home.mkdir(parents=True, exist_ok=True)
-        password_file = self.home / "initdb.pw"
+        password_file = self.home.resolve() / "initdb.pw"
         password_file.write_text(self.settings.password + "\n")
         if account is not None:
             record = pwd.getpwnam(account)
@@ -94,7 +99,7 @@ class PostgresServer(Component):
             "--auth-local=trust", "--auth-host=scram-sha-256",
             "--encoding=UTF8", "--no-locale",
         ]  # fmt: skip
-        result = subprocess.run(command, capture_output=True, text=True, user=account)
+        result = subprocess.run(command, capture_output=True, text=True, **account_kwargs(account))
         password_file.unlink()
         if result.returncode != 0:
             raise StackError("initdb failed", component=self.name, log_tail=(result.stdout + result.stderr)[-2000:])
@@ -115,7 +120,7 @@ class PostgresServer(Component):
         reach; the data then lives under /var/tmp and the state folder links to it.
         """
         self.config.state_dir.mkdir(parents=True, exist_ok=True)
-        probe = subprocess.run(["test", "-x", str(self.config.state_dir)], user=account)
+        probe = subprocess.run(["test", "-x", str(self.config.state_dir)], **account_kwargs(account))
         if probe.returncode == 0:
             return
         digest = hashlib.sha256(str(self.config.state_dir).encode()).hexdigest()[:12]

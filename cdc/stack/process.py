@@ -8,6 +8,7 @@ process after a reboot is never taken for ours.
 from __future__ import annotations
 
 import os
+import pwd
 import signal
 import socket
 import subprocess
@@ -15,6 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cdc.errors import StackError
 
@@ -26,6 +28,13 @@ def port_open(port: int, host: str = "127.0.0.1", timeout_s: float = 0.5) -> boo
             return True
     except OSError:
         return False
+
+
+def account_kwargs(user: str | None) -> dict[str, Any]:
+    """subprocess arguments that run a child as ``user`` with that user's own group (None: as we are)."""
+    if user is None:
+        return {}
+    return {"user": user, "group": pwd.getpwnam(user).pw_gid, "extra_groups": []}
 
 
 def tail(path: Path, lines: int = 25) -> str:
@@ -78,8 +87,8 @@ class ManagedProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **(env or {})},
-                user=user,
                 start_new_session=True,
+                **account_kwargs(user),
             )
         self.pid_file.write_text(f"{process.pid} {_start_time(process.pid)}\n")
         return process.pid
