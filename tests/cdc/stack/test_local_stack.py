@@ -55,7 +55,7 @@ def test_postgres_is_ready_for_debezium(stack, stack_config):
 def test_each_component_logs_to_its_own_file(stack, stack_config):
     logs = stack_config.state_dir / "logs"
     assert "Kafka Server started" in (logs / "kafka.log").read_text()
-    assert "Finished starting connectors and tasks" in (logs / "connect.log").read_text()
+    assert "Added plugin 'io.debezium.connector.postgresql.PostgresConnector'" in (logs / "connect.log").read_text()
     assert "database system is ready to accept connections" in (logs / "postgres.log").read_text()
 
 
