@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from cdc import jars
-from cdc.config import Settings, load_settings
+from cdc.config import Settings, load_settings, validate
 from cdc.errors import CdcError
 
 Command = Callable[[argparse.Namespace, Settings], int]
@@ -22,8 +24,13 @@ Command = Callable[[argparse.Namespace, Settings], int]
 
 def _settings(args: argparse.Namespace) -> Settings:
     """Settings from the environment, with the command-line options on top."""
-    state_dir = getattr(args, "state_dir", None)
-    return load_settings({"stack": {"state_dir": state_dir}} if state_dir else None)
+    overrides: dict[str, Any] = {}
+    if getattr(args, "state_dir", None):
+        overrides["stack"] = {"state_dir": args.state_dir}
+    for option in ("warehouse", "kafka_secrets_file"):
+        if getattr(args, option, None):
+            overrides[option] = getattr(args, option)
+    return load_settings(overrides)
 
 
 def stack_up(args: argparse.Namespace, settings: Settings) -> int:
@@ -98,6 +105,46 @@ def demo(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def raw(args: argparse.Namespace, settings: Settings) -> int:
+    from cdc.raw.config import RawJobConfig
+    from cdc.raw.job import run_raw_job
+    from cdc.spark import build_spark_session
+
+    config = validate(RawJobConfig, {
+        "topics": {"kind": "topics", "topics": args.topics} if args.topics else {"kind": "pattern", "pattern": args.pattern},
+        "warehouse": settings.warehouse,
+        "trigger": {"kind": "available_now"} if args.available_now
+        else {"kind": "continuous", "interval_s": args.trigger_interval or 2.0},
+        "kafka": kafka_settings(settings),
+        "on_gap": "record" if args.allow_gaps else "fail",
+        "max_offsets_per_trigger": args.max_offsets_per_trigger,
+        "reset": args.reset,
+        "force_destroy_raw_data": args.force_destroy_raw_data,
+    }, "raw job settings")  # fmt: skip
+    _stop_on_sigterm()
+    run_raw_job(build_spark_session(settings.spark), config)
+    return 0
+
+
+def kafka_settings(settings: Settings) -> dict[str, object]:
+    """The Kafka connection: CDC_KAFKA__* with the secrets file's settings on top."""
+    from cdc.source import load_secrets_file
+
+    document = settings.kafka.model_dump()
+    if settings.kafka_secrets_file:
+        document |= load_secrets_file(settings.kafka_secrets_file)
+    return document
+
+
+def _stop_on_sigterm() -> None:
+    """A SIGTERM (a scheduler stopping the job) stops as gracefully as Ctrl-C."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def jars_fetch(args: argparse.Namespace, settings: Settings) -> int:
     for bundle in (jars.SPARK_BUNDLE, jars.KAFKA_BUNDLE, jars.DEBEZIUM_POSTGRES_BUNDLE):
         resolved = jars.resolve(bundle)
@@ -139,6 +186,25 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
 
     _add(commands, "demo", demo, "run the end-to-end demo on the local stack", [state_dir])
+
+    warehouse = argparse.ArgumentParser(add_help=False)
+    warehouse.add_argument("--warehouse", help="root of the Delta tables, a path or URI (default ./warehouse)")
+    warehouse.add_argument("--kafka-secrets-file", type=Path, help="YAML/JSON file of Kafka settings (SASL, SSL)")
+
+    land = _add(commands, "raw", raw, "land Kafka topics as-is in raw Delta tables, exactly once", [warehouse])
+    selection = land.add_mutually_exclusive_group(required=True)
+    selection.add_argument("--topic", action="append", dest="topics", metavar="TOPIC", help="a topic (repeatable)")
+    selection.add_argument("--pattern", metavar="REGEX", help="every topic whose whole name matches REGEX")
+    trigger = land.add_mutually_exclusive_group()
+    trigger.add_argument("--available-now", action="store_true", help="land what is there, then stop")
+    trigger.add_argument("--trigger-interval", type=float, metavar="SECONDS",
+                         help="run continuously, a micro-batch every SECONDS (default 2)")  # fmt: skip
+    land.add_argument("--max-offsets-per-trigger", type=int, metavar="N", help="at most N records per micro-batch")
+    land.add_argument("--allow-gaps", action="store_true",
+                      help="when Kafka deleted offsets not landed yet, go on and record the gap (default: stop)")
+    land.add_argument("--reset", action="store_true", help="delete the table and checkpoint, land from the start")
+    land.add_argument("--force-destroy-raw-data", action="store_true",
+                      help="with --reset: allow deleting raw tables, whose data may exist nowhere else")
 
     jar_commands = commands.add_parser("jars", help="JVM dependencies").add_subparsers(
         dest="action", required=True, metavar="ACTION"

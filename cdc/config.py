@@ -8,15 +8,19 @@ raises :class:`cdc.errors.ConfigError` naming the key and the reason.
 
 from __future__ import annotations
 
+import json
 import os
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, TypeVar, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from cdc.errors import ConfigError
+
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
 class _Strict(BaseModel):
@@ -125,6 +129,85 @@ class ConnectConfig(_Strict):
         return f"http://127.0.0.1:{self.port}"
 
 
+class SecurityProtocol(str, Enum):
+    PLAINTEXT = "PLAINTEXT"
+    SSL = "SSL"
+    SASL_PLAINTEXT = "SASL_PLAINTEXT"
+    SASL_SSL = "SASL_SSL"
+
+
+class SaslMechanism(str, Enum):
+    """Username/password mechanisms: Confluent Cloud and Event Hubs use PLAIN, MSK uses SCRAM-SHA-512."""
+
+    PLAIN = "PLAIN"
+    SCRAM_SHA_256 = "SCRAM-SHA-256"
+    SCRAM_SHA_512 = "SCRAM-SHA-512"
+
+
+_JAAS_MODULES = {
+    SaslMechanism.PLAIN: "org.apache.kafka.common.security.plain.PlainLoginModule",
+    SaslMechanism.SCRAM_SHA_256: "org.apache.kafka.common.security.scram.ScramLoginModule",
+    SaslMechanism.SCRAM_SHA_512: "org.apache.kafka.common.security.scram.ScramLoginModule",
+}
+
+
+class KafkaConnection(_Strict):
+    """How to reach the Kafka cluster. Environment: ``CDC_KAFKA__<FIELD>``; or a secrets file."""
+
+    bootstrap_servers: str = Field(default="127.0.0.1:9092", description="host:port[,host:port...]")
+    security_protocol: SecurityProtocol = Field(default=SecurityProtocol.PLAINTEXT, description="Kafka security.protocol.")
+    sasl_mechanism: SaslMechanism | None = Field(default=None, description="Required with SASL_* protocols.")
+    sasl_username: str | None = Field(default=None, description="SASL user (Event Hubs: $ConnectionString).")
+    sasl_password: SecretStr | None = Field(default=None, description="SASL password or API secret.")
+    ssl_ca_location: Path | None = Field(default=None, description="PEM file of CA certificates (SSL, SASL_SSL).")
+
+    @model_validator(mode="after")
+    def _sasl_complete(self) -> KafkaConnection:
+        uses_sasl = self.security_protocol in (SecurityProtocol.SASL_PLAINTEXT, SecurityProtocol.SASL_SSL)
+        if uses_sasl and not (self.sasl_mechanism and self.sasl_username and self.sasl_password):
+            raise ValueError(f"{self.security_protocol.value} needs sasl_mechanism, sasl_username and sasl_password")
+        return self
+
+    def secrets(self) -> list[str]:
+        return [self.sasl_password.get_secret_value()] if self.sasl_password else []
+
+    def spark_options(self) -> dict[str, str]:
+        """Options for Spark's Kafka source (``kafka.``-prefixed client settings)."""
+        options = {
+            "kafka.bootstrap.servers": self.bootstrap_servers,
+            "kafka.security.protocol": self.security_protocol.value,
+        }
+        if self.sasl_mechanism:
+            assert self.sasl_password is not None
+            username = json.dumps(self.sasl_username)  # JAAS values are double-quoted strings
+            password = json.dumps(self.sasl_password.get_secret_value())
+            options["kafka.sasl.mechanism"] = self.sasl_mechanism.value
+            options["kafka.sasl.jaas.config"] = (
+                f"{_JAAS_MODULES[self.sasl_mechanism]} required username={username} password={password};"
+            )
+        if self.ssl_ca_location:
+            options["kafka.ssl.truststore.type"] = "PEM"
+            options["kafka.ssl.truststore.location"] = str(self.ssl_ca_location)
+        return options
+
+    def client_options(self) -> dict[str, Any]:
+        """The same settings for kafka-python (topic metadata and offsets on the driver)."""
+        options: dict[str, Any] = {
+            "bootstrap_servers": self.bootstrap_servers.split(","),
+            "security_protocol": self.security_protocol.value,
+        }
+        if self.sasl_mechanism:
+            assert self.sasl_password is not None
+            options |= {
+                "sasl_mechanism": self.sasl_mechanism.value,
+                "sasl_plain_username": self.sasl_username,
+                "sasl_plain_password": self.sasl_password.get_secret_value(),
+            }
+        if self.ssl_ca_location:
+            options["ssl_cafile"] = str(self.ssl_ca_location)
+        return options
+
+
 class StackBackend(str, Enum):
     """Which engine runs the stack: local processes, or docker/compose.yml where Docker exists."""
 
@@ -157,6 +240,11 @@ class Settings(BaseSettings):
 
     spark: SparkConfig = Field(default_factory=SparkConfig)
     stack: StackConfig = Field(default_factory=StackConfig)
+    kafka: KafkaConnection = Field(default_factory=KafkaConnection)
+    warehouse: str = Field(default="warehouse", description="Root of the Delta tables: a path or an object-store URI.")
+    kafka_secrets_file: Path | None = Field(
+        default=None, description="YAML/JSON file of Kafka settings (SASL credentials...) read over CDC_KAFKA__*."
+    )
 
 
 def load_settings(overrides: dict[str, Any] | None = None) -> Settings:
@@ -178,6 +266,17 @@ def _merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     for key, value in overrides.items():
         merged[key] = _merge(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
     return merged
+
+
+def validate(model: type[ModelT], document: dict[str, Any], what: str) -> ModelT:
+    """``model`` from ``document``, or a ConfigError naming each invalid key (dotted) and the reason."""
+    try:
+        return model.model_validate(document)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in item['loc']) or what}: {item['msg']}" for item in error.errors()
+        )
+        raise ConfigError(f"invalid {what}: {problems}") from None
 
 
 def config_error(error: ValidationError, prefix: str = "") -> ConfigError:

@@ -63,3 +63,27 @@ class ConnectorError(CdcError):
     """Kafka Connect refused a request or a connector is not running."""
 
     exit_code = 5
+
+
+class SourceError(CdcError):
+    """Kafka cannot be read as asked: no broker answers, an unknown topic, missing offsets."""
+
+    exit_code = 6
+
+
+class OffsetGapError(SourceError):
+    """Kafka no longer holds offsets a raw table has not landed yet (retention deleted them)."""
+
+    exit_code = 7
+
+
+class TableError(CdcError):
+    """A Delta table or its location refuses what was asked (not a raw table, protected, unwritable)."""
+
+    exit_code = 8
+
+
+class StreamError(CdcError):
+    """A streaming job stopped on an error inside Spark."""
+
+    exit_code = 9

@@ -1,0 +1,67 @@
+"""Offset gaps: records Kafka deleted (retention) before the raw table landed them.
+
+By default a gap stops the job. With ``--allow-gaps`` the job goes on and records each gap in the
+Delta table ``<warehouse>/_cdc/raw_gaps``, one row per (table, topic, partition, first missing
+offset), so that what was lost stays known.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+
+from delta.tables import DeltaTable
+from pyspark.sql import SparkSession
+from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
+
+from cdc.raw.checkpoint import Offsets
+from cdc.source import PartitionOffsets
+
+GAPS_SCHEMA = StructType(
+    [
+        StructField("table", StringType(), nullable=False),
+        StructField("topic", StringType(), nullable=False),
+        StructField("partition", IntegerType(), nullable=False),
+        StructField("first_missing", LongType(), nullable=False),
+        StructField("last_missing", LongType(), nullable=False),
+        StructField("detected_at", TimestampType(), nullable=False),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class OffsetGap:
+    """Offsets ``first_missing`` to ``last_missing`` (inclusive) of a partition are gone from Kafka."""
+
+    topic: str
+    partition: int
+    first_missing: int
+    last_missing: int
+
+
+def find_gaps(next_offsets: Offsets, kafka: dict[tuple[str, int], PartitionOffsets]) -> list[OffsetGap]:
+    """Partitions whose next offset to read is older than the oldest one Kafka still holds."""
+    gaps = []
+    for (topic, partition), next_offset in sorted(next_offsets.items()):
+        held = kafka.get((topic, partition))
+        if held is not None and held.earliest > next_offset:
+            gaps.append(OffsetGap(topic, partition, next_offset, held.earliest - 1))
+    return gaps
+
+
+def record_gaps(spark: SparkSession, gaps_table: str, raw_table: str, gaps: list[OffsetGap]) -> None:
+    """Add ``gaps`` to the gaps table; a gap already recorded (a replayed batch) is not added twice."""
+    if not gaps:
+        return
+    detected_at = datetime.now(timezone.utc)
+    rows = [{"table": raw_table, **asdict(gap), "detected_at": detected_at} for gap in gaps]
+    new = spark.createDataFrame(rows, GAPS_SCHEMA)
+    DeltaTable.createIfNotExists(spark).location(gaps_table).addColumns(GAPS_SCHEMA).execute()
+    (
+        DeltaTable.forPath(spark, gaps_table).alias("recorded")
+        .merge(new.alias("new"), " AND ".join(
+            f"recorded.`{name}` = new.`{name}`" for name in ("table", "topic", "partition", "first_missing")
+        ))
+        .whenNotMatchedInsertAll()
+        .execute()
+    )  # fmt: skip

@@ -1,0 +1,238 @@
+"""`cdc raw`: stream each Kafka topic into its raw Delta table, exactly once.
+
+One streaming query per topic, each with its own checkpoint. Every micro-batch is appended with
+Delta's idempotent-write options (``txnAppId`` = the query's id, ``txnVersion`` = the batch id):
+a batch replayed after a crash, at whatever moment, is written once. A checkpoint deleted by a reset
+gives a new query id, so a new run can never be mistaken for a replay.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
+
+from cdc.errors import OffsetGapError, SourceError, StreamError, TableError
+from cdc.raw.checkpoint import batch_end_offsets, committed_offsets
+from cdc.raw.config import AvailableNow, Continuous, GapPolicy, RawJobConfig, TopicList
+from cdc.raw.gaps import find_gaps, record_gaps
+from cdc.raw.rows import raw_rows
+from cdc.raw.table import (
+    RESET_ALLOWED_PROPERTY,
+    checkpoint_location,
+    create_raw_table,
+    gaps_table_location,
+    has_landed_data,
+    raw_table_location,
+    raw_table_topic,
+)
+from cdc.source import KafkaTopics, redact
+from cdc.storage import Storage
+
+# With a pattern, a continuous run looks for new matching topics this often.
+TOPIC_RESCAN_S = 30.0
+
+
+@dataclass
+class TopicRun:
+    """One topic's streaming query and what it landed in this run."""
+
+    topic: str
+    table: str
+    query: StreamingQuery
+    rows: int = 0
+    batches: int = 0
+    reported_batches: set[int] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class TopicSummary:
+    topic: str
+    table: str
+    rows: int
+    batches: int
+
+
+class LandBatch:
+    """The foreachBatch function: one micro-batch of Kafka records appended to the raw table."""
+
+    def __init__(self, config: RawJobConfig, topic: str, table: str, checkpoint: str) -> None:
+        self.config = config
+        self.topic = topic
+        self.table = table
+        self.checkpoint = checkpoint
+
+    def __call__(self, records: DataFrame, batch_id: int) -> None:
+        spark = records.sparkSession
+        query_id = spark.sparkContext.getLocalProperty("sql.streaming.queryId")
+        if self.config.on_gap is GapPolicy.RECORD and batch_id > 0:
+            # failOnDataLoss is off in this mode: find what Kafka deleted before this batch read it.
+            start = batch_end_offsets(Storage(spark), self.checkpoint, batch_id - 1)
+            held = KafkaTopics(self.config.kafka).offsets([self.topic])
+            record_gaps(spark, gaps_table_location(self.config.warehouse), self.table, find_gaps(start, held))
+        (
+            raw_rows(records, batch_id).write.format("delta").mode("append")
+            .option("txnAppId", f"cdc-raw-{query_id}")
+            .option("txnVersion", batch_id)
+            .save(self.table)
+        )  # fmt: skip
+
+
+def resolve_topics(config: RawJobConfig, kafka: KafkaTopics) -> list[str]:
+    if isinstance(config.topics, TopicList):
+        kafka.require(config.topics.topics)
+        return list(config.topics.topics)
+    matching = kafka.matching(config.topics.pattern)
+    if not matching:
+        raise SourceError("no topic matches the pattern", pattern=config.topics.pattern)
+    return matching
+
+
+def prepare_topic(spark: SparkSession, config: RawJobConfig, kafka: KafkaTopics, topic: str) -> tuple[str, str]:
+    """Check or create the topic's table and checkpoint; return (table, checkpoint) locations."""
+    storage = Storage(spark)
+    table = raw_table_location(config.warehouse, topic)
+    checkpoint = checkpoint_location(config.warehouse, topic)
+    existing_topic = raw_table_topic(spark, table)
+    if config.reset and existing_topic is not None:
+        if not config.force_destroy_raw_data:
+            raise TableError(
+                f"refusing to reset a raw table ({RESET_ALLOWED_PROPERTY}=false): it may hold the only copy of "
+                "records Kafka no longer has; pass --force-destroy-raw-data to delete it anyway",
+                table=table,
+            )
+        storage.delete(table)
+        storage.delete(checkpoint)
+    elif existing_topic is not None and not storage.exists(f"{checkpoint}/commits") and has_landed_data(spark, table):
+        raise TableError(
+            "the raw table holds data but its checkpoint is gone: landing from the earliest offsets again would "
+            "duplicate records; restore the checkpoint (or reset with --reset --force-destroy-raw-data)",
+            table=table,
+            checkpoint=checkpoint,
+        )
+    create_raw_table(spark, table, topic)
+    if config.on_gap is GapPolicy.FAIL:
+        gaps = find_gaps(committed_offsets(storage, checkpoint), kafka.offsets([topic]))
+        if gaps:
+            gap = gaps[0]
+            raise OffsetGapError(
+                "Kafka no longer holds offsets the raw table has not landed (retention deleted them); "
+                "rerun with --allow-gaps to continue and record the gap",
+                topic=gap.topic, partition=gap.partition, missing=f"{gap.first_missing}-{gap.last_missing}", table=table,
+            )  # fmt: skip
+    return table, checkpoint
+
+
+def start_query(spark: SparkSession, config: RawJobConfig, topic: str, table: str, checkpoint: str) -> StreamingQuery:
+    reader = (
+        spark.readStream.format("kafka")
+        .options(**config.kafka.spark_options())
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("includeHeaders", "true")
+        .option("failOnDataLoss", str(config.on_gap is GapPolicy.FAIL).lower())
+        # Split large partitions into several tasks so every core writes, even for one partition.
+        .option("minPartitions", spark.sparkContext.defaultParallelism)
+    )
+    if config.max_offsets_per_trigger:
+        reader = reader.option("maxOffsetsPerTrigger", config.max_offsets_per_trigger)
+    writer = (
+        reader.load().writeStream.queryName(f"raw {topic}")
+        .foreachBatch(LandBatch(config, topic, table, checkpoint))
+        .option("checkpointLocation", checkpoint)
+    )  # fmt: skip
+    match config.trigger:
+        case AvailableNow():
+            writer = writer.trigger(availableNow=True)
+        case Continuous(interval_s=interval_s):
+            writer = writer.trigger(processingTime=f"{interval_s} seconds")
+    return writer.start()
+
+
+def progress_lines(run: TopicRun) -> list[str]:
+    """A line per micro-batch completed since the last call (rows, offsets, lag); updates the run's totals."""
+    lines = []
+    for progress in run.query.recentProgress:
+        if progress.batchId in run.reported_batches or progress.numInputRows == 0:
+            continue
+        run.reported_batches.add(progress.batchId)
+        run.rows += progress.numInputRows
+        run.batches += 1
+        source = progress.sources[0]
+        end = json.loads(source.endOffset or "{}").get(run.topic, {})
+        latest = json.loads(source.latestOffset or "{}").get(run.topic, {})
+        lag = sum(max(0, latest.get(partition, offset) - offset) for partition, offset in end.items())
+        offsets = " ".join(f"p{partition}:{offset}" for partition, offset in sorted(end.items(), key=lambda kv: int(kv[0])))
+        rate = f"{progress.processedRowsPerSecond:,.0f} rows/s" if progress.processedRowsPerSecond else ""
+        lines.append(
+            f"raw {run.topic} batch {progress.batchId}: {progress.numInputRows:,} rows, next offsets {offsets}, "
+            f"lag {lag:,}" + (f", {rate}" if rate else "")
+        )
+    return lines
+
+
+def run_raw_job(
+    spark: SparkSession, config: RawJobConfig, say: Callable[[str], None] = print
+) -> list[TopicSummary]:
+    """Land the configured topics; return what each landed. Continuous runs stop on Ctrl-C."""
+    kafka = KafkaTopics(config.kafka)
+    Storage(spark).ensure_writable(config.warehouse)
+    runs: dict[str, TopicRun] = {}
+
+    def start(topic: str) -> None:
+        table, checkpoint = prepare_topic(spark, config, kafka, topic)
+        runs[topic] = TopicRun(topic, table, start_query(spark, config, topic, table, checkpoint))
+        say(f"raw {topic} -> {table}")
+
+    try:
+        for topic in resolve_topics(config, kafka):
+            start(topic)
+        last_scan = time.monotonic()
+        while any(run.query.isActive for run in runs.values()):
+            for run in runs.values():
+                run.query.awaitTermination(0.5)
+                _raise_failure(run, config)
+                for line in progress_lines(run):
+                    say(line)
+            if isinstance(config.trigger, Continuous) and not isinstance(config.topics, TopicList):
+                if time.monotonic() - last_scan > TOPIC_RESCAN_S:
+                    for topic in set(resolve_topics(config, kafka)) - runs.keys():
+                        start(topic)
+                    last_scan = time.monotonic()
+        for run in runs.values():
+            _raise_failure(run, config)
+            for line in progress_lines(run):
+                say(line)
+    except KeyboardInterrupt:
+        say("stopping: the current micro-batches finish or are replayed on the next run")
+    finally:
+        for run in runs.values():
+            if run.query.isActive:
+                run.query.stop()
+    summaries = [TopicSummary(run.topic, run.table, run.rows, run.batches) for run in runs.values()]
+    for summary in summaries:
+        say(f"raw {summary.topic}: landed {summary.rows:,} records in {summary.batches} micro-batches -> {summary.table}")
+    return summaries
+
+
+def _raise_failure(run: TopicRun, config: RawJobConfig) -> None:
+    try:
+        error = run.query.exception()
+    except StreamingQueryException as raised:  # some versions raise instead of returning it
+        error = raised
+    if error is None:
+        return
+    message = redact(str(getattr(error, "desc", None) or error), config.kafka.secrets())
+    first_line = message.strip().splitlines()[0] if message.strip() else type(error).__name__
+    if "data may have been lost" in message or "data loss" in message.lower():
+        raise OffsetGapError(
+            f"Kafka no longer holds offsets the raw table has not landed: {first_line}; "
+            "rerun with --allow-gaps to continue and record the gap",
+            topic=run.topic, table=run.table,
+        )  # fmt: skip
+    raise StreamError(f"the raw stream stopped: {first_line}", topic=run.topic, table=run.table)

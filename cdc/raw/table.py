@@ -1,0 +1,124 @@
+"""Raw tables: where they live, what they hold, and the protection that keeps them intact.
+
+Naming rule: the raw table of topic ``T`` is the Delta table at ``<warehouse>/raw/T`` (Kafka topic
+names are already safe folder names: letters, digits, ``.``, ``_``, ``-``). Everything the tool
+keeps for itself lives under ``<warehouse>/_cdc/``: one streaming checkpoint per raw table at
+``_cdc/checkpoints/raw/T`` and the table of recorded offset gaps at ``_cdc/raw_gaps``.
+
+A raw table is the only durable copy of its topic once Kafka's retention has deleted the records,
+so it is created with:
+
+- ``delta.appendOnly=true``: Delta itself refuses DELETE, UPDATE, MERGE deletes and overwrites,
+  whoever runs them;
+- ``delta.enableChangeDataFeed=true``: refinement reads the table's changes incrementally;
+- ``cdc.kind=raw``, ``cdc.topic=T`` and ``cdc.reset.allowed=false``: this tool refuses to reset or
+  recreate it without ``--force-destroy-raw-data``.
+"""
+
+from __future__ import annotations
+
+from delta.tables import DeltaTable
+from pyspark.sql import SparkSession
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    DataType,
+    DateType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from cdc.errors import TableError
+from cdc.storage import Storage
+
+KIND_PROPERTY = "cdc.kind"
+TOPIC_PROPERTY = "cdc.topic"
+RESET_ALLOWED_PROPERTY = "cdc.reset.allowed"
+RAW_KIND = "raw"
+PARTITION_COLUMN = "ingest_date"
+
+def _field(name: str, data_type: DataType, comment: str, nullable: bool = True) -> StructField:
+    return StructField(name, data_type, nullable, metadata={"comment": comment})
+
+
+RAW_SCHEMA = StructType(
+    [
+        _field("key", StringType(), "the Kafka key when it is valid UTF-8"),
+        _field("key_bytes", BinaryType(), "the Kafka key's bytes when it is not valid UTF-8"),
+        _field("value", StringType(), "the Kafka value when it is valid UTF-8 (null: tombstone)"),
+        _field("value_bytes", BinaryType(), "the Kafka value's bytes when it is not valid UTF-8"),
+        StructField("topic", StringType(), nullable=False),
+        StructField("partition", IntegerType(), nullable=False),
+        StructField("offset", LongType(), nullable=False),
+        _field("timestamp", TimestampType(), "the Kafka record's timestamp"),
+        _field("timestamp_type", StringType(), "CreateTime or LogAppendTime"),
+        _field(
+            "headers",
+            ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())])),
+            "the record's headers, in order",
+        ),
+        _field("ingested_at", TimestampType(), "when the micro-batch ran", nullable=False),
+        _field("batch_id", LongType(), "the streaming micro-batch that landed it", nullable=False),
+        _field(PARTITION_COLUMN, DateType(), "UTC date of ingested_at", nullable=False),
+    ]
+)
+
+
+def raw_table_location(warehouse: str, topic: str) -> str:
+    return f"{warehouse}/raw/{topic}"
+
+
+def checkpoint_location(warehouse: str, topic: str) -> str:
+    return f"{warehouse}/_cdc/checkpoints/raw/{topic}"
+
+
+def gaps_table_location(warehouse: str) -> str:
+    return f"{warehouse}/_cdc/raw_gaps"
+
+
+def table_properties(topic: str) -> dict[str, str]:
+    return {
+        "delta.appendOnly": "true",
+        "delta.enableChangeDataFeed": "true",
+        KIND_PROPERTY: RAW_KIND,
+        TOPIC_PROPERTY: topic,
+        RESET_ALLOWED_PROPERTY: "false",
+    }
+
+
+def raw_table_topic(spark: SparkSession, location: str) -> str | None:
+    """The topic of the raw table at ``location``; None when no Delta table is there.
+
+    Fails when a Delta table is there that this tool did not create as a raw table.
+    """
+    if not DeltaTable.isDeltaTable(spark, location):
+        return None
+    properties = DeltaTable.forPath(spark, location).detail().select("properties").head()[0]
+    if properties.get(KIND_PROPERTY) != RAW_KIND:
+        raise TableError("a Delta table exists there but it is not a raw table (no cdc.kind=raw)", table=location)
+    return properties[TOPIC_PROPERTY]
+
+
+def create_raw_table(spark: SparkSession, location: str, topic: str) -> None:
+    """Create the raw table of ``topic`` at ``location`` unless it exists (for that topic)."""
+    existing_topic = raw_table_topic(spark, location)
+    if existing_topic is not None:
+        if existing_topic != topic:
+            raise TableError(f"the raw table there holds topic {existing_topic!r}", table=location, topic=topic)
+        return
+    if Storage(spark).list_names(location):
+        raise TableError("the location holds files but no Delta table", table=location)
+    builder = DeltaTable.createIfNotExists(spark).location(location).addColumns(RAW_SCHEMA)
+    builder = builder.partitionedBy(PARTITION_COLUMN)
+    for key, value in table_properties(topic).items():
+        builder = builder.property(key, value)
+    builder.execute()
+
+
+def has_landed_data(spark: SparkSession, location: str) -> bool:
+    """True when the table has any commit after its creation."""
+    return DeltaTable.forPath(spark, location).history(1).select("version").head()[0] > 0
