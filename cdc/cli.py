@@ -10,6 +10,7 @@ import argparse
 import json
 import signal
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -121,8 +122,28 @@ def raw(args: argparse.Namespace, settings: Settings) -> int:
         "reset": args.reset,
         "force_destroy_raw_data": args.force_destroy_raw_data,
     }, "raw job settings")  # fmt: skip
-    _stop_on_sigterm()
-    run_raw_job(build_spark_session(settings.spark), config)
+    run_raw_job(build_spark_session(settings.spark), config, stop=_stop_on_signals())
+    return 0
+
+
+def status(args: argparse.Namespace, settings: Settings) -> int:
+    from cdc.config import KafkaConnection
+    from cdc.spark import build_spark_session
+    from cdc.status import raw_table_statuses
+    from cdc.storage import normalize_location
+
+    kafka = validate(KafkaConnection, kafka_settings(settings), "Kafka settings")
+    tables = raw_table_statuses(build_spark_session(settings.spark), normalize_location(settings.warehouse), kafka)
+    if args.json:
+        print(json.dumps({"raw_tables": [table.as_dict() for table in tables]}, indent=2))
+        return 0
+    print(f"{'raw table':<32} {'version':>7} {'rows':>12} {'gaps':>4}  partitions (consumed/end, lag)")
+    for table in tables:
+        partitions = " ".join(
+            f"p{p.partition} {p.consumed}/{'?' if p.end is None else p.end} lag {'?' if p.lag is None else p.lag}"
+            for p in table.partitions
+        )
+        print(f"{table.topic:<32} {table.version:>7} {table.rows:>12,} {table.recorded_gaps:>4}  {partitions}")
     return 0
 
 
@@ -136,13 +157,15 @@ def kafka_settings(settings: Settings) -> dict[str, object]:
     return document
 
 
-def _stop_on_sigterm() -> None:
-    """A SIGTERM (a scheduler stopping the job) stops as gracefully as Ctrl-C."""
+def _stop_on_signals() -> threading.Event:
+    """An event set by Ctrl-C or SIGTERM (a scheduler stopping the job), for the job to stop between calls.
 
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, interrupt)
+    Raising KeyboardInterrupt instead could land in the middle of a call into Spark's JVM.
+    """
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    return stop
 
 
 def jars_fetch(args: argparse.Namespace, settings: Settings) -> int:
@@ -205,6 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
     land.add_argument("--reset", action="store_true", help="delete the table and checkpoint, land from the start")
     land.add_argument("--force-destroy-raw-data", action="store_true",
                       help="with --reset: allow deleting raw tables, whose data may exist nowhere else")
+
+    _add(commands, "status", status, "list raw tables: Delta version, rows, consumed vs end offsets (lag)",
+         [warehouse, as_json])  # fmt: skip
 
     jar_commands = commands.add_parser("jars", help="JVM dependencies").add_subparsers(
         dest="action", required=True, metavar="ACTION"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from pyspark.sql import SparkSession
 
 from cdc import jars
@@ -46,6 +48,9 @@ def build_spark_session(config: SparkConfig | None = None) -> SparkSession:
     session of the process; a later call returns that session with the SQL settings re-applied.
     """
     config = config or SparkConfig()
+    if config.is_local:
+        # Spark otherwise picks the host's first non-loopback address for its own servers.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder
     for key, value in spark_conf(config).items():
         builder = builder.config(key, value)

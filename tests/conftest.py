@@ -102,3 +102,69 @@ def postgres_connector(stack, stack_config: StackConfig, unique_name: str):
         conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
                      (unique_name,))
         conn.execute(f'DROP PUBLICATION IF EXISTS "{unique_name}"')
+
+
+class KafkaTestClient:
+    """Create topics, produce and read back records on the test stack's broker (kafka-python)."""
+
+    def __init__(self, bootstrap_servers: str) -> None:
+        self.bootstrap_servers = bootstrap_servers
+
+    def create_topic(self, topic: str, partitions: int = 1) -> str:
+        from kafka import KafkaAdminClient
+        from kafka.admin import NewTopic
+
+        admin = KafkaAdminClient(bootstrap_servers=self.bootstrap_servers)
+        try:
+            admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
+        finally:
+            admin.close()
+        return topic
+
+    def produce(self, topic: str, records: list[tuple], partition: int | None = None) -> None:
+        """Send (key, value[, headers]) byte records, in order, and wait until all are written."""
+        from kafka import KafkaProducer
+
+        producer = KafkaProducer(bootstrap_servers=self.bootstrap_servers, linger_ms=5, acks="all")
+        try:
+            for key, value, *headers in records:
+                producer.send(topic, key=key, value=value, headers=headers[0] if headers else None, partition=partition)
+            producer.flush()
+        finally:
+            producer.close()
+
+    def records(self, topic: str) -> list[tuple]:
+        """Every record of ``topic``: (topic, partition, offset, key, value, headers), by partition and offset."""
+        from kafka import KafkaConsumer, TopicPartition
+
+        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap_servers, enable_auto_commit=False)
+        try:
+            partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+            end = consumer.end_offsets(partitions)
+            consumer.assign(partitions)
+            consumer.seek_to_beginning(*partitions)
+            found: list[tuple] = []
+            while any(consumer.position(p) < end[p] for p in partitions):
+                for records in consumer.poll(timeout_ms=1000).values():
+                    found.extend(
+                        (r.topic, r.partition, r.offset, r.key, r.value, [(k, v) for k, v in r.headers or []])
+                        for r in records
+                    )
+            return sorted(found, key=lambda record: (record[1], record[2]))
+        finally:
+            consumer.close()
+
+    def delete_records_before(self, topic: str, partition: int, offset: int) -> None:
+        """Make Kafka drop a partition's records below ``offset``, as retention would."""
+        from kafka import KafkaAdminClient, TopicPartition
+
+        admin = KafkaAdminClient(bootstrap_servers=self.bootstrap_servers)
+        try:
+            admin.delete_records({TopicPartition(topic, partition): offset})
+        finally:
+            admin.close()
+
+
+@pytest.fixture(scope="session")
+def kafka(stack, stack_config: StackConfig) -> KafkaTestClient:
+    return KafkaTestClient(stack_config.kafka.bootstrap_servers)

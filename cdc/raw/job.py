@@ -9,6 +9,7 @@ gives a new query id, so a new run can never be mistaken for a replay.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -177,9 +178,17 @@ def progress_lines(run: TopicRun) -> list[str]:
 
 
 def run_raw_job(
-    spark: SparkSession, config: RawJobConfig, say: Callable[[str], None] = print
+    spark: SparkSession,
+    config: RawJobConfig,
+    say: Callable[[str], None] = print,
+    stop: threading.Event | None = None,
 ) -> list[TopicSummary]:
-    """Land the configured topics; return what each landed. Continuous runs stop on Ctrl-C."""
+    """Land the configured topics; return what each landed.
+
+    A continuous run goes on until ``stop`` is set (the CLI sets it on SIGINT and SIGTERM); then
+    the queries stop, and a micro-batch cut short is replayed by the next run.
+    """
+    stop = stop or threading.Event()
     kafka = KafkaTopics(config.kafka)
     Storage(spark).ensure_writable(config.warehouse)
     runs: dict[str, TopicRun] = {}
@@ -193,7 +202,7 @@ def run_raw_job(
         for topic in resolve_topics(config, kafka):
             start(topic)
         last_scan = time.monotonic()
-        while any(run.query.isActive for run in runs.values()):
+        while any(run.query.isActive for run in runs.values()) and not stop.is_set():
             for run in runs.values():
                 run.query.awaitTermination(0.5)
                 _raise_failure(run, config)
@@ -208,9 +217,9 @@ def run_raw_job(
             _raise_failure(run, config)
             for line in progress_lines(run):
                 say(line)
-    except KeyboardInterrupt:
-        say("stopping: the current micro-batches finish or are replayed on the next run")
     finally:
+        if stop.is_set():
+            say("stopping: a micro-batch cut short is replayed by the next run")
         for run in runs.values():
             if run.query.isActive:
                 run.query.stop()

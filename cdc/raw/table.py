@@ -90,12 +90,18 @@ def table_properties(topic: str) -> dict[str, str]:
     }
 
 
+def is_delta_table(spark: SparkSession, location: str) -> bool:
+    """True when a Delta log is there. (DeltaTable.isDeltaTable caches a "no" per path for the
+    life of the JVM, so it misses a table another process created since.)"""
+    return any(name.endswith(".json") for name in Storage(spark).list_names(f"{location}/_delta_log"))
+
+
 def raw_table_topic(spark: SparkSession, location: str) -> str | None:
     """The topic of the raw table at ``location``; None when no Delta table is there.
 
     Fails when a Delta table is there that this tool did not create as a raw table.
     """
-    if not DeltaTable.isDeltaTable(spark, location):
+    if not is_delta_table(spark, location):
         return None
     properties = DeltaTable.forPath(spark, location).detail().select("properties").head()[0]
     if properties.get(KIND_PROPERTY) != RAW_KIND:

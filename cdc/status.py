@@ -1,0 +1,87 @@
+"""`cdc status`: what each raw table holds and how far it is behind its topic."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from delta.tables import DeltaTable
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from cdc.config import KafkaConnection
+from cdc.errors import SourceError
+from cdc.raw.checkpoint import committed_offsets
+from cdc.raw.table import (
+    checkpoint_location,
+    gaps_table_location,
+    is_delta_table,
+    raw_table_location,
+    raw_table_topic,
+)
+from cdc.source import KafkaTopics
+from cdc.storage import Storage
+
+
+@dataclass(frozen=True)
+class PartitionLag:
+    partition: int
+    consumed: int  # the next offset the raw job will read
+    end: int | None  # the next offset Kafka will write (None: Kafka unreachable)
+
+    @property
+    def lag(self) -> int | None:
+        return None if self.end is None else max(0, self.end - self.consumed)
+
+
+@dataclass(frozen=True)
+class RawTableStatus:
+    topic: str
+    table: str
+    version: int
+    rows: int
+    recorded_gaps: int
+    partitions: list[PartitionLag] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, object]:
+        document = asdict(self)
+        document["partitions"] = [{**asdict(p), "lag": p.lag} for p in self.partitions]
+        return document
+
+
+def raw_table_statuses(spark: SparkSession, warehouse: str, kafka: KafkaConnection) -> list[RawTableStatus]:
+    storage = Storage(spark)
+    topics = {}
+    for name in storage.list_names(f"{warehouse}/raw"):
+        location = raw_table_location(warehouse, name)
+        if (topic := raw_table_topic(spark, location)) is not None:
+            topics[topic] = location
+    try:
+        held = KafkaTopics(kafka).offsets(sorted(topics))
+    except SourceError:
+        held = {}  # still report the tables; lag is unknown
+    gaps = _recorded_gaps(spark, gaps_table_location(warehouse))
+    statuses = []
+    for topic, location in topics.items():
+        consumed = committed_offsets(storage, checkpoint_location(warehouse, topic))
+        partitions = sorted({p for t, p in consumed if t == topic} | {p for t, p in held if t == topic})
+        statuses.append(
+            RawTableStatus(
+                topic=topic,
+                table=location,
+                version=DeltaTable.forPath(spark, location).history(1).select("version").head()[0],
+                rows=spark.read.format("delta").load(location).count(),
+                recorded_gaps=gaps.get(location, 0),
+                partitions=[
+                    PartitionLag(p, consumed.get((topic, p), 0), held[(topic, p)].end if (topic, p) in held else None)
+                    for p in partitions
+                ],
+            )
+        )
+    return statuses
+
+
+def _recorded_gaps(spark: SparkSession, gaps_table: str) -> dict[str, int]:
+    if not is_delta_table(spark, gaps_table):
+        return {}
+    counts = spark.read.format("delta").load(gaps_table).groupBy("table").agg(F.count("*").alias("gaps"))
+    return {row["table"]: row["gaps"] for row in counts.collect()}  # one row per raw table

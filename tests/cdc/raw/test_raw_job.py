@@ -1,0 +1,252 @@
+"""`cdc raw` against the real stack: byte-for-byte landing, reruns, kill -9, gaps, protection."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.testing import assertDataFrameEqual
+
+from cdc.config import KafkaConnection, validate
+from cdc.errors import OffsetGapError, TableError
+from cdc.raw.config import RawJobConfig
+from cdc.raw.job import run_raw_job
+from cdc.raw.rows import original_bytes
+from cdc.raw.table import checkpoint_location, gaps_table_location, is_delta_table, raw_table_location
+from cdc.stack.events import read_events
+from cdc.stack.workload import TABLES, run_workload
+
+pytestmark = pytest.mark.integration
+
+RECORD_SCHEMA = (
+    "topic string, partition int, offset long, key binary, value binary, headers array<struct<key:string,value:binary>>"
+)
+
+
+def raw_job(warehouse: Path, topics: list[str], bootstrap: str, pattern: str | None = None, **fields) -> RawJobConfig:
+    document = {
+        "topics": {"kind": "pattern", "pattern": pattern} if pattern else {"kind": "topics", "topics": topics},
+        "warehouse": str(warehouse),
+        "trigger": {"kind": "available_now"},
+        "kafka": {"bootstrap_servers": bootstrap},
+        **fields,
+    }
+    return validate(RawJobConfig, document, "raw job settings")
+
+
+def landed(spark, warehouse: Path, topic: str) -> DataFrame:
+    """The raw table as Kafka records: original key and value bytes, headers ([] when there are none)."""
+    table = spark.read.format("delta").load(raw_table_location(str(warehouse), topic))
+    return table.select(
+        "topic", "partition", "offset",
+        original_bytes("key", "key_bytes").alias("key"),
+        original_bytes("value", "value_bytes").alias("value"),
+        F.coalesce("headers", F.array().cast("array<struct<key:string,value:binary>>")).alias("headers"),
+    )  # fmt: skip
+
+
+def on_kafka(spark, kafka, topic: str) -> DataFrame:
+    return spark.createDataFrame(kafka.records(topic), RECORD_SCHEMA)
+
+
+def test_debezium_and_event_topics_land_byte_for_byte(spark, kafka, stack_config, postgres_connector, tmp_path, unique_name):
+    run_workload(stack_config.postgres.dsn(), customers=3, seed=3)  # deletes bring tombstones (null values)
+    debezium_topics = [f"{postgres_connector.topic_prefix}.shop.{table}" for table in TABLES]
+    read_events(kafka.bootstrap_servers, {topic: 1 for topic in debezium_topics})  # the topics exist
+    events = kafka.create_topic(f"{unique_name}.events", partitions=3)
+    kafka.produce(events, [
+        (b"watch-1", b'{"time":"2026-01-01T10:00:00Z","model":"fenix","heart_rate":72}', [("source", b"band")]),
+        (None, b'{"time":"2026-01-01T10:00:01Z","model":"fenix","heart_rate":75}'),
+        (b"\xc3\x28", b"\xff\xfe not utf-8", [("h", b"\x00\x01"), ("h", b"again")]),
+        (b"watch-2", b""),
+        (b"watch-2", None),
+    ])  # fmt: skip
+    time.sleep(1)  # let Debezium finish writing the workload's events: compared below offset by offset
+    topics = [*debezium_topics, events]
+    config = raw_job(tmp_path, topics, kafka.bootstrap_servers)
+
+    run_raw_job(spark, config, say=lambda line: None)
+    for topic in topics:
+        assertDataFrameEqual(landed(spark, tmp_path, topic), on_kafka(spark, kafka, topic))
+    tombstones = landed(spark, tmp_path, debezium_topics[0]).where("value IS NULL").count()
+    assert tombstones > 0
+
+    # A rerun lands nothing twice; new records land once.
+    versions = {t: DeltaTable.forPath(spark, raw_table_location(str(tmp_path), t)).history(1).head().version for t in topics}
+    kafka.produce(events, [(b"watch-3", b'{"heart_rate":80}')])
+    run_raw_job(spark, config, say=lambda line: None)
+    assertDataFrameEqual(landed(spark, tmp_path, events), on_kafka(spark, kafka, events))
+    for topic in debezium_topics:
+        table = DeltaTable.forPath(spark, raw_table_location(str(tmp_path), topic))
+        assert table.history(1).head().version == versions[topic]
+
+
+def test_pattern_lands_every_matching_topic(spark, kafka, tmp_path, unique_name):
+    for suffix in ("a", "b"):
+        kafka.create_topic(f"{unique_name}.game.{suffix}")
+        kafka.produce(f"{unique_name}.game.{suffix}", [(b"k", suffix.encode())])
+    kafka.create_topic(f"{unique_name}.other")
+    config = raw_job(tmp_path, [], kafka.bootstrap_servers, pattern=rf"{unique_name}\.game\..*")
+    summaries = run_raw_job(spark, config, say=lambda line: None)
+    assert sorted((s.topic, s.rows) for s in summaries) == [(f"{unique_name}.game.a", 1), (f"{unique_name}.game.b", 1)]
+    assert not (tmp_path / "raw" / f"{unique_name}.other").exists()
+
+
+def cdc_process(args: list[str], bootstrap: str) -> subprocess.Popen:
+    """`cdc` in a process group of its own (Python and its Spark JVM), output to a pipe."""
+    env = {**os.environ, "CDC_KAFKA__BOOTSTRAP_SERVERS": bootstrap, "CDC_SPARK__DRIVER_MEMORY": "1g",
+           "CDC_SPARK__SHUFFLE_PARTITIONS": "2"}  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "cdc.cli", *args], env=env, start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+def wait_for(condition, timeout_s: float, what: str, interval_s: float = 0.02) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(interval_s)
+
+
+def test_kill_9_at_any_moment_loses_and_duplicates_nothing(spark, kafka, tmp_path, unique_name):
+    topic = kafka.create_topic(unique_name, partitions=3)
+    kafka.produce(topic, [(f"k{i}".encode(), f"value {i} ".encode() * 20) for i in range(30_000)])
+    table = Path(raw_table_location(str(tmp_path), topic))
+    args = ["raw", "--topic", topic, "--warehouse", str(tmp_path), "--available-now", "--max-offsets-per-trigger", "3000"]
+
+    def commits() -> int:
+        return len(list((table / "_delta_log").glob("*.json")))
+
+    def data_files() -> int:
+        return len(list(table.glob("ingest_date=*/*.parquet")))
+
+    # The moments a job can die in: starting up, after writing a batch's files but before its Delta
+    # commit, right after a Delta commit before the checkpoint records it, and later on. Each entry
+    # makes, when its run starts, the test of whether that moment has come.
+    def starting_up():
+        deadline = time.monotonic() + 3
+        return lambda: time.monotonic() > deadline
+
+    def between_files_and_commit():
+        seen = [commits(), data_files()]
+
+        def reached() -> bool:
+            now = [commits(), data_files()]
+            if now[0] != seen[0]:
+                seen[:] = now
+                return False
+            return now[1] > seen[1]
+
+        return reached
+
+    def commits_after(count: int):
+        def kill_point():
+            at_start = commits()
+            return lambda: commits() >= at_start + count
+
+        return kill_point
+
+    kill_points = {
+        "starting up": starting_up,
+        "between data files and their commit": between_files_and_commit,
+        "right after a Delta commit": commits_after(1),
+        "after several batches": commits_after(3),
+    }
+    for name, kill_point in kill_points.items():
+        process = cdc_process(args, kafka.bootstrap_servers)
+        reached = kill_point()
+        wait_for(lambda: reached() or process.poll() is not None, 180, f"kill point {name!r}", 0.01)
+        assert process.poll() is None, f"the job ended before kill point {name!r}: {process.stdout.read()}"
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+    final = cdc_process(args, kafka.bootstrap_servers)
+    output, _ = final.communicate(timeout=300)
+    assert final.returncode == 0, output
+    assertDataFrameEqual(landed(spark, tmp_path, topic), on_kafka(spark, kafka, topic))
+
+
+def test_continuous_run_lands_as_records_arrive_and_stops_on_sigterm(spark, kafka, tmp_path, unique_name):
+    topic = kafka.create_topic(unique_name)
+    process = cdc_process(["raw", "--topic", topic, "--warehouse", str(tmp_path), "--trigger-interval", "0.5"],
+                          kafka.bootstrap_servers)  # fmt: skip
+    table = raw_table_location(str(tmp_path), topic)
+    try:
+        for round_ in range(1, 3):
+            kafka.produce(topic, [(b"k", f"round {round_} record {i}".encode()) for i in range(100)])
+            wait_for(lambda: is_delta_table(spark, table) and spark.read.format("delta").load(table).count() == 100 * round_,
+                     120, f"round {round_} to land", 0.5)  # fmt: skip
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=60)
+    assert process.returncode == 0, output
+    assert f"raw {topic}: landed 200 records" in output
+    assertDataFrameEqual(landed(spark, tmp_path, topic), on_kafka(spark, kafka, topic))
+
+
+def test_retention_gap_stops_the_job_unless_allowed_and_then_is_recorded(spark, kafka, tmp_path, unique_name):
+    topic = kafka.create_topic(unique_name)
+    kafka.produce(topic, [(None, f"{i}".encode()) for i in range(100)])
+    run_raw_job(spark, raw_job(tmp_path, [topic], kafka.bootstrap_servers), say=lambda line: None)
+    kafka.produce(topic, [(None, f"{i}".encode()) for i in range(100, 200)])
+    kafka.delete_records_before(topic, 0, 150)  # 100-149 never landed
+
+    with pytest.raises(OffsetGapError) as raised:
+        run_raw_job(spark, raw_job(tmp_path, [topic], kafka.bootstrap_servers), say=lambda line: None)
+    assert raised.value.context == {"topic": topic, "partition": 0, "missing": "100-149",
+                                    "table": raw_table_location(str(tmp_path), topic)}  # fmt: skip
+
+    allowing = raw_job(tmp_path, [topic], kafka.bootstrap_servers, on_gap="record")
+    for _ in range(2):  # the rerun records the gap once
+        run_raw_job(spark, allowing, say=lambda line: None)
+    offsets = [row.offset for row in landed(spark, tmp_path, topic).orderBy("offset").collect()]
+    assert offsets == list(range(100)) + list(range(150, 200))
+    gaps = spark.read.format("delta").load(gaps_table_location(str(tmp_path))).drop("detected_at")
+    expected = spark.createDataFrame(
+        [(raw_table_location(str(tmp_path), topic), topic, 0, 100, 149)],
+        "table string, topic string, partition int, first_missing long, last_missing long",
+    )
+    assertDataFrameEqual(gaps, expected)
+
+
+def test_raw_tables_refuse_reset_rewrite_and_strangers(spark, kafka, tmp_path, unique_name):
+    topic = kafka.create_topic(unique_name)
+    kafka.produce(topic, [(b"k", f"{i}".encode()) for i in range(10)])
+    config = raw_job(tmp_path, [topic], kafka.bootstrap_servers)
+    run_raw_job(spark, config, say=lambda line: None)
+    table = raw_table_location(str(tmp_path), topic)
+
+    with pytest.raises(TableError, match="refusing to reset a raw table .* --force-destroy-raw-data"):
+        run_raw_job(spark, raw_job(tmp_path, [topic], kafka.bootstrap_servers, reset=True), say=lambda line: None)
+    assert spark.read.format("delta").load(table).count() == 10
+
+    # Delta itself refuses to rewrite it, whoever asks.
+    with pytest.raises(Exception, match="DELTA_CANNOT_MODIFY_APPEND_ONLY"):
+        spark.sql(f"DELETE FROM delta.`{table}` WHERE offset = 0")
+    with pytest.raises(Exception, match="DELTA_CANNOT_MODIFY_APPEND_ONLY"):
+        spark.range(1).write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(table)
+
+    # A lost checkpoint would make the next run land everything again: refused.
+    checkpoint = Path(checkpoint_location(str(tmp_path), topic))
+    checkpoint.rename(checkpoint.with_name("moved"))
+    with pytest.raises(TableError, match="its checkpoint is gone"):
+        run_raw_job(spark, config, say=lambda line: None)
+    checkpoint.with_name("moved").rename(checkpoint)
+
+    forced = raw_job(tmp_path, [topic], kafka.bootstrap_servers, reset=True, force_destroy_raw_data=True)
+    run_raw_job(spark, forced, say=lambda line: None)
+    assertDataFrameEqual(landed(spark, tmp_path, topic), on_kafka(spark, kafka, topic))
+
+    other = kafka.create_topic(f"{unique_name}.other")
+    spark.range(3).write.format("delta").save(raw_table_location(str(tmp_path), other))
+    with pytest.raises(TableError, match="not a raw table"):
+        run_raw_job(spark, raw_job(tmp_path, [other], kafka.bootstrap_servers), say=lambda line: None)
