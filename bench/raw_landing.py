@@ -1,0 +1,172 @@
+"""Raw landing throughput: `cdc raw --available-now` next to a plain Spark kafka -> delta stream.
+
+    .venv/bin/python bench/raw_landing.py [--messages 1000000] [--size 1000] [--partitions 4]
+
+Brings the local stack up (or uses the running one), produces the messages once to a new topic,
+then lands that topic with each variant in a worker process of its own, with the same Spark
+settings. Prints rows/s of the landing itself (Spark start-up excluded) and the peak resident
+memory of each worker's whole process tree (Python and its JVM). Prints figures; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cdc.config import load_settings  # noqa: E402
+from cdc.spark import build_spark_session  # noqa: E402
+
+VARIANTS = ("cdc raw", "plain stream")
+
+
+def produce(spark, bootstrap: str, topic: str, messages: int, size: int, partitions: int) -> None:
+    """``messages`` JSON values of about ``size`` bytes, written by Spark's Kafka sink (the Java producer)."""
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewTopic
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
+    admin.close()
+    hashes = max(1, (size - 60) // 64)
+    value = "concat('{\"id\":', id, ',\"at\":\"', current_timestamp(), '\",\"payload\":\"', " + ", ".join(
+        f"sha2(cast(id * {i + 1} as string), 256)" for i in range(hashes)
+    ) + ", '\"}')"  # fmt: skip
+    (
+        spark.range(messages, numPartitions=partitions * 2)
+        .selectExpr("cast(id % 100000 as string) AS key", f"{value} AS value")
+        .write.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("topic", topic)
+        # Uncompressed, as Debezium's Kafka Connect producers send by default.
+        .option("kafka.linger.ms", "20").option("kafka.batch.size", "1048576")
+        .save()
+    )  # fmt: skip
+
+
+def worker(variant: str, topic: str, bootstrap: str, warehouse: str) -> None:
+    """Land ``topic`` with ``variant``; print one JSON line with rows and seconds."""
+    settings = load_settings()
+    spark = build_spark_session(settings.spark)
+    started = time.monotonic()
+    if variant == "cdc raw":
+        from cdc.config import validate
+        from cdc.raw.config import RawJobConfig
+        from cdc.raw.job import run_raw_job
+
+        config = validate(RawJobConfig, {
+            "topics": {"kind": "topics", "topics": [topic]}, "warehouse": warehouse,
+            "trigger": {"kind": "available_now"}, "kafka": {"bootstrap_servers": bootstrap},
+        }, "raw job settings")  # fmt: skip
+        rows = sum(summary.rows for summary in run_raw_job(spark, config, say=lambda line: None))
+    else:
+        query = (
+            spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic)
+            .option("startingOffsets", "earliest").load()
+            .writeStream.format("delta").option("checkpointLocation", f"{warehouse}/_checkpoint")
+            .trigger(availableNow=True).start(f"{warehouse}/plain")
+        )  # fmt: skip
+        query.awaitTermination()
+        rows = sum(progress.numInputRows for progress in query.recentProgress)
+    print(json.dumps({"rows": rows, "seconds": time.monotonic() - started}), flush=True)
+
+
+def tree_rss_bytes(root: int) -> int:
+    """Resident memory of ``root`` and all its descendants."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(stat[1]), []).append(int(entry))
+        rss[int(entry)] = int(stat[21]) * os.sysconf("SC_PAGE_SIZE")
+    total, pending = 0, [root]
+    while pending:
+        pid = pending.pop()
+        total += rss.get(pid, 0)
+        pending.extend(children.get(pid, []))
+    return total
+
+
+def run_worker(variant: str, topic: str, bootstrap: str) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="bench-raw-") as warehouse:
+        process = subprocess.Popen(
+            [sys.executable, __file__, "--worker", variant, "--topic", topic, "--bootstrap", bootstrap,
+             "--warehouse", warehouse],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )  # fmt: skip
+        peak = 0
+
+        def sample() -> None:
+            nonlocal peak
+            while process.poll() is None:
+                peak = max(peak, tree_rss_bytes(process.pid))
+                time.sleep(0.2)
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        output, _ = process.communicate()
+        sampler.join()
+        if process.returncode != 0:
+            raise SystemExit(f"{variant} worker failed with exit code {process.returncode}")
+        result = json.loads(output.strip().splitlines()[-1])
+        return {**result, "peak_rss_mib": peak / 2**20}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--size", type=int, default=1000, help="approximate value size in bytes")
+    parser.add_argument("--partitions", type=int, default=4, help="partitions of the benchmark topic")
+    parser.add_argument("--rounds", type=int, default=2, help="runs of each variant, alternating (default 2)")
+    parser.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
+    parser.add_argument("--topic", help=argparse.SUPPRESS)
+    parser.add_argument("--bootstrap", help=argparse.SUPPRESS)
+    parser.add_argument("--warehouse", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.worker, args.topic, args.bootstrap, args.warehouse)
+        return
+
+    from cdc.stack.local import LocalStack
+
+    settings = load_settings()
+    LocalStack(settings.stack).up()
+    bootstrap = settings.stack.kafka.bootstrap_servers
+    topic = f"bench-raw-{uuid.uuid4().hex[:8]}"
+    spark = build_spark_session(settings.spark)
+    started = time.monotonic()
+    produce(spark, bootstrap, topic, args.messages, args.size, args.partitions)
+    print(f"produced {args.messages:,} messages of ~{args.size} B to {topic} ({args.partitions} partitions) "
+          f"in {time.monotonic() - started:.1f} s")  # fmt: skip
+    spark.stop()
+    # Alternating rounds: this machine's speed drifts, and neither variant should always go first.
+    print(f"{'variant':<14} {'round':>5} {'rows':>10} {'seconds':>8} {'rows/s':>10} {'peak RSS MiB':>13}")
+    best: dict[str, dict[str, float]] = {}
+    for round_ in range(1, args.rounds + 1):
+        for variant in VARIANTS:
+            result = run_worker(variant, topic, bootstrap)
+            result["rows_per_s"] = result["rows"] / result["seconds"]
+            print(f"{variant:<14} {round_:>5} {result['rows']:>10,} {result['seconds']:>8.1f} "
+                  f"{result['rows_per_s']:>10,.0f} {result['peak_rss_mib']:>13,.0f}", flush=True)  # fmt: skip
+            if result["rows_per_s"] > best.get(variant, {}).get("rows_per_s", 0):
+                best[variant] = result
+    for variant, result in best.items():
+        print(f"best {variant:<14} {result['rows_per_s']:>10,.0f} rows/s, peak RSS {result['peak_rss_mib']:,.0f} MiB")
+    ratio = best["cdc raw"]["rows_per_s"] / best["plain stream"]["rows_per_s"]
+    print(f"cdc raw / plain stream: {ratio:.2f}")
+
+
+if __name__ == "__main__":
+    main()
