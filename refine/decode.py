@@ -1,0 +1,203 @@
+"""From Debezium's JSON encodings to proper Spark types, in Spark expressions only.
+
+Two functions per Connect schema: :func:`json_type`, the type ``from_json`` reads a value as (what
+is literally in the JSON), and :func:`decode`, the expression that turns that into the column's
+real type (:func:`decoded_type`). Defaults assumed: ``decimal.handling.mode=precise``,
+``time.precision.mode=adaptive``, ``binary.handling.mode=bytes``.
+
+Spark runs with ANSI mode on, where a failed cast raises: decoding uses the ``try_`` forms, so a
+value that cannot be decoded becomes null (and :func:`undecodable` tells such values apart from
+source NULLs, for the quarantine).
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    BooleanType,
+    ByteType,
+    DataType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    MapType,
+    ShortType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
+
+from refine.envelope import ConnectSchema, ConnectType
+
+DECIMAL = "org.apache.kafka.connect.data.Decimal"
+VARIABLE_SCALE_DECIMAL = "io.debezium.data.VariableScaleDecimal"
+DATE = "io.debezium.time.Date"
+CONNECT_DATE = "org.apache.kafka.connect.data.Date"
+TIME = "io.debezium.time.Time"  # millis of the day
+MICRO_TIME = "io.debezium.time.MicroTime"
+NANO_TIME = "io.debezium.time.NanoTime"
+ZONED_TIME = "io.debezium.time.ZonedTime"
+TIMESTAMP = "io.debezium.time.Timestamp"  # millis since the epoch, no zone
+CONNECT_TIMESTAMP = "org.apache.kafka.connect.data.Timestamp"
+MICRO_TIMESTAMP = "io.debezium.time.MicroTimestamp"
+NANO_TIMESTAMP = "io.debezium.time.NanoTimestamp"
+ZONED_TIMESTAMP = "io.debezium.time.ZonedTimestamp"
+
+# Postgres' unconstrained numeric has no fixed precision or scale; it lands in the widest decimal
+# Spark has, with room for 18 fractional digits. A value that does not fit is undecodable.
+VARIABLE_SCALE_DECIMAL_TYPE = DecimalType(38, 18)
+
+_PRIMITIVES: dict[ConnectType, DataType] = {
+    ConnectType.INT8: ByteType(),
+    ConnectType.INT16: ShortType(),
+    ConnectType.INT32: IntegerType(),
+    ConnectType.INT64: LongType(),
+    ConnectType.FLOAT32: FloatType(),
+    ConnectType.FLOAT64: DoubleType(),
+    ConnectType.BOOLEAN: BooleanType(),
+    ConnectType.STRING: StringType(),
+    ConnectType.BYTES: StringType(),  # base64 text in JSON
+}
+
+
+def json_type(schema: ConnectSchema) -> DataType:
+    """The Spark type ``from_json`` reads a value of ``schema`` as."""
+    if schema.name == VARIABLE_SCALE_DECIMAL:
+        return StructType([StructField("scale", IntegerType()), StructField("value", StringType())])
+    match schema.type:
+        case ConnectType.STRUCT:
+            return StructType([StructField(f.field, json_type(f)) for f in schema.fields or ()])
+        case ConnectType.ARRAY:
+            assert schema.items is not None
+            return ArrayType(json_type(schema.items))
+        case ConnectType.MAP:
+            assert schema.values is not None
+            return MapType(StringType(), json_type(schema.values))
+        case primitive:
+            return _PRIMITIVES[primitive]
+
+
+def decoded_type(schema: ConnectSchema) -> DataType:
+    """The Spark type of the decoded column."""
+    match schema.name:
+        case name if name == DECIMAL:
+            parameters = schema.parameters or {}
+            precision = int(parameters.get("connect.decimal.precision", 38))
+            return DecimalType(min(precision, 38), int(parameters["scale"]))
+        case name if name == VARIABLE_SCALE_DECIMAL:
+            return VARIABLE_SCALE_DECIMAL_TYPE
+        case name if name in (DATE, CONNECT_DATE):
+            return DateType()
+        case name if name in (TIME, MICRO_TIME, NANO_TIME, ZONED_TIME):
+            return StringType()  # Spark 4.0 has no time-of-day type: ISO text, e.g. 13:45:00.123456
+        case name if name in (TIMESTAMP, CONNECT_TIMESTAMP, MICRO_TIMESTAMP, NANO_TIMESTAMP):
+            return TimestampNTZType()
+        case name if name == ZONED_TIMESTAMP:
+            return TimestampType()
+    match schema.type:
+        case ConnectType.BYTES:
+            return BinaryType()
+        case ConnectType.STRUCT:
+            return StructType([StructField(f.field, decoded_type(f)) for f in schema.fields or ()])
+        case ConnectType.ARRAY:
+            assert schema.items is not None
+            return ArrayType(decoded_type(schema.items))
+        case ConnectType.MAP:
+            assert schema.values is not None
+            return MapType(StringType(), decoded_type(schema.values))
+        case primitive:
+            return _PRIMITIVES[primitive]
+
+
+def decode(value: Column, schema: ConnectSchema) -> Column:
+    """The expression decoding ``value`` (read as :func:`json_type`) to :func:`decoded_type`."""
+    match schema.name:
+        case name if name == DECIMAL:
+            target = decoded_type(schema)
+            assert isinstance(target, DecimalType)
+            return _decimal(F.unbase64(value), F.lit(target.scale), target)
+        case name if name == VARIABLE_SCALE_DECIMAL:
+            return _decimal(F.unbase64(value["value"]), value["scale"], VARIABLE_SCALE_DECIMAL_TYPE)
+        case name if name in (DATE, CONNECT_DATE):
+            return F.date_add(F.lit("1970-01-01").cast("date"), value)
+        case name if name == TIME:
+            return _time_of_day(value.cast("long") * 1000)
+        case name if name == MICRO_TIME:
+            return _time_of_day(value)
+        case name if name == NANO_TIME:
+            return _time_of_day(F.floor(value / 1000))
+        case name if name in (TIMESTAMP, CONNECT_TIMESTAMP):
+            return F.timestamp_millis(value).cast(TimestampNTZType())
+        case name if name == MICRO_TIMESTAMP:
+            return F.timestamp_micros(value).cast(TimestampNTZType())
+        case name if name == NANO_TIMESTAMP:
+            return F.timestamp_micros(F.floor(value / 1000)).cast(TimestampNTZType())
+        case name if name == ZONED_TIMESTAMP:
+            return value.try_cast(TimestampType())  # ISO 8601 in UTC: 2026-11-21T05:53:15.094926Z
+    match schema.type:
+        case ConnectType.BYTES:
+            return F.try_to_binary(value, F.lit("base64"))
+        case ConnectType.STRUCT:
+            fields = [f for f in schema.fields or ()]
+            return F.when(value.isNull(), F.lit(None)).otherwise(
+                F.struct(*[decode(value[f.field], f).alias(f.field) for f in fields])
+            )
+        case ConnectType.ARRAY:
+            assert schema.items is not None
+            items = schema.items
+            return F.transform(value, lambda item: decode(item, items))
+        case ConnectType.MAP:
+            assert schema.values is not None
+            values = schema.values
+            return F.transform_values(value, lambda _, item: decode(item, values))
+        case _:
+            return value
+
+
+def _time_of_day(micros: Column) -> Column:
+    """Microseconds since midnight as ``HH:mm:ss.SSSSSS``."""
+    return F.date_format(F.timestamp_micros(micros).cast(TimestampNTZType()), "HH:mm:ss.SSSSSS")
+
+
+def _decimal(two_complement: Column, scale: Column, target: DecimalType) -> Column:
+    """A big-endian two's-complement unscaled integer and its scale, as ``target``.
+
+    Built as text (digits, then the point inserted ``scale`` places from the right) so that no
+    arithmetic can round; null when the value does not fit ``target``.
+    """
+    hex_digits = F.hex(two_complement)
+    negative = F.substring(hex_digits, 1, 1).isin(*"89ABCDEF")
+    # A negative value is -(~bits + 1): accumulate the inverted bytes so nothing overflows.
+    byte_values = F.transform(
+        F.sequence(F.lit(0), F.octet_length(two_complement) - 1),
+        lambda i: F.conv(F.substring(hex_digits, i * 2 + 1, 2), 16, 10).cast("int"),
+    )
+    magnitude = F.aggregate(
+        byte_values,
+        F.lit(0).cast(DecimalType(38, 0)),
+        lambda acc, byte: F.try_add(F.try_multiply(acc, F.lit(256)), F.when(negative, 255 - byte).otherwise(byte)),
+    )
+    magnitude = F.when(negative, F.try_add(magnitude, F.lit(1))).otherwise(magnitude)
+    unpadded = magnitude.cast("string")
+    # At least one digit before the point (lpad would truncate longer strings: pad only).
+    digits = F.concat(F.repeat(F.lit("0"), F.greatest(scale + 1 - F.length(unpadded), F.lit(0))), unpadded)
+    point = F.length(digits) - scale
+    text = F.concat(
+        F.when(negative, F.lit("-")).otherwise(F.lit("")),
+        F.substring(digits, F.lit(1), point),
+        F.when(scale > 0, F.concat(F.lit("."), F.substring(digits, point + 1, scale))).otherwise(F.lit("")),
+    )
+    return F.when(F.octet_length(two_complement) > 0, text.try_cast(target))
+
+
+def undecodable(raw: Column, decoded: Column) -> Column:
+    """True where a value was present in the JSON but did not decode (null out of non-null in)."""
+    return raw.isNotNull() & decoded.isNull()

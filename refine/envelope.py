@@ -1,0 +1,145 @@
+"""Pydantic models of what Debezium writes to Kafka (Postgres and MongoDB connectors, JsonConverter).
+
+They describe the messages and validate samples; the records themselves are parsed by Spark's
+``from_json`` with a schema derived from :class:`ConnectSchema` (see :mod:`refine.decode`), never
+row by row in Python.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Op(str, Enum):
+    """Debezium's ``op`` codes."""
+
+    READ = "r"  # a snapshot read
+    CREATE = "c"
+    UPDATE = "u"
+    DELETE = "d"
+    TRUNCATE = "t"
+    MESSAGE = "m"  # a logical decoding message
+
+
+class ConnectType(str, Enum):
+    """Kafka Connect's schema types, as JsonConverter writes them."""
+
+    INT8 = "int8"
+    INT16 = "int16"
+    INT32 = "int32"
+    INT64 = "int64"
+    FLOAT32 = "float32"
+    FLOAT64 = "float64"
+    BOOLEAN = "boolean"
+    STRING = "string"
+    BYTES = "bytes"
+    ARRAY = "array"
+    MAP = "map"
+    STRUCT = "struct"
+
+
+class ConnectSchema(BaseModel):
+    """A Kafka Connect schema (``schemas.enable=true``): a type, optionally named as a logical type
+    (``io.debezium.time.MicroTimestamp``, ``org.apache.kafka.connect.data.Decimal``...)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    type: ConnectType
+    optional: bool = False
+    name: str | None = None
+    version: int | None = None
+    parameters: dict[str, str] | None = None
+    field: str | None = None
+    fields: list[ConnectSchema] | None = None
+    items: ConnectSchema | None = None
+    keys: ConnectSchema | None = None
+    values: ConnectSchema | None = None
+
+    def field_named(self, name: str) -> ConnectSchema:
+        for child in self.fields or ():
+            if child.field == name:
+                return child
+        raise KeyError(name)
+
+
+class PostgresSource(BaseModel):
+    """``source`` of the Postgres connector: where and when the change happened."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    version: str
+    connector: str
+    name: str
+    ts_ms: int
+    snapshot: str | None = None  # a STRING: "true", "first", "last", "false", "incremental"...
+    db: str
+    sequence: str | None = None  # JSON text of [last committed LSN, current LSN]
+    schema_name: str = Field(alias="schema")
+    table: str
+    txId: int | None = None
+    lsn: int | None = None
+    xmin: int | None = None
+
+
+class PostgresEnvelope(BaseModel):
+    """The value of a Postgres connector record (the ``payload`` when wrapped with its schema)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    before: dict[str, Any] | None = None
+    after: dict[str, Any] | None = None
+    source: PostgresSource
+    op: Op
+    ts_ms: int | None = None
+    ts_us: int | None = None
+    ts_ns: int | None = None
+
+
+class MongoSource(BaseModel):
+    """``source`` of the MongoDB connector: order events by (ts_ms, ord), then Kafka offset."""
+
+    model_config = ConfigDict(extra="allow")
+
+    version: str
+    connector: str
+    name: str
+    ts_ms: int
+    snapshot: str | None = None
+    db: str
+    collection: str
+    ord: int | None = None  # the cluster-time increment, restarting each second; -1 for snapshot reads
+
+
+class UpdateDescription(BaseModel):
+    """What a MongoDB update changed, when the connector sends the change rather than the document."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    removedFields: list[str] | None = None
+    updatedFields: str | None = None  # relaxed Extended JSON text with dotted paths as keys
+    truncatedArrays: list[dict[str, Any]] | None = None
+
+
+class MongoEnvelope(BaseModel):
+    """The value of a MongoDB connector record: documents are Extended JSON TEXT, not objects."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    before: str | None = None
+    after: str | None = None
+    update_description: UpdateDescription | None = Field(default=None, alias="updateDescription")
+    source: MongoSource
+    op: Op
+    ts_ms: int | None = None
+
+
+class SchemaAndPayload(BaseModel):
+    """JsonConverter's wrapper with ``schemas.enable=true``."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    connect_schema: ConnectSchema = Field(alias="schema")
+    payload: Any = None

@@ -1,0 +1,102 @@
+"""Decoding Debezium's encodings, checked against what Postgres stores for the same values."""
+
+import base64
+import json
+from datetime import date, datetime, timezone
+from decimal import Decimal
+
+import pytest
+from pyspark.sql import functions as F
+
+from refine.decode import decode, decoded_type, json_type, undecodable
+from refine.envelope import ConnectSchema
+
+
+def two_complement(unscaled: int) -> str:
+    length = max(1, (unscaled.bit_length() + 8) // 8)
+    return base64.b64encode(unscaled.to_bytes(length, "big", signed=True)).decode()
+
+
+def decoded(spark, schema: dict, values: list) -> list:
+    """Decode JSON ``values`` of the Connect ``schema``, through from_json as the refine job does."""
+    connect = ConnectSchema.model_validate({**schema, "field": "v"})
+    wrapper = ConnectSchema.model_validate({"type": "struct", "fields": [connect.model_dump(exclude_none=True)]})
+    rows = [(json.dumps({"v": value}),) for value in values]
+    parsed = spark.createDataFrame(rows, "json string").select(F.from_json("json", json_type(wrapper)).alias("p"))
+    result = parsed.select(decode(F.col("p.v"), connect).alias("v"))
+    assert result.schema["v"].dataType == decoded_type(connect)
+    return [row.v for row in result.collect()]
+
+
+DECIMAL_12_2 = {"type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal",
+                "parameters": {"scale": "2", "connect.decimal.precision": "12"}}  # fmt: skip
+
+
+def test_precise_decimals_including_negatives_and_zero(spark):
+    values = [Decimal("1272.97"), Decimal("-0.01"), Decimal("0.00"), Decimal("-500.00"), Decimal("9999999999.99")]
+    encoded = [two_complement(int(v.scaleb(2))) for v in values] + [None]
+    assert decoded(spark, DECIMAL_12_2, encoded) == values + [None]
+
+
+def test_a_decimal_wider_than_eight_bytes(spark):
+    schema = {**DECIMAL_12_2, "parameters": {"scale": "4", "connect.decimal.precision": "38"}}
+    unscaled = -12345678901234567890123456789012  # 14 bytes; (Decimal.scaleb would round at 28 digits)
+    assert decoded(spark, schema, [two_complement(unscaled)]) == [Decimal("-1234567890123456789012345678.9012")]
+
+
+def test_debezium_sample_from_the_stack(spark):
+    # balance numeric(12,2) as the local stack's connector sent it: 'B27L' = 0x076ECB = 487115.
+    assert decoded(spark, DECIMAL_12_2, ["B27L"]) == [Decimal("4871.15")]
+
+
+def test_variable_scale_decimal(spark):
+    schema = {"type": "struct", "name": "io.debezium.data.VariableScaleDecimal", "optional": True,
+              "fields": [{"type": "int32", "field": "scale"}, {"type": "bytes", "field": "value"}]}  # fmt: skip
+    # '+zTR' is what the stack's connector sent for credit_limit -3.14159.
+    values = [{"scale": 5, "value": "+zTR"}, {"scale": 0, "value": two_complement(42)}, None]
+    assert decoded(spark, schema, values) == [Decimal("-3.14159"), Decimal(42), None]
+
+
+def test_dates_before_and_after_1970(spark):
+    schema = {"type": "int32", "optional": True, "name": "io.debezium.time.Date"}
+    assert decoded(spark, schema, [-1, 0, 4427, -719162]) == [date(1969, 12, 31), date(1970, 1, 1), date(1982, 2, 14), date(1, 1, 1)]
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "expected"),
+    [
+        ("io.debezium.time.Time", 49_500_123, "13:45:00.123000"),
+        ("io.debezium.time.MicroTime", 49_500_123_456, "13:45:00.123456"),
+        ("io.debezium.time.NanoTime", 49_500_123_456_789, "13:45:00.123456"),
+    ],
+)
+def test_times_of_day(spark, name, value, expected):
+    kind = "int32" if name.endswith(".Time") else "int64"
+    assert decoded(spark, {"type": kind, "name": name}, [value]) == [expected]
+
+
+def test_timestamps_without_and_with_zone(spark):
+    assert decoded(spark, {"type": "int64", "name": "io.debezium.time.MicroTimestamp"}, [1_772_329_500_123_456]) == [
+        datetime(2026, 3, 1, 1, 45, 0, 123456)
+    ]
+    assert decoded(spark, {"type": "int64", "name": "io.debezium.time.Timestamp"}, [-1000]) == [datetime(1969, 12, 31, 23, 59, 59)]
+    zoned = decoded(spark, {"type": "string", "name": "io.debezium.time.ZonedTimestamp"}, ["2026-11-21T05:53:15.094926Z"])
+    assert zoned[0].astimezone(timezone.utc) == datetime(2026, 11, 21, 5, 53, 15, 94926, tzinfo=timezone.utc)
+
+
+def test_bytes_json_uuid_arrays_booleans_and_floats(spark):
+    assert decoded(spark, {"type": "bytes"}, ["3q2+7w==", None]) == [bytearray(b"\xde\xad\xbe\xef"), None]
+    assert decoded(spark, {"type": "string", "name": "io.debezium.data.Json"}, ['{"a": {"b": [1, 2]}}', "null"]) == [
+        '{"a": {"b": [1, 2]}}', "null"
+    ]
+    assert decoded(spark, {"type": "array", "items": {"type": "string", "optional": True}}, [["x", None], []]) == [["x", None], []]
+    assert decoded(spark, {"type": "boolean"}, [True, False, None]) == [True, False, None]
+    floats = decoded(spark, {"type": "float64"}, [1.5, "NaN", "Infinity", "-Infinity"])
+    assert floats[0] == 1.5 and floats[1] != floats[1] and floats[2] == float("inf") and floats[3] == float("-inf")
+
+
+def test_undecodable_values_are_told_apart_from_nulls(spark):
+    frame = spark.createDataFrame([("not base64!",), (None,), ("3q2+7w==",)], "raw string")
+    schema = ConnectSchema.model_validate({"type": "bytes"})
+    flags = frame.select(undecodable(F.col("raw"), decode(F.col("raw"), schema)).alias("bad")).collect()
+    assert [row.bad for row in flags] == [True, False, False]
