@@ -1,0 +1,59 @@
+"""Raw rows of a Debezium Postgres topic as typed change rows (pure DataFrame -> DataFrame).
+
+Each output row is one Kafka record: its operation, the decoded key, the decoded ``before`` and
+``after`` row images, its source position and its Kafka coordinates. A record that cannot be
+parsed keeps its raw value and gets a ``problem`` for the quarantine instead of being dropped.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructField, StructType
+
+from refine.decode import decode, json_type
+from refine.envelope import ConnectSchema, Op
+
+TOMBSTONE = "tombstone"  # `op` of a record with a null value (follows every delete)
+
+
+def _payload(text: Column, schema: ConnectSchema) -> Column:
+    """The ``payload`` of JsonConverter's ``{schema, payload}`` wrapper, read as ``schema``."""
+    wrapper = StructType([StructField("payload", json_type(schema))])
+    return F.from_json(text, wrapper)["payload"]
+
+
+def parse_changes(raw: DataFrame, key_schema: ConnectSchema | None, value_schema: ConnectSchema) -> DataFrame:
+    """Typed changes from raw rows (columns of :data:`cdc.raw.table.RAW_SCHEMA`).
+
+    ``value_schema`` is the envelope's Connect schema (``before``, ``after``, ``source``, ``op``...),
+    ``key_schema`` the key's (None for a table without a primary key, whose keys are null).
+    """
+    envelope = _payload(F.col("value"), value_schema)
+    row_schema = value_schema.field_named("after")
+    parsed = raw.select(
+        F.col("value"),
+        F.col("partition").alias("kafka_partition"),
+        F.col("offset").alias("kafka_offset"),
+        envelope.alias("envelope"),
+        (_payload(F.col("key"), key_schema) if key_schema else F.lit(None)).alias("raw_key"),
+    )
+    op = F.when(F.col("value").isNull(), F.lit(TOMBSTONE)).otherwise(F.col("envelope.op"))
+    known_ops = [member.value for member in Op] + [TOMBSTONE]
+    problem = (
+        F.when(F.col("value").isNotNull() & F.col("envelope").isNull(), F.lit("value is not a Debezium JSON envelope"))
+        .when(~op.isin(*known_ops) | op.isNull(), F.concat(F.lit("unknown op "), F.coalesce(op, F.lit("null"))))
+    )  # fmt: skip
+    return parsed.select(
+        op.alias("op"),
+        (decode(F.col("raw_key"), key_schema) if key_schema else F.lit(None)).alias("key"),
+        decode(F.col("envelope.before"), row_schema).alias("before"),
+        decode(F.col("envelope.after"), row_schema).alias("after"),
+        F.col("envelope.source.lsn").alias("source_lsn"),
+        F.col("envelope.source.txId").alias("source_tx_id"),
+        F.timestamp_millis(F.col("envelope.source.ts_ms")).alias("source_committed_at"),
+        F.col("kafka_partition"),
+        F.col("kafka_offset"),
+        problem.alias("problem"),
+        F.col("value").alias("raw_value"),
+    )

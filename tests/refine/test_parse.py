@@ -1,0 +1,80 @@
+"""Parsing raw rows of a real Debezium topic (landed by `cdc raw` from the stack) into typed changes."""
+
+import json
+
+import psycopg
+import pytest
+from pyspark.sql import functions as F
+
+from cdc.config import validate
+from cdc.raw.config import RawJobConfig
+from cdc.raw.job import run_raw_job
+from cdc.raw.table import raw_table_location
+from cdc.stack.events import read_events
+from cdc.stack.workload import run_workload
+from refine.envelope import ConnectSchema
+from refine.parse import TOMBSTONE, parse_changes
+
+pytestmark = pytest.mark.integration
+
+
+def test_customer_changes_parse_to_the_values_postgres_holds(spark, kafka, stack_config, postgres_connector, tmp_path):
+    report = run_workload(stack_config.postgres.dsn(), customers=4, seed=7)
+    topic = f"{postgres_connector.topic_prefix}.shop.customers"
+    events = read_events(kafka.bootstrap_servers, {topic: report.expected_events("customers")})[topic]
+    config = validate(RawJobConfig, {"topics": {"kind": "topics", "topics": [topic]}, "warehouse": str(tmp_path),
+                                     "trigger": {"kind": "available_now"},
+                                     "kafka": {"bootstrap_servers": kafka.bootstrap_servers}}, "raw job")  # fmt: skip
+    run_raw_job(spark, config, say=lambda line: None)
+    raw = spark.read.format("delta").load(raw_table_location(str(tmp_path), topic))
+    sample = next(event for event in events if event.payload)
+    record = json.loads(raw.where(F.col("offset") == sample.offset).head().value)
+    key_record = json.loads(raw.where(F.col("offset") == sample.offset).head().key)
+
+    changes = parse_changes(
+        raw, ConnectSchema.model_validate(key_record["schema"]), ConnectSchema.model_validate(record["schema"])
+    ).orderBy("kafka_offset")
+
+    assert changes.where("problem IS NOT NULL").count() == 0
+    assert [row.op for row in changes.collect()] == [event.op for event in events]
+    tombstone = changes.where(F.col("op") == TOMBSTONE).head()
+    assert tombstone.before is None and tombstone.key.id > 0
+
+    # The last image of each surviving customer equals the row in Postgres, column for column.
+    latest = {row.key.id: row.after for row in changes.where("op IN ('c', 'u')").collect()}
+    with psycopg.connect(stack_config.postgres.dsn()) as conn:
+        conn.execute("SET TIME ZONE 'UTC'")
+        for customer_id, after in latest.items():
+            db = conn.execute(
+                "SELECT balance, credit_limit, signed_up_at, birth_date, profile::text, tags, external_id::text, "
+                "is_active, avatar FROM shop.customers WHERE id = %s", (customer_id,),
+            ).fetchone()  # fmt: skip
+            if db is None:
+                continue  # deleted later in the workload
+            assert after.balance == db[0]
+            assert after.credit_limit == db[1]
+            # PySpark returns timestamps as naive local datetimes: compare the instants.
+            assert after.signed_up_at.timestamp() == db[2].timestamp()
+            assert after.birth_date == db[3]
+            assert json.loads(after.profile) == json.loads(db[4])
+            assert after.tags == db[5] and after.external_id == db[6] and after.is_active == db[7]
+            assert bytes(after.avatar) == bytes(db[8])
+
+
+def test_unparseable_values_are_flagged_not_dropped(spark):
+    schema = ConnectSchema.model_validate({"type": "struct", "fields": [
+        {"type": "struct", "field": "before", "optional": True, "fields": [{"type": "int64", "field": "id"}]},
+        {"type": "struct", "field": "after", "optional": True, "fields": [{"type": "int64", "field": "id"}]},
+        {"type": "struct", "field": "source", "fields": [
+            {"type": "int64", "field": "lsn"}, {"type": "int64", "field": "txId"}, {"type": "int64", "field": "ts_ms"}]},
+        {"type": "string", "field": "op"},
+    ]})  # fmt: skip
+    raw = spark.createDataFrame(
+        [('{"payload": {"after": {"id": 1}, "op": "c"}}', 0, 0), ("not json", 0, 1), ('{"payload": {"op": "x"}}', 0, 2), (None, 0, 3)],
+        "value string, partition int, offset long",
+    ).withColumn("key", F.lit(None).cast("string"))
+    rows = parse_changes(raw, None, schema).orderBy("kafka_offset").collect()
+    assert [(row.op, row.problem) for row in rows] == [
+        ("c", None), (None, "value is not a Debezium JSON envelope"), ("x", "unknown op x"), (TOMBSTONE, None),
+    ]
+    assert rows[1].raw_value == "not json"
