@@ -126,6 +126,20 @@ def raw(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def refine(args: argparse.Namespace, settings: Settings) -> int:
+    from cdc.spark import build_spark_session
+    from refine.job import RefineJobConfig, run_refine_job
+
+    config = validate(RefineJobConfig, {
+        "table": args.table,
+        "warehouse": settings.warehouse,
+        "trigger": {"kind": "available_now"} if args.available_now
+        else {"kind": "continuous", "interval_s": args.trigger_interval or 2.0},
+    }, "refine job settings")  # fmt: skip
+    run_refine_job(build_spark_session(settings.spark), config, stop=_stop_on_signals())
+    return 0
+
+
 def status(args: argparse.Namespace, settings: Settings) -> int:
     from cdc.config import KafkaConnection
     from cdc.spark import build_spark_session
@@ -228,6 +242,14 @@ def build_parser() -> argparse.ArgumentParser:
     land.add_argument("--reset", action="store_true", help="delete the table and checkpoint, land from the start")
     land.add_argument("--force-destroy-raw-data", action="store_true",
                       help="with --reset: allow deleting raw tables, whose data may exist nowhere else")
+
+    refining = _add(commands, "refine", refine, "decode a raw table's Debezium changes and MERGE them into its refined table",
+                   [warehouse])  # fmt: skip
+    refining.add_argument("--table", required=True, metavar="TOPIC", help="the raw table to refine, named by its topic")
+    refine_trigger = refining.add_mutually_exclusive_group()
+    refine_trigger.add_argument("--available-now", action="store_true", help="refine what is there, then stop")
+    refine_trigger.add_argument("--trigger-interval", type=float, metavar="SECONDS",
+                                help="run continuously, a micro-batch every SECONDS (default 2)")  # fmt: skip
 
     _add(commands, "status", status, "list raw tables: Delta version, rows, consumed vs end offsets (lag)",
          [warehouse, as_json])  # fmt: skip

@@ -140,6 +140,8 @@ class KafkaTestClient:
         consumer = KafkaConsumer(bootstrap_servers=self.bootstrap_servers, enable_auto_commit=False)
         try:
             partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+            if not partitions:
+                return []  # the topic does not exist (yet)
             end = consumer.end_offsets(partitions)
             consumer.assign(partitions)
             consumer.seek_to_beginning(*partitions)

@@ -1,0 +1,46 @@
+"""The last change per key in a batch, in source order (pure DataFrame -> DataFrame).
+
+Source order is Postgres' LSN, then the Kafka offset (a primary-key change gives a delete and a
+create at the same LSN). Tombstones repeat the delete before them and are left out; a truncate
+makes every earlier change of the batch irrelevant.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+
+from refine.envelope import Op
+from refine.toast import fill_from_earlier_changes
+
+POSITION_COLUMNS = ("source_lsn", "kafka_offset")
+
+
+def after_position(lsn: Column, offset: Column, other_lsn: Column, other_offset: Column) -> Column:
+    """(lsn, offset) at or after (other_lsn, other_offset): re-applying the same change is harmless."""
+    return (lsn > other_lsn) | ((lsn == other_lsn) & (offset >= other_offset))
+
+
+def last_truncate(changes: DataFrame) -> DataFrame:
+    """The position of the batch's last truncate (one row, or none)."""
+    return (
+        changes.where(F.col("op") == Op.TRUNCATE.value)
+        .orderBy(*[F.col(c).desc() for c in POSITION_COLUMNS])
+        .select(*POSITION_COLUMNS)
+        .limit(1)
+    )
+
+
+def latest_per_key(changes: DataFrame, key_columns: list[str], truncated_at: tuple[int, int] | None) -> DataFrame:
+    """For each key, its last create, read, update or delete after ``truncated_at`` (if any), with
+    TOAST placeholders filled from the key's earlier changes in the batch."""
+    rows = changes.where(F.col("op").isin(Op.READ.value, Op.CREATE.value, Op.UPDATE.value, Op.DELETE.value))
+    if truncated_at is not None:
+        lsn, offset = truncated_at
+        rows = rows.where(after_position(F.col("source_lsn"), F.col("kafka_offset"), F.lit(lsn), F.lit(offset)))
+    rows = fill_from_earlier_changes(rows, key_columns, [F.col(c) for c in POSITION_COLUMNS])
+    order = Window.partitionBy(*[F.col(f"key.{column}") for column in key_columns]).orderBy(
+        *[F.col(c).desc() for c in POSITION_COLUMNS]
+    )
+    return rows.withColumn("_rank", F.row_number().over(order)).where("_rank = 1").drop("_rank")
+

@@ -1,0 +1,49 @@
+"""The quarantine: records refinement could not decode, kept with the reason, so nothing is lost.
+
+One Delta table per warehouse, ``<warehouse>/_cdc/quarantine``: the raw table and topic, the Kafka
+partition and offset, the raw value and the reason. A replayed batch does not add a record twice.
+"""
+
+from __future__ import annotations
+
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
+
+QUARANTINE_SCHEMA = StructType(
+    [
+        StructField("source_table", StringType(), nullable=False),
+        StructField("topic", StringType(), nullable=False),
+        StructField("partition", IntegerType(), nullable=False),
+        StructField("offset", LongType(), nullable=False),
+        StructField("raw_value", StringType()),
+        StructField("reason", StringType(), nullable=False),
+        StructField("quarantined_at", TimestampType(), nullable=False),
+    ]
+)
+
+
+def quarantine_location(warehouse: str) -> str:
+    return f"{warehouse}/_cdc/quarantine"
+
+
+def quarantine(spark: SparkSession, location: str, source_table: str, topic: str, problems: DataFrame) -> None:
+    """Add ``problems`` (parsed changes with a ``problem``) to the quarantine table."""
+    rows = problems.select(
+        F.lit(source_table).alias("source_table"),
+        F.lit(topic).alias("topic"),
+        F.col("kafka_partition").alias("partition"),
+        F.col("kafka_offset").alias("offset"),
+        F.col("raw_value"),
+        F.col("problem").alias("reason"),
+        F.current_timestamp().alias("quarantined_at"),
+    )
+    DeltaTable.createIfNotExists(spark).location(location).addColumns(QUARANTINE_SCHEMA).execute()
+    keys = ("source_table", "partition", "offset")
+    (
+        DeltaTable.forPath(spark, location).alias("q")
+        .merge(rows.alias("n"), " AND ".join(f"q.`{k}` = n.`{k}`" for k in keys))
+        .whenNotMatchedInsertAll()
+        .execute()
+    )  # fmt: skip

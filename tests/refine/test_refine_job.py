@@ -1,0 +1,92 @@
+"""Postgres -> Debezium -> Kafka -> `cdc raw` -> `cdc refine`: refined tables equal the source tables."""
+
+import time
+
+import psycopg
+import pytest
+from pyspark.sql import functions as F
+from pyspark.testing import assertDataFrameEqual
+
+from cdc.config import validate
+from cdc.raw.config import RawJobConfig
+from cdc.raw.job import run_raw_job
+from cdc.stack.workload import run_workload
+from refine.job import RefineJobConfig, refined_table_location, run_refine_job
+from refine.merge import METADATA_COLUMNS
+
+pytestmark = pytest.mark.integration
+
+ORDERS = (
+    "SELECT customer_id, order_no, status::text, amount, ordered_at FROM shop.orders",
+    "customer_id long, order_no int, status string, amount decimal(10,2), ordered_at timestamp_ntz",
+)
+CUSTOMERS = (
+    "SELECT id, email, full_name, balance, credit_limit, signed_up_at, birth_date, profile::text, tags, "
+    "external_id::text, is_active, notes, avatar FROM shop.customers",
+    "id long, email string, full_name string, balance decimal(12,2), credit_limit decimal(38,18), "
+    "signed_up_at timestamp, birth_date date, profile string, tags array<string>, external_id string, "
+    "is_active boolean, notes string, avatar binary",
+)
+
+
+def postgres_table(spark, dsn: str, query: str, schema: str):
+    with psycopg.connect(dsn) as conn:
+        return spark.createDataFrame(conn.execute(query).fetchall(), schema)
+
+
+def wait_until_last_value(kafka, topic: str, matches, timeout_s: float = 60) -> None:
+    """Poll until the value of the topic's last record satisfies ``matches`` (the change reached Kafka)."""
+    deadline = time.monotonic() + timeout_s
+    while not ((records := kafka.records(topic)) and matches(records[-1][4])):
+        assert time.monotonic() < deadline, f"the awaited change did not reach {topic}"
+        time.sleep(0.5)
+
+
+def land_and_refine(spark, kafka, warehouse: str, topic: str) -> None:
+    raw = {"topics": {"kind": "topics", "topics": [topic]}, "warehouse": warehouse,
+           "trigger": {"kind": "available_now"}, "kafka": {"bootstrap_servers": kafka.bootstrap_servers}}  # fmt: skip
+    run_raw_job(spark, validate(RawJobConfig, raw, "raw job"), say=lambda line: None)
+    run_refine_job(spark, RefineJobConfig(table=topic, warehouse=warehouse, trigger={"kind": "available_now"}),
+                   say=lambda line: None)  # fmt: skip
+
+
+def test_refined_tables_equal_postgres(spark, kafka, stack_config, postgres_connector, tmp_path):
+    dsn = stack_config.postgres.dsn()
+    run_workload(dsn, customers=5, seed=11)  # inserts, TOAST-preserving updates, deletes, NULLs
+    with psycopg.connect(dsn) as conn:
+        conn.execute("TRUNCATE shop.orders")
+        conn.execute("INSERT INTO shop.orders VALUES (1, 1, 'paid', 10.50, '2026-01-01 10:00:00.123456'), "
+                     "(1, 2, 'pending', 0.01, '2026-01-02 00:00:00')")  # fmt: skip
+        conn.execute("UPDATE shop.orders SET status = 'shipped' WHERE order_no = 2")
+        conn.execute("UPDATE shop.customers SET full_name = 'Renamed' WHERE id = (SELECT min(id) FROM shop.customers)")
+    prefix = postgres_connector.topic_prefix
+    wait_until_last_value(kafka, f"{prefix}.shop.orders", lambda value: b'"status":"shipped"' in (value or b""))
+    wait_until_last_value(kafka, f"{prefix}.shop.customers", lambda value: b'"full_name":"Renamed"' in (value or b""))
+
+    warehouse = str(tmp_path)
+    for table, (query, schema) in {"orders": ORDERS, "customers": CUSTOMERS}.items():
+        topic = f"{prefix}.shop.{table}"
+        for _ in range(2):  # a rerun changes nothing
+            land_and_refine(spark, kafka, warehouse, topic)
+            refined = spark.read.format("delta").load(refined_table_location(warehouse, topic))
+            assertDataFrameEqual(refined.drop(*METADATA_COLUMNS), postgres_table(spark, dsn, query, schema))
+    customers = spark.read.format("delta").load(refined_table_location(warehouse, f"{prefix}.shop.customers"))
+    assert customers.where(F.col("notes").contains("__debezium_unavailable_value")).count() == 0
+    assert customers.where(F.col("_cdc_op") == "u").count() > 0
+
+
+def test_refine_from_the_command_line(spark, kafka, stack_config, postgres_connector, tmp_path, monkeypatch, capsys):
+    from cdc.cli import main
+
+    run_workload(stack_config.postgres.dsn(), customers=2, seed=12)
+    topic = f"{postgres_connector.topic_prefix}.shop.orders"
+    wait_until_last_value(kafka, topic, lambda value: value is None)  # the workload ends with a delete
+    monkeypatch.setenv("CDC_KAFKA__BOOTSTRAP_SERVERS", kafka.bootstrap_servers)
+    assert main(["raw", "--topic", topic, "--warehouse", str(tmp_path), "--available-now"]) == 0
+    assert main(["refine", "--table", topic, "--warehouse", str(tmp_path), "--available-now"]) == 0
+    assert f"refine {topic}: " in capsys.readouterr().out
+    refined = spark.read.format("delta").load(refined_table_location(str(tmp_path), topic))
+    assertDataFrameEqual(refined.drop(*METADATA_COLUMNS), postgres_table(spark, stack_config.postgres.dsn(), *ORDERS))
+
+    assert main(["refine", "--table", "no.such.table", "--warehouse", str(tmp_path), "--available-now"]) == 8
+    assert "no raw table for this topic: run `cdc raw` first" in capsys.readouterr().err
