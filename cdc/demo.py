@@ -43,4 +43,32 @@ def run_demo(settings: Settings, say: Callable[[str], None] = print) -> dict[str
     say(f"  balance    = {after['balance']!r}  (numeric(12,2): base64 unscaled integer, scale in the schema)")
     say(f"  birth_date = {after['birth_date']!r}  (date: days since 1970-01-01)")
     say(f"  notes      = {after['notes']!r}  (TOASTed column the update left alone)")
+    land_and_refine(settings, [topics["customers"], topics["orders"]], say)
     return events
+
+
+def land_and_refine(settings: Settings, topics: list[str], say: Callable[[str], None]) -> None:
+    """`cdc raw` then `cdc refine` (both --available-now) for ``topics``; compare with Postgres."""
+    import psycopg
+
+    from cdc.config import validate
+    from cdc.raw.config import RawJobConfig
+    from cdc.raw.job import run_raw_job
+    from cdc.spark import build_spark_session
+    from refine.job import RefineJobConfig, refined_table_location, run_refine_job
+
+    say(f"landing and refining {', '.join(topics)} into {settings.warehouse} (Spark) ...")
+    spark = build_spark_session(settings.spark)
+    raw = validate(RawJobConfig, {
+        "topics": {"kind": "topics", "topics": topics}, "warehouse": settings.warehouse,
+        "trigger": {"kind": "available_now"}, "kafka": {"bootstrap_servers": settings.stack.kafka.bootstrap_servers},
+    }, "raw job settings")  # fmt: skip
+    run_raw_job(spark, raw, say=say)
+    with psycopg.connect(settings.stack.postgres.dsn()) as conn:
+        for topic in topics:
+            run_refine_job(spark, RefineJobConfig(table=topic, warehouse=raw.warehouse, trigger={"kind": "available_now"}),
+                           say=say)  # fmt: skip
+            refined = spark.read.format("delta").load(refined_table_location(raw.warehouse, topic))
+            table = topic.split(".", 1)[1]
+            in_postgres = conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+            say(f"  {refined_table_location(raw.warehouse, topic)}: {refined.count()} rows (Postgres {table}: {in_postgres})")

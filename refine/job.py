@@ -20,9 +20,10 @@ from pydantic import Field, field_validator
 
 from cdc.config import _Strict
 from cdc.errors import StreamError, TableError
-from cdc.raw.config import TOPIC_NAME, AvailableNow, Continuous, Trigger
+from cdc.raw.config import TOPIC_NAME, Continuous, Trigger
 from cdc.raw.table import raw_table_location, raw_table_topic
 from cdc.storage import normalize_location
+from cdc.streaming import with_trigger
 from refine.envelope import ConnectSchema
 from refine.latest import POSITION_COLUMNS, last_truncate, latest_per_key
 from refine.merge import merge_changes, refined_rows
@@ -117,12 +118,7 @@ def run_refine_job(
         .writeStream.queryName(f"refine {config.table}").foreachBatch(RefineBatch(config))
         .option("checkpointLocation", f"{config.warehouse}/_cdc/checkpoints/refine/{config.table}")
     )  # fmt: skip
-    match config.trigger:
-        case AvailableNow():
-            writer = writer.trigger(availableNow=True)
-        case Continuous(interval_s=interval_s):
-            writer = writer.trigger(processingTime=f"{interval_s} seconds")
-    query = writer.start()
+    query = with_trigger(writer, config.trigger).start()
     seen: set[int] = set()
     changes = 0
     try:

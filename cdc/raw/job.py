@@ -20,7 +20,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from cdc.errors import OffsetGapError, SourceError, StreamError, TableError
 from cdc.raw.checkpoint import batch_end_offsets, committed_offsets
-from cdc.raw.config import AvailableNow, Continuous, GapPolicy, RawJobConfig, TopicList
+from cdc.raw.config import Continuous, GapPolicy, RawJobConfig, TopicList
 from cdc.raw.gaps import find_gaps, record_gaps
 from cdc.raw.rows import raw_rows
 from cdc.raw.table import (
@@ -35,6 +35,7 @@ from cdc.raw.table import (
 )
 from cdc.source import KafkaTopics, redact
 from cdc.storage import Storage
+from cdc.streaming import with_trigger
 
 # With a pattern, a continuous run looks for new matching topics this often.
 TOPIC_RESCAN_S = 30.0
@@ -153,12 +154,7 @@ def start_query(spark: SparkSession, config: RawJobConfig, topic: str, table: st
         .foreachBatch(LandBatch(config, topic, table, checkpoint))
         .option("checkpointLocation", checkpoint)
     )  # fmt: skip
-    match config.trigger:
-        case AvailableNow():
-            writer = writer.trigger(availableNow=True)
-        case Continuous(interval_s=interval_s):
-            writer = writer.trigger(processingTime=f"{interval_s} seconds")
-    return writer.start()
+    return with_trigger(writer, config.trigger).start()
 
 
 def progress_lines(run: TopicRun) -> list[str]:
