@@ -151,13 +151,14 @@ def status(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         print(json.dumps({"raw_tables": [table.as_dict() for table in tables]}, indent=2))
         return 0
-    print(f"{'raw table':<32} {'version':>7} {'rows':>12} {'gaps':>4}  partitions (consumed/end, lag)")
+    print(f"{'raw table':<32} {'version':>7} {'rows':>12} {'gaps':>4} {'quarantined':>11}  partitions (consumed/end, lag)")
     for table in tables:
         partitions = " ".join(
             f"p{p.partition} {p.consumed}/{'?' if p.end is None else p.end} lag {'?' if p.lag is None else p.lag}"
             for p in table.partitions
         )
-        print(f"{table.topic:<32} {table.version:>7} {table.rows:>12,} {table.recorded_gaps:>4}  {partitions}")
+        print(f"{table.topic:<32} {table.version:>7} {table.rows:>12,} {table.recorded_gaps:>4} {table.quarantined:>11,}  "
+              f"{partitions}")  # fmt: skip
     return 0
 
 

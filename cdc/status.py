@@ -20,6 +20,7 @@ from cdc.raw.table import (
 )
 from cdc.source import KafkaTopics
 from cdc.storage import Storage
+from refine.quarantine import quarantine_location
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class RawTableStatus:
     version: int
     rows: int
     recorded_gaps: int
+    quarantined: int  # records of this raw table that refinement could not decode
     partitions: list[PartitionLag] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, object]:
@@ -59,7 +61,8 @@ def raw_table_statuses(spark: SparkSession, warehouse: str, kafka: KafkaConnecti
         held = KafkaTopics(kafka).offsets(sorted(topics))
     except SourceError:
         held = {}  # still report the tables; lag is unknown
-    gaps = _recorded_gaps(spark, gaps_table_location(warehouse))
+    gaps = _counts_by(spark, gaps_table_location(warehouse), "table")
+    quarantined = _counts_by(spark, quarantine_location(warehouse), "source_table")
     statuses = []
     for topic, location in topics.items():
         consumed = committed_offsets(storage, checkpoint_location(warehouse, topic))
@@ -71,6 +74,7 @@ def raw_table_statuses(spark: SparkSession, warehouse: str, kafka: KafkaConnecti
                 version=DeltaTable.forPath(spark, location).history(1).select("version").head()[0],
                 rows=spark.read.format("delta").load(location).count(),
                 recorded_gaps=gaps.get(location, 0),
+                quarantined=quarantined.get(location, 0),
                 partitions=[
                     PartitionLag(p, consumed.get((topic, p), 0), held[(topic, p)].end if (topic, p) in held else None)
                     for p in partitions
@@ -80,8 +84,9 @@ def raw_table_statuses(spark: SparkSession, warehouse: str, kafka: KafkaConnecti
     return statuses
 
 
-def _recorded_gaps(spark: SparkSession, gaps_table: str) -> dict[str, int]:
-    if not is_delta_table(spark, gaps_table):
+def _counts_by(spark: SparkSession, table: str, column: str) -> dict[str, int]:
+    """Rows of a bookkeeping table (gaps, quarantine) per raw table."""
+    if not is_delta_table(spark, table):
         return {}
-    counts = spark.read.format("delta").load(gaps_table).groupBy("table").agg(F.count("*").alias("gaps"))
-    return {row["table"]: row["gaps"] for row in counts.collect()}  # one row per raw table
+    counts = spark.read.format("delta").load(table).groupBy(column).agg(F.count("*").alias("rows"))
+    return {row[column]: row["rows"] for row in counts.collect()}  # one row per raw table

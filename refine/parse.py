@@ -2,7 +2,8 @@
 
 Each output row is one Kafka record: its operation, the decoded key, the decoded ``before`` and
 ``after`` row images, its source position and its Kafka coordinates. A record that cannot be
-parsed keeps its raw value and gets a ``problem`` for the quarantine instead of being dropped.
+parsed, or one of whose values cannot be decoded, keeps its raw value and gets a ``problem``
+naming the field and the reason, for the quarantine, instead of being dropped.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
-from refine.decode import decode, json_type
+from refine.decode import decode, decoded_type, json_type, undecodable
 from refine.envelope import ConnectSchema, Op
 
 TOMBSTONE = "tombstone"  # `op` of a record with a null value (follows every delete)
@@ -40,20 +41,32 @@ def parse_changes(raw: DataFrame, key_schema: ConnectSchema | None, value_schema
     )
     op = F.when(F.col("value").isNull(), F.lit(TOMBSTONE)).otherwise(F.col("envelope.op"))
     known_ops = [member.value for member in Op] + [TOMBSTONE]
-    problem = (
-        F.when(F.col("value").isNotNull() & F.col("envelope").isNull(), F.lit("value is not a Debezium JSON envelope"))
-        .when(~op.isin(*known_ops) | op.isNull(), F.concat(F.lit("unknown op "), F.coalesce(op, F.lit("null"))))
-    )  # fmt: skip
-    return parsed.select(
+    decoded = parsed.select(
+        "*",
         op.alias("op"),
         (decode(F.col("raw_key"), key_schema) if key_schema else F.lit(None)).alias("key"),
         decode(F.col("envelope.before"), row_schema).alias("before"),
         decode(F.col("envelope.after"), row_schema).alias("after"),
+    )
+    problem = F.when(
+        F.col("value").isNotNull() & F.col("envelope").isNull(), F.lit("value is not a Debezium JSON envelope")
+    ).when(~F.col("op").isin(*known_ops) | F.col("op").isNull(), F.concat(F.lit("unknown op "), F.coalesce("op", F.lit("null"))))
+    for image in ("before", "after"):
+        for field in row_schema.fields or ():
+            problem = problem.when(
+                undecodable(F.col(f"envelope.{image}.`{field.field}`"), F.col(f"{image}.`{field.field}`")),
+                F.lit(f"field {image}.{field.field}: cannot decode the value as {decoded_type(field).simpleString()}"),
+            )
+    return decoded.select(
+        "op",
+        "key",
+        "before",
+        "after",
         F.col("envelope.source.lsn").alias("source_lsn"),
         F.col("envelope.source.txId").alias("source_tx_id"),
         F.timestamp_millis(F.col("envelope.source.ts_ms")).alias("source_committed_at"),
-        F.col("kafka_partition"),
-        F.col("kafka_offset"),
+        "kafka_partition",
+        "kafka_offset",
         problem.alias("problem"),
         F.col("value").alias("raw_value"),
     )

@@ -156,6 +156,16 @@ class KafkaTestClient:
         finally:
             consumer.close()
 
+    def wait_for_last_value(self, topic: str, matches, timeout_s: float = 60):
+        """Poll until the value of the topic's last record satisfies ``matches``; return all records."""
+        import time
+
+        deadline = time.monotonic() + timeout_s
+        while not ((records := self.records(topic)) and matches(records[-1][4])):
+            assert time.monotonic() < deadline, f"the awaited record did not reach {topic}"
+            time.sleep(0.5)
+        return records
+
     def delete_records_before(self, topic: str, partition: int, offset: int) -> None:
         """Make Kafka drop a partition's records below ``offset``, as retention would."""
         from kafka import KafkaAdminClient, TopicPartition

@@ -1,7 +1,5 @@
 """Postgres -> Debezium -> Kafka -> `cdc raw` -> `cdc refine`: refined tables equal the source tables."""
 
-import time
-
 import psycopg
 import pytest
 from pyspark.sql import functions as F
@@ -34,14 +32,6 @@ def postgres_table(spark, dsn: str, query: str, schema: str):
         return spark.createDataFrame(conn.execute(query).fetchall(), schema)
 
 
-def wait_until_last_value(kafka, topic: str, matches, timeout_s: float = 60) -> None:
-    """Poll until the value of the topic's last record satisfies ``matches`` (the change reached Kafka)."""
-    deadline = time.monotonic() + timeout_s
-    while not ((records := kafka.records(topic)) and matches(records[-1][4])):
-        assert time.monotonic() < deadline, f"the awaited change did not reach {topic}"
-        time.sleep(0.5)
-
-
 def land_and_refine(spark, kafka, warehouse: str, topic: str) -> None:
     raw = {"topics": {"kind": "topics", "topics": [topic]}, "warehouse": warehouse,
            "trigger": {"kind": "available_now"}, "kafka": {"bootstrap_servers": kafka.bootstrap_servers}}  # fmt: skip
@@ -60,8 +50,8 @@ def test_refined_tables_equal_postgres(spark, kafka, stack_config, postgres_conn
         conn.execute("UPDATE shop.orders SET status = 'shipped' WHERE order_no = 2")
         conn.execute("UPDATE shop.customers SET full_name = 'Renamed' WHERE id = (SELECT min(id) FROM shop.customers)")
     prefix = postgres_connector.topic_prefix
-    wait_until_last_value(kafka, f"{prefix}.shop.orders", lambda value: b'"status":"shipped"' in (value or b""))
-    wait_until_last_value(kafka, f"{prefix}.shop.customers", lambda value: b'"full_name":"Renamed"' in (value or b""))
+    kafka.wait_for_last_value(f"{prefix}.shop.orders", lambda value: b'"status":"shipped"' in (value or b""))
+    kafka.wait_for_last_value(f"{prefix}.shop.customers", lambda value: b'"full_name":"Renamed"' in (value or b""))
 
     warehouse = str(tmp_path)
     for table, (query, schema) in {"orders": ORDERS, "customers": CUSTOMERS}.items():
@@ -80,7 +70,7 @@ def test_refine_from_the_command_line(spark, kafka, stack_config, postgres_conne
 
     run_workload(stack_config.postgres.dsn(), customers=2, seed=12)
     topic = f"{postgres_connector.topic_prefix}.shop.orders"
-    wait_until_last_value(kafka, topic, lambda value: value is None)  # the workload ends with a delete
+    kafka.wait_for_last_value(topic, lambda value: value is None)  # the workload ends with a delete
     monkeypatch.setenv("CDC_KAFKA__BOOTSTRAP_SERVERS", kafka.bootstrap_servers)
     assert main(["raw", "--topic", topic, "--warehouse", str(tmp_path), "--available-now"]) == 0
     assert main(["refine", "--table", topic, "--warehouse", str(tmp_path), "--available-now"]) == 0
@@ -90,3 +80,34 @@ def test_refine_from_the_command_line(spark, kafka, stack_config, postgres_conne
 
     assert main(["refine", "--table", "no.such.table", "--warehouse", str(tmp_path), "--available-now"]) == 8
     assert "no raw table for this topic: run `cdc raw` first" in capsys.readouterr().err
+
+
+def test_undecodable_records_go_to_quarantine_and_the_job_goes_on(
+    spark, kafka, stack_config, postgres_connector, tmp_path, monkeypatch, capsys
+):
+    import json
+
+    from cdc.cli import main
+    from refine.quarantine import quarantine_location
+
+    run_workload(stack_config.postgres.dsn(), customers=2, seed=13)
+    topic = f"{postgres_connector.topic_prefix}.shop.orders"
+    kafka.wait_for_last_value(topic, lambda value: value is None)
+    kafka.produce(topic, [(b'{"payload":{"customer_id":1,"order_no":1}}', b"{not json")])
+    bad_offset = kafka.records(topic)[-1][2]
+
+    land_and_refine(spark, kafka, str(tmp_path), topic)
+
+    quarantined = spark.read.format("delta").load(quarantine_location(str(tmp_path)))
+    [row] = quarantined.collect()
+    assert (row.topic, row.offset, row.raw_value, row.reason) == (
+        topic, bad_offset, "{not json", "value is not a Debezium JSON envelope"
+    )
+    refined = spark.read.format("delta").load(refined_table_location(str(tmp_path), topic))
+    assertDataFrameEqual(refined.drop(*METADATA_COLUMNS), postgres_table(spark, stack_config.postgres.dsn(), *ORDERS))
+
+    monkeypatch.setenv("CDC_KAFKA__BOOTSTRAP_SERVERS", kafka.bootstrap_servers)
+    capsys.readouterr()
+    assert main(["status", "--warehouse", str(tmp_path), "--json"]) == 0
+    [status] = json.loads(capsys.readouterr().out)["raw_tables"]
+    assert status["quarantined"] == 1

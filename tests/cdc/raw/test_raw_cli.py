@@ -79,6 +79,6 @@ def test_status_reports_versions_rows_and_lag(cli, kafka, tmp_path, unique_name)
     code, out, _ = cli("status", "--warehouse", str(tmp_path), "--json")
     assert code == 0
     [table] = json.loads(out)["raw_tables"]
-    assert (table["topic"], table["rows"], table["recorded_gaps"]) == (topic, 5, 0)
+    assert (table["topic"], table["rows"], table["recorded_gaps"], table["quarantined"]) == (topic, 5, 0, 0)
     assert table["version"] >= 1
     assert [(p["partition"], p["consumed"], p["end"], p["lag"]) for p in table["partitions"]] == [(0, 5, 5, 0), (1, 0, 3, 3)]
