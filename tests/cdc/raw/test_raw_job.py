@@ -15,7 +15,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from cdc.config import KafkaConnection, validate
+from cdc.config import validate
 from cdc.errors import OffsetGapError, TableError
 from cdc.raw.config import RawJobConfig
 from cdc.raw.job import run_raw_job
