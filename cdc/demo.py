@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
-from cdc.config import Settings
-from cdc.stack.events import ChangeEvent, end_offsets, read_events
+from cdc.config import KafkaConnection, Settings
+from cdc.source import KafkaTopics
+from cdc.stack.events import ChangeEvent, read_events
 from cdc.stack.local import LocalStack
 from cdc.stack.workload import TABLES, run_workload
 from connectors import definitions
@@ -28,7 +29,8 @@ def run_demo(settings: Settings, say: Callable[[str], None] = print) -> dict[str
 
     topics = {table: f"{connector.topic_prefix}.shop.{table}" for table in TABLES}
     bootstrap = stack_config.kafka.bootstrap_servers
-    start = end_offsets(bootstrap, list(topics.values()))
+    start = {partition: held.end for partition, held in KafkaTopics(KafkaConnection(bootstrap_servers=bootstrap))
+             .offsets(list(topics.values())).items()}  # fmt: skip
     report = run_workload(stack_config.postgres.dsn(), customers=10)
     say("workload applied: " + "; ".join(f"{table} {dict(ops)}" for table, ops in report.changes.items()))
 

@@ -13,6 +13,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 
+# What this project calls a record with a null value: the tombstone that follows every delete.
+TOMBSTONE = "tombstone"
+
+
 class Op(str, Enum):
     """Debezium's ``op`` codes."""
 

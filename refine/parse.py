@@ -13,10 +13,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
 from refine.decode import decode, decoded_type, json_type, undecodable
-from refine.envelope import ConnectSchema, Op
-
-TOMBSTONE = "tombstone"  # `op` of a record with a null value (follows every delete)
-
+from refine.envelope import TOMBSTONE, ConnectSchema, Op
 
 def _payload(text: Column, schema: ConnectSchema) -> Column:
     """The ``payload`` of JsonConverter's ``{schema, payload}`` wrapper, read as ``schema``."""

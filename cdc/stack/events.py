@@ -11,8 +11,8 @@ from kafka import KafkaConsumer, TopicPartition
 
 from cdc.errors import StackError
 from cdc.stack.base import KAFKA
+from refine.envelope import TOMBSTONE
 
-TOMBSTONE = "tombstone"
 
 
 @dataclass(frozen=True)
@@ -39,27 +39,14 @@ def _parse(raw: bytes | None) -> Any:
     return document["payload"] if isinstance(document, dict) and "payload" in document else document
 
 
-def end_offsets(bootstrap_servers: str, topics: list[str]) -> dict[TopicPartition, int]:
-    """The next offset of every partition of ``topics`` (0 for a topic that does not exist yet)."""
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers)
-    try:
-        partitions = [
-            TopicPartition(topic, partition)
-            for topic in topics
-            for partition in sorted(consumer.partitions_for_topic(topic) or [0])
-        ]
-        return consumer.end_offsets(partitions)
-    finally:
-        consumer.close()
-
-
 def read_events(
     bootstrap_servers: str,
     expected: dict[str, int],
-    start: dict[TopicPartition, int] | None = None,
+    start: dict[tuple[str, int], int] | None = None,
     timeout_s: float = 60.0,
 ) -> dict[str, list[ChangeEvent]]:
-    """Read at least ``expected[topic]`` records of each topic from ``start`` (default: the beginning).
+    """Read at least ``expected[topic]`` records of each topic from ``start`` ((topic, partition) ->
+    offset; default: the beginning).
 
     Fails naming the topics that fell short when ``timeout_s`` runs out.
     """
@@ -82,7 +69,7 @@ def read_events(
             if wanted != assigned:
                 consumer.assign(sorted(wanted))
                 for partition in wanted - assigned:
-                    consumer.seek(partition, start.get(partition, 0))
+                    consumer.seek(partition, start.get((partition.topic, partition.partition), 0))
                 assigned = wanted
             for partition, records in consumer.poll(timeout_ms=500).items():
                 received[partition.topic].extend(
