@@ -23,9 +23,9 @@ from cdc.errors import StreamError, TableError
 from cdc.raw.config import TOPIC_NAME, Continuous, Trigger
 from cdc.raw.table import raw_table_location, raw_table_topic
 from cdc.storage import normalize_location
-from cdc.streaming import with_trigger
-from refine.envelope import ConnectSchema
-from refine.latest import POSITION_COLUMNS, last_truncate, latest_per_key
+from cdc.streaming import failure, with_trigger
+from refine.envelope import ConnectSchema, Op
+from refine.latest import latest_per_key
 from refine.merge import merge_changes, refined_rows
 from refine.parse import parse_changes
 from refine.quarantine import quarantine, quarantine_location
@@ -75,33 +75,46 @@ class RefineBatch:
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         spark = batch.sparkSession
-        records = batch.where(F.col("_change_type") == "insert").persist()  # raw tables only append
-        try:
-            self._refine(spark, records)
-        finally:
-            records.unpersist()
-
-    def _refine(self, spark: SparkSession, records: DataFrame) -> None:
-        schemas = (
-            records.select(F.get_json_object("value", "$.schema").alias("value"), F.get_json_object("key", "$.schema").alias("key"))
-            .where("value IS NOT NULL").distinct().collect()
-        )  # fmt: skip  # a handful of distinct schema strings, not data
+        records = batch.where(F.col("_change_type") == "insert")  # raw tables only append
+        # One pass over the raw text: the batch's distinct schemas (a handful of strings, not data)
+        # and the source position of its last truncate.
+        summary = (
+            records.groupBy(F.get_json_object("value", "$.schema").alias("value_schema"),
+                            F.get_json_object("key", "$.schema").alias("key_schema"))
+            .agg(F.max(F.when(F.get_json_object("value", "$.payload.op") == Op.TRUNCATE.value, F.struct(
+                F.get_json_object("value", "$.payload.source.lsn").try_cast("long").alias("lsn"),
+                F.col("offset").alias("offset"),
+            ))).alias("truncate"))
+            .collect()
+        )  # fmt: skip
+        schemas = [row for row in summary if row.value_schema]
         if not schemas:
             return  # only tombstones: their deletes came before them
-        value_schema = merged_schema([ConnectSchema.model_validate_json(row.value) for row in schemas])
-        key_texts = [row.key for row in schemas if row.key]
+        value_schema = merged_schema([ConnectSchema.model_validate_json(row.value_schema) for row in schemas])
+        key_texts = [row.key_schema for row in schemas if row.key_schema]
         if not key_texts:
             raise TableError("tables without a primary key are not refined yet", table=self.raw)
         key_schema = ConnectSchema.model_validate_json(key_texts[-1])
-        key_columns = [field.field for field in key_schema.fields or ()]
-        changes = parse_changes(records, key_schema, value_schema)
+        truncates = [tuple(row.truncate) for row in summary if row.truncate]
+        changes = parse_changes(records, key_schema, value_schema).persist()  # read by quarantine and MERGE
+        try:
+            self._apply(spark, changes, value_schema, key_schema, max(truncates) if truncates else None)
+        finally:
+            changes.unpersist()
+
+    def _apply(
+        self,
+        spark: SparkSession,
+        changes: DataFrame,
+        value_schema: ConnectSchema,
+        key_schema: ConnectSchema,
+        truncated_at: tuple[int, int] | None,
+    ) -> None:
         quarantine(spark, quarantine_location(self.config.warehouse), self.raw, self.config.table,
                    changes.where("problem IS NOT NULL"))  # fmt: skip
-        good = changes.where("problem IS NULL")
-        truncate = last_truncate(good).collect()  # at most one row
-        truncated_at = tuple(truncate[0][c] for c in POSITION_COLUMNS) if truncate else None
+        key_columns = [field.field for field in key_schema.fields or ()]
         columns = [field.field for field in value_schema.field_named("after").fields or ()]
-        rows = refined_rows(latest_per_key(good, key_columns, truncated_at), columns)
+        rows = refined_rows(latest_per_key(changes.where("problem IS NULL"), key_columns, truncated_at), columns)
         merge_changes(spark, self.refined, rows, key_columns, truncated_at)
 
 
@@ -129,10 +142,8 @@ def run_refine_job(
                     seen.add(progress.batchId)
                     changes += progress.numInputRows
                     say(f"refine {config.table} batch {progress.batchId}: {progress.numInputRows:,} changes")
-        if query.exception() is not None:
-            error = query.exception()
-            message = str(getattr(error, "desc", None) or error).strip().splitlines()[0]
-            raise StreamError(f"the refine stream stopped: {message}", table=raw)
+        if (message := failure(query)) is not None:
+            raise StreamError(f"the refine stream stopped: {message.splitlines()[0]}", table=raw)
     finally:
         if query.isActive:
             query.stop()

@@ -21,16 +21,6 @@ def after_position(lsn: Column, offset: Column, other_lsn: Column, other_offset:
     return (lsn > other_lsn) | ((lsn == other_lsn) & (offset >= other_offset))
 
 
-def last_truncate(changes: DataFrame) -> DataFrame:
-    """The position of the batch's last truncate (one row, or none)."""
-    return (
-        changes.where(F.col("op") == Op.TRUNCATE.value)
-        .orderBy(*[F.col(c).desc() for c in POSITION_COLUMNS])
-        .select(*POSITION_COLUMNS)
-        .limit(1)
-    )
-
-
 def latest_per_key(changes: DataFrame, key_columns: list[str], truncated_at: tuple[int, int] | None) -> DataFrame:
     """For each key, its last create, read, update or delete after ``truncated_at`` (if any), with
     TOAST placeholders filled from the key's earlier changes in the batch."""

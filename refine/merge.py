@@ -20,13 +20,12 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
 from cdc.errors import TableError
-from cdc.raw.table import is_delta_table
+from cdc.raw.table import KIND_PROPERTY, is_delta_table
 from refine.envelope import Op
 from refine.toast import placeholder
 
 LSN, OFFSET, COMMITTED_AT, OP, REFINED_AT = "_cdc_lsn", "_cdc_offset", "_cdc_committed_at", "_cdc_op", "_cdc_refined_at"
 METADATA_COLUMNS = (LSN, OFFSET, COMMITTED_AT, OP, REFINED_AT)
-KIND_PROPERTY = "cdc.kind"
 
 
 def refined_rows(latest: DataFrame, columns: list[str]) -> DataFrame:

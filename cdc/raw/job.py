@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
@@ -33,9 +32,9 @@ from cdc.raw.table import (
     raw_table_location,
     raw_table_topic,
 )
-from cdc.source import KafkaTopics, redact
+from cdc.source import KafkaTopics
 from cdc.storage import Storage
-from cdc.streaming import with_trigger
+from cdc.streaming import failure, with_trigger
 
 # With a pattern, a continuous run looks for new matching topics this often.
 TOPIC_RESCAN_S = 30.0
@@ -232,14 +231,10 @@ def run_raw_job(
 
 
 def _raise_failure(run: TopicRun, config: RawJobConfig) -> None:
-    try:
-        error = run.query.exception()
-    except StreamingQueryException as raised:  # some versions raise instead of returning it
-        error = raised
-    if error is None:
+    message = failure(run.query, config.kafka.secrets())
+    if message is None:
         return
-    message = redact(str(getattr(error, "desc", None) or error), config.kafka.secrets())
-    first_line = message.strip().splitlines()[0] if message.strip() else type(error).__name__
+    first_line = message.splitlines()[0]
     if "data may have been lost" in message or "data loss" in message.lower():
         raise OffsetGapError(
             f"Kafka no longer holds offsets the raw table has not landed: {first_line}; "
