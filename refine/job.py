@@ -75,7 +75,14 @@ class RefineBatch:
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         spark = batch.sparkSession
-        records = batch.where(F.col("_change_type") == "insert")  # raw tables only append
+        # Cached: read from the raw table once (Spark counts a source's rows per read).
+        records = batch.where(F.col("_change_type") == "insert").persist()  # raw tables only append
+        try:
+            self._refine(spark, records)
+        finally:
+            records.unpersist()
+
+    def _refine(self, spark: SparkSession, records: DataFrame) -> None:
         # One pass over the raw text: the batch's distinct schemas (a handful of strings, not data)
         # and the source position of its last truncate.
         summary = (
@@ -96,15 +103,16 @@ class RefineBatch:
             raise TableError("tables without a primary key are not refined yet", table=self.raw)
         key_schema = ConnectSchema.model_validate_json(key_texts[-1])
         truncates = [tuple(row.truncate) for row in summary if row.truncate]
-        changes = parse_changes(records, key_schema, value_schema).persist()  # read by quarantine and MERGE
+        changes = parse_changes(records, key_schema, value_schema).persist()  # parsed once: quarantine and MERGE
         try:
-            self._apply(spark, changes, value_schema, key_schema, max(truncates) if truncates else None)
+            self._apply(spark, records, changes, value_schema, key_schema, max(truncates) if truncates else None)
         finally:
             changes.unpersist()
 
     def _apply(
         self,
         spark: SparkSession,
+        records: DataFrame,
         changes: DataFrame,
         value_schema: ConnectSchema,
         key_schema: ConnectSchema,
@@ -112,6 +120,7 @@ class RefineBatch:
     ) -> None:
         quarantine(spark, quarantine_location(self.config.warehouse), self.raw, self.config.table,
                    changes.where("problem IS NOT NULL"))  # fmt: skip
+        records.unpersist()  # the parsed changes are cached now
         key_columns = [field.field for field in key_schema.fields or ()]
         columns = [field.field for field in value_schema.field_named("after").fields or ()]
         rows = refined_rows(latest_per_key(changes.where("problem IS NULL"), key_columns, truncated_at), columns)
