@@ -1,7 +1,7 @@
 """Shared fixtures: one Spark session and one real CDC stack for the whole test run.
 
-The stack runs on ports of its own (5433x, 5909x, 5808x) so that tests never touch a demo stack on
-the default ports. With CDC_TEST_STACK=docker it is started from docker/compose.yml through
+The stack runs on ports of its own (55432, 59092-3, 58083, shifted by CDC_TEST_PORT_OFFSET when set, so
+that two checkouts can test side by side) so that tests never touch a demo stack on the default ports. With CDC_TEST_STACK=docker it is started from docker/compose.yml through
 testcontainers instead (where a Docker engine exists). A component that is missing makes the tests
 that need it fail with the reason; nothing is skipped.
 """
@@ -17,7 +17,11 @@ import pytest
 from cdc.config import ConnectConfig, KafkaConfig, PostgresConfig, SparkConfig, StackConfig
 from cdc.stack.base import Stack
 
-TEST_STACK_PORTS = {"postgres": 55432, "kafka": 59092, "controller": 59093, "connect": 58083}
+_PORT_OFFSET = int(os.environ.get("CDC_TEST_PORT_OFFSET", "0"))
+TEST_STACK_PORTS = {
+    name: port + _PORT_OFFSET
+    for name, port in {"postgres": 55432, "kafka": 59092, "controller": 59093, "connect": 58083}.items()
+}
 
 
 @pytest.fixture(scope="session")
