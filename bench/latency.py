@@ -1,0 +1,144 @@
+"""Commit-to-refined latency: from a Postgres commit until its row is in the refined table.
+
+    .venv/bin/python bench/latency.py [--commits 60] [--every 1.0] [--trigger-interval 1]
+
+Brings the local stack up (or uses the running one), creates a table of its own, registers a
+Debezium connector for it, and starts `cdc raw` and `cdc refine` as two continuous processes, as a
+user runs them. Once a first row has come through, it commits one row every EVERY seconds. Each
+row's latency is the commit time of the refined table's Delta version that made it visible (read
+from the table's Change Data Feed afterwards, so nothing polls the table while it is measured)
+minus the moment Postgres acknowledged the commit. Prints p50, p95 and max. Figures only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import psycopg  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
+
+from cdc.config import load_settings  # noqa: E402
+from cdc.spark import build_spark_session  # noqa: E402
+from cdc.stack.local import LocalStack  # noqa: E402
+from connectors import definitions  # noqa: E402
+from connectors.client import ConnectClient  # noqa: E402
+from connectors.definitions import ConnectorDefinition  # noqa: E402
+from cdc.raw.table import raw_table_location  # noqa: E402
+from cdc.source import KafkaTopics  # noqa: E402
+from refine.job import refined_table_location  # noqa: E402
+
+
+def start_job(args: list[str], log: Path) -> subprocess.Popen:
+    cdc = Path(sys.executable).with_name("cdc")
+    return subprocess.Popen([str(cdc), *args], stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop_job(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+def wait_for_row(spark, location: str, row_id: int, timeout_s: float, column: str = "id") -> None:
+    """Poll until the table has a row whose ``column`` is ``row_id``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if Path(location, "_delta_log").is_dir() and spark.read.format("delta").load(location).where(
+            F.col(column) == row_id
+        ).count():
+            return
+        if time.monotonic() > deadline:
+            raise SystemExit(f"row {row_id} did not reach {location} within {timeout_s:.0f} s")
+        time.sleep(1)
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--commits", type=int, default=60, help="rows committed, one per transaction")
+    parser.add_argument("--every", type=float, default=1.0, help="seconds between commits")
+    parser.add_argument("--trigger-interval", type=float, default=1.0, help="trigger interval of both jobs")
+    args = parser.parse_args()
+
+    settings = load_settings()
+    LocalStack(settings.stack).up()
+    name = f"lat{uuid.uuid4().hex[:8]}"
+    dsn = settings.stack.postgres.dsn()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA IF NOT EXISTS bench")
+        conn.execute(f"CREATE TABLE bench.{name} (id bigint PRIMARY KEY, note text)")
+        conn.execute(f"INSERT INTO bench.{name} VALUES (0, 'first')")
+    shipped = definitions.load("postgres")
+    connector = ConnectorDefinition(name, {
+        **shipped.config, "topic.prefix": name, "slot.name": name, "publication.name": name,
+        "schema.include.list": "bench", "table.include.list": f"bench.{name}",
+    })  # fmt: skip
+    client = ConnectClient(settings.stack.connect.url)
+    client.register(connector)
+    client.wait_running(name)
+    topic = f"{name}.bench.{name}"
+    spark = build_spark_session(settings.spark)
+    with tempfile.TemporaryDirectory(prefix="bench-latency-") as warehouse:
+        refined = refined_table_location(warehouse, topic)
+        interval = str(args.trigger_interval)
+        logs = Path(warehouse)
+        # The topic exists once the snapshot of the first row is in Kafka.
+        deadline = time.monotonic() + 60
+        while topic not in KafkaTopics(settings.kafka).matching(".*"):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"Debezium did not create {topic}")
+            time.sleep(0.5)
+        jobs = [start_job(["raw", "--topic", topic, "--warehouse", warehouse, "--trigger-interval", interval],
+                          logs / "raw.log")]  # fmt: skip
+        try:
+            # `cdc refine` refuses to start before `cdc raw` has created the raw table.
+            wait_for_row(spark, raw_table_location(warehouse, topic), 0, timeout_s=180, column="offset")
+            jobs.append(start_job(["refine", "--table", topic, "--warehouse", warehouse, "--trigger-interval",
+                                   interval], logs / "refine.log"))  # fmt: skip
+            wait_for_row(spark, refined, 0, timeout_s=180)
+            committed: dict[int, float] = {}
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                for row_id in range(1, args.commits + 1):
+                    conn.execute(f"INSERT INTO bench.{name} VALUES (%s, 'row')", (row_id,))
+                    committed[row_id] = time.time()
+                    time.sleep(args.every)  # the workload's pace, not a wait for a result
+            wait_for_row(spark, refined, args.commits, timeout_s=120)
+        finally:
+            for job in jobs:
+                stop_job(job)
+            client.delete(name)
+        visible = (
+            spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 0).load(refined)
+            .where("_change_type = 'insert' AND id > 0").groupBy("id")
+            .agg(F.min(F.unix_millis("_commit_timestamp")).alias("visible_ms")).collect()
+        )  # fmt: skip
+    latencies = [row.visible_ms / 1000 - committed[row.id] for row in visible]
+    print(f"{len(latencies)} commits, one every {args.every} s, both jobs triggered every {interval} s")
+    print(f"latency p50 {statistics.median(latencies):.2f} s, p95 {percentile(latencies, 0.95):.2f} s, "
+          f"max {max(latencies):.2f} s")  # fmt: skip
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"SELECT pg_drop_replication_slot('{name}') WHERE EXISTS "
+                     f"(SELECT 1 FROM pg_replication_slots WHERE slot_name = '{name}' AND NOT active)")  # fmt: skip
+        conn.execute(f"DROP TABLE bench.{name}")
+
+
+if __name__ == "__main__":
+    main()

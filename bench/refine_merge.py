@@ -1,0 +1,249 @@
+"""Refine throughput, and how one MERGE batch's cost grows with the refined table.
+
+    .venv/bin/python bench/refine_merge.py [--sizes 1000000,10000000] [--changes 1000000] [--batch 10000]
+
+For each refined-table size it builds, in a fresh warehouse:
+
+- a refined table of SIZE rows of a Debezium Postgres table ``bench.accounts`` (written directly, as
+  a finished snapshot would leave it);
+- a raw table holding CHANGES Debezium envelopes (JsonConverter with schemas, as the connector
+  writes them; ~90% updates of random existing rows, ~10% inserts), refined by ``cdc refine
+  --available-now`` in one run: changes/s;
+- then ROUNDS more raw appends of BATCH changes each, each refined by its own run: the wall time of
+  the run and the MERGE's own time from the Delta history;
+- the naive approach on the same table: every batch applied by a full outer join of the whole
+  table with the batch, and an overwrite.
+
+Prints figures; asserts nothing. Needs no running stack: the raw tables are written directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pyspark.sql import DataFrame, SparkSession  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
+
+from cdc.config import load_settings  # noqa: E402
+from cdc.raw.rows import raw_rows  # noqa: E402
+from cdc.raw.table import create_raw_table, raw_table_location  # noqa: E402
+from cdc.spark import build_spark_session  # noqa: E402
+from refine.envelope import ConnectSchema  # noqa: E402
+from refine.job import RefineJobConfig, refined_table_location, run_refine_job  # noqa: E402
+from refine.latest import latest_per_key  # noqa: E402
+from refine.merge import LSN, OP, ensure_refined_table, refined_rows  # noqa: E402
+from refine.parse import parse_changes  # noqa: E402
+
+TOPIC = "bench.bench.accounts"
+# The row and envelope schemas Debezium 3.6's Postgres connector writes for
+#   CREATE TABLE bench.accounts (id bigint PRIMARY KEY, name text, balance numeric(12,2),
+#                                updated_at timestamptz, status text)
+ROW_FIELDS = [
+    {"type": "int64", "optional": False, "default": 0, "field": "id"},
+    {"type": "string", "optional": True, "field": "name"},
+    {"type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal", "version": 1,
+     "parameters": {"scale": "2", "connect.decimal.precision": "12"}, "field": "balance"},
+    {"type": "string", "optional": True, "name": "io.debezium.time.ZonedTimestamp", "version": 1, "field": "updated_at"},
+    {"type": "string", "optional": True, "field": "status"},
+]  # fmt: skip
+SOURCE_FIELDS = [
+    {"type": "string", "optional": False, "field": "version"},
+    {"type": "string", "optional": False, "field": "connector"},
+    {"type": "string", "optional": False, "field": "name"},
+    {"type": "int64", "optional": False, "field": "ts_ms"},
+    {"type": "string", "optional": True, "name": "io.debezium.data.Enum", "version": 1,
+     "parameters": {"allowed": "true,first,first_in_data_collection,last_in_data_collection,last,false,incremental"},
+     "default": "false", "field": "snapshot"},
+    {"type": "string", "optional": False, "field": "db"},
+    {"type": "string", "optional": True, "field": "sequence"},
+    {"type": "int64", "optional": True, "field": "ts_us"},
+    {"type": "int64", "optional": True, "field": "ts_ns"},
+    {"type": "string", "optional": False, "field": "schema"},
+    {"type": "string", "optional": False, "field": "table"},
+    {"type": "int64", "optional": True, "field": "txId"},
+    {"type": "int64", "optional": True, "field": "lsn"},
+    {"type": "int64", "optional": True, "field": "xmin"},
+]  # fmt: skip
+ROW = {"type": "struct", "fields": ROW_FIELDS, "optional": True, "name": "bench.bench.accounts.Value"}
+VALUE_SCHEMA = {
+    "type": "struct", "optional": False, "name": "bench.bench.accounts.Envelope", "version": 2,
+    "fields": [
+        {**ROW, "field": "before"}, {**ROW, "field": "after"},
+        {"type": "struct", "fields": SOURCE_FIELDS, "optional": False, "name": "io.debezium.connector.postgresql.Source",
+         "version": 1, "field": "source"},
+        {"type": "struct", "optional": True, "name": "event.block", "version": 1, "field": "transaction", "fields": [
+            {"type": "string", "optional": False, "field": "id"},
+            {"type": "int64", "optional": False, "field": "total_order"},
+            {"type": "int64", "optional": False, "field": "data_collection_order"}]},
+        {"type": "string", "optional": False, "field": "op"},
+        {"type": "int64", "optional": True, "field": "ts_ms"},
+        {"type": "int64", "optional": True, "field": "ts_us"},
+        {"type": "int64", "optional": True, "field": "ts_ns"},
+    ],
+}  # fmt: skip
+KEY_SCHEMA = {"type": "struct", "fields": [ROW_FIELDS[0]], "optional": False, "name": "bench.bench.accounts.Key"}
+BASE_MICROS = 1_780_000_000_000_000
+STATUSES = "array('active', 'frozen', 'closed')"
+
+
+def row_image(id_: str, version: str) -> str:
+    """SQL of one ``bench.accounts`` row image (a struct), for row ``id_`` at change ``version``."""
+    unscaled = f"pmod(xxhash64({id_}, {version}), 2000000000)"
+    return (
+        f"named_struct('id', {id_}, 'name', concat('account ', {id_}), "
+        # Debezium's precise decimal: base64 of the big-endian two's-complement unscaled value.
+        f"'balance', base64(unhex(lpad(hex({unscaled}), 8, '0'))), "
+        f"'updated_at', date_format(timestamp_micros({BASE_MICROS} + {version} * 1000), "
+        "\"yyyy-MM-dd'T'HH:mm:ss.SSSSSS'Z'\"), "
+        f"'status', element_at({STATUSES}, cast(pmod({id_} + {version}, 3) + 1 as int)))"
+    )
+
+
+def refined_snapshot(spark: SparkSession, location: str, size: int) -> None:
+    """The refined table as a finished snapshot of ``size`` rows leaves it (written directly)."""
+    images = spark.range(size).selectExpr(f"{row_image('id', '0')} AS after")
+    changes = images.selectExpr(
+        "'r' AS op", "after", "CAST(NULL AS STRUCT<id: BIGINT>) AS before", "0L AS source_lsn", "0L AS kafka_offset",
+        f"timestamp_micros({BASE_MICROS}) AS source_committed_at",
+    )  # fmt: skip
+    # Typed as refine types them: through the same decoding, from the envelope schema.
+    schema = ConnectSchema.model_validate(VALUE_SCHEMA)
+    typed = parse_changes(envelopes(changes), ConnectSchema.model_validate(KEY_SCHEMA), schema)
+    rows = refined_rows(typed, [field["field"] for field in ROW_FIELDS])
+    ensure_refined_table(spark, location, rows.schema)
+    rows.write.format("delta").mode("append").save(location)
+
+
+def envelopes(changes: DataFrame) -> DataFrame:
+    """Kafka-like records (key, value as Debezium JSON) of changes (op, after, source_lsn, kafka_offset)."""
+    payload = F.to_json(F.struct(
+        F.col("before"), F.col("after"),
+        F.struct(F.lit("3.6.3.Final").alias("version"), F.lit("postgresql").alias("connector"),
+                 F.lit("bench").alias("name"), F.expr("source_lsn DIV 1000 + 1780000000000").alias("ts_ms"),
+                 F.lit("false").alias("snapshot"), F.lit("bench").alias("db"), F.lit("bench").alias("schema"),
+                 F.lit("accounts").alias("table"), F.expr("source_lsn DIV 64").alias("txId"),
+                 F.col("source_lsn").alias("lsn")).alias("source"),
+        F.col("op"), F.expr("source_lsn DIV 1000 + 1780000000000").alias("ts_ms"),
+    ))  # fmt: skip
+    value = F.concat(F.lit('{"schema":' + json.dumps(VALUE_SCHEMA) + ',"payload":'), payload, F.lit("}"))
+    key = F.concat(F.lit('{"schema":' + json.dumps(KEY_SCHEMA) + ',"payload":{"id":'), F.col("after.id"), F.lit("}}"))
+    return changes.select(
+        key.alias("key"), value.alias("value"), F.lit(TOPIC).alias("topic"), F.lit(0).alias("partition"),
+        F.col("kafka_offset").alias("offset"), F.col("source_committed_at").alias("timestamp"),
+    )  # fmt: skip
+
+
+def append_raw_changes(spark: SparkSession, location: str, size: int, first: int, count: int) -> None:
+    """Append ``count`` changes (from change number ``first``) to the raw table as Kafka records:
+    updates of random existing rows, and inserts of new ids for ~10%."""
+    seq = spark.range(first, first + count)
+    changes = seq.selectExpr(
+        f"pmod(xxhash64(id, 17), {size + size // 9}) AS row_id", "id AS seq",
+    ).selectExpr(
+        f"CASE WHEN row_id < {size} THEN 'u' ELSE 'c' END AS op",
+        f"{row_image('row_id', 'seq + 1')} AS after",
+        "CAST(NULL AS STRUCT<id: BIGINT>) AS before",
+        "1000000 + seq * 8 AS source_lsn", "seq AS kafka_offset",
+        f"timestamp_micros({BASE_MICROS} + (seq + 1) * 1000) AS source_committed_at",
+    )  # fmt: skip
+    records = envelopes(changes).select(
+        F.encode("key", "UTF-8").alias("key"), F.encode("value", "UTF-8").alias("value"), "topic", "partition",
+        "offset", "timestamp", F.lit(0).alias("timestampType"),
+        F.lit(None).cast("array<struct<key:string,value:binary>>").alias("headers"),
+    )  # fmt: skip
+    raw_rows(records, 0).write.format("delta").mode("append").save(location)
+
+
+def refine(spark: SparkSession, warehouse: str) -> float:
+    """Seconds of one `cdc refine --available-now` run."""
+    started = time.monotonic()
+    run_refine_job(spark, RefineJobConfig(table=TOPIC, warehouse=warehouse, trigger={"kind": "available_now"}),
+                   say=lambda line: None)  # fmt: skip
+    return time.monotonic() - started
+
+
+def last_merge_ms(spark: SparkSession, location: str) -> float:
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{location}` LIMIT 5").where("operation = 'MERGE'").head()
+    return float(history.operationMetrics["executionTimeMs"])
+
+
+def naive_apply(spark: SparkSession, warehouse: str, location: str, size: int, first: int, count: int) -> float:
+    """The naive way: the batch's last change per key, full-outer-joined with the whole table, overwritten."""
+    scratch = f"{warehouse}/naive_raw_{first}"
+    create_raw_table(spark, scratch, TOPIC)
+    append_raw_changes(spark, scratch, size, first, count)
+    started = time.monotonic()
+    raw = spark.read.format("delta").load(scratch)
+    schema = ConnectSchema.model_validate(VALUE_SCHEMA)
+    changes = parse_changes(raw, ConnectSchema.model_validate(KEY_SCHEMA), schema)
+    batch = refined_rows(latest_per_key(changes, ["id"], None), [field["field"] for field in ROW_FIELDS])
+    table = spark.read.format("delta").load(location)
+    joined = table.alias("t").join(batch.alias("s"), "id", "full_outer")
+    newer = F.col(f"s.{LSN}").isNotNull() & (F.col(f"t.{LSN}").isNull() | (F.col(f"s.{LSN}") >= F.col(f"t.{LSN}")))
+    columns = [c for c in table.columns if c != "id"]
+    merged = joined.select("id", *[F.when(newer, F.col(f"s.{c}")).otherwise(F.col(f"t.{c}")).alias(c) for c in columns])
+    merged.where(F.col(OP) != "d").write.format("delta").mode("overwrite").save(location)
+    return time.monotonic() - started
+
+
+def bench_size(spark: SparkSession, size: int, changes: int, batch: int, rounds: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="bench-refine-") as warehouse:
+        refined = refined_table_location(warehouse, TOPIC)
+        raw = raw_table_location(warehouse, TOPIC)
+        started = time.monotonic()
+        refined_snapshot(spark, refined, size)
+        print(f"  {size:,}-row refined table written in {time.monotonic() - started:.0f} s", flush=True)
+        create_raw_table(spark, raw, TOPIC)
+        append_raw_changes(spark, raw, size, 0, changes)
+        seconds = refine(spark, warehouse)
+        result = {"changes_per_s": changes / seconds}
+        print(f"  refine of {changes:,} changes: {seconds:.1f} s, {result['changes_per_s']:,.0f} changes/s", flush=True)
+        runs, merges, naive = [], [], []
+        first = changes
+        for _ in range(rounds):
+            append_raw_changes(spark, raw, size, first, batch)
+            first += batch
+            runs.append(refine(spark, warehouse))
+            merges.append(last_merge_ms(spark, refined) / 1000)
+        for _ in range(rounds):
+            naive.append(naive_apply(spark, warehouse, refined, size, first, batch))
+            first += batch
+        result |= {"run_s": statistics.median(runs), "merge_s": statistics.median(merges),
+                   "naive_s": statistics.median(naive)}  # fmt: skip
+        print(f"  batch of {batch:,}: refine run {result['run_s']:.1f} s (MERGE {result['merge_s']:.1f} s), "
+              f"naive whole-table join {result['naive_s']:.1f} s (medians of {rounds})", flush=True)  # fmt: skip
+        return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="1000000,10000000", help="refined table sizes, comma-separated")
+    parser.add_argument("--changes", type=int, default=1_000_000, help="changes refined in one run, per size")
+    parser.add_argument("--batch", type=int, default=10_000, help="changes in each timed MERGE batch")
+    parser.add_argument("--rounds", type=int, default=3, help="timed batches per size (medians are printed)")
+    args = parser.parse_args()
+    spark = build_spark_session(load_settings().spark)
+    results = {}
+    for size in [int(size) for size in args.sizes.split(",")]:
+        print(f"refined table of {size:,} rows", flush=True)
+        results[size] = bench_size(spark, size, args.changes, args.batch, args.rounds)
+    print(f"\n{'table rows':>12} {'changes/s':>10} {'batch run s':>12} {'MERGE s':>8} {'naive s':>8}")
+    for size, result in results.items():
+        print(f"{size:>12,} {result['changes_per_s']:>10,.0f} {result['run_s']:>12.1f} {result['merge_s']:>8.1f} "
+              f"{result['naive_s']:>8.1f}")  # fmt: skip
+    if len(results) > 1:
+        small, large = min(results), max(results)
+        for name in ("run_s", "merge_s", "naive_s"):
+            print(f"{name} at {large:,} / at {small:,}: {results[large][name] / results[small][name]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
