@@ -140,6 +140,26 @@ def refine(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def validate_pipeline(args: argparse.Namespace, settings: Settings) -> int:
+    from cdc.pipeline.load import PipelineError, load_pipeline
+
+    try:
+        load_pipeline(args.file)
+    except PipelineError as error:
+        print("\n".join(error.problems), file=sys.stderr)
+        return error.exit_code
+    print("OK")
+    return 0
+
+
+def graph(args: argparse.Namespace, settings: Settings) -> int:
+    from cdc.pipeline.graph import write_graph
+    from cdc.pipeline.load import load_pipeline
+
+    print(f"wrote {write_graph(load_pipeline(args.file), args.output)}")
+    return 0
+
+
 def status(args: argparse.Namespace, settings: Settings) -> int:
     from cdc.config import KafkaConnection
     from cdc.spark import build_spark_session
@@ -251,6 +271,13 @@ def build_parser() -> argparse.ArgumentParser:
     refine_trigger.add_argument("--available-now", action="store_true", help="refine what is there, then stop")
     refine_trigger.add_argument("--trigger-interval", type=float, metavar="SECONDS",
                                 help="run continuously, a micro-batch every SECONDS (default 2)")  # fmt: skip
+
+    checking = _add(commands, "validate", validate_pipeline,
+                    "check a pipeline file: OK, or one line per problem naming the key and the reason (exit 2)")
+    checking.add_argument("file", type=Path, help="the pipeline file (YAML)")
+    drawing = _add(commands, "graph", graph, "draw a pipeline's DAG (topics -> raw -> refined -> business)")
+    drawing.add_argument("file", type=Path, help="the pipeline file (YAML)")
+    drawing.add_argument("-o", "--output", type=Path, required=True, help="OUT.html (a page) or OUT.svg (an image)")
 
     _add(commands, "status", status, "list raw tables: Delta version, rows, consumed vs end offsets (lag)",
          [warehouse, as_json])  # fmt: skip

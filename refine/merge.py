@@ -26,6 +26,9 @@ from refine.toast import placeholder
 
 LSN, OFFSET, COMMITTED_AT, OP, REFINED_AT = "_cdc_lsn", "_cdc_offset", "_cdc_committed_at", "_cdc_op", "_cdc_refined_at"
 METADATA_COLUMNS = (LSN, OFFSET, COMMITTED_AT, OP, REFINED_AT)
+# Where an event came from: what keys an appended event (and its child rows) in event tables.
+PARTITION = "_cdc_partition"
+EVENT_POSITION = (PARTITION, OFFSET)
 
 
 def refined_rows(latest: DataFrame, columns: list[str]) -> DataFrame:
