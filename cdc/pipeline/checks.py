@@ -77,11 +77,11 @@ def _refined_problems(pipeline: Pipeline) -> Iterator[Problem]:
         if table.scd is ScdType.HISTORY and not table.keys:
             yield f"{where}.scd", "SCD type 2 needs `keys` (the entity whose versions are kept)"
         if isinstance(source, JsonEvents) and source.schema_ is not None:
-            for field, reason in table_shape_problems(parse_schema(source.schema_), table, name):
+            for field, reason in table_shape_problems(parse_schema(source.schema_), table):
                 yield f"{where}.{field}", reason
 
 
-def table_shape_problems(schema: StructType, table: RefinedTable, name: str) -> list[Problem]:
+def table_shape_problems(schema: StructType, table: RefinedTable) -> list[Problem]:
     """Column paths of ``table`` checked against the events' ``schema``: (field of the table, reason)."""
     problems: list[Problem] = []
     scalars = [(f"keys[{i}]", path) for i, path in enumerate(table.keys)]
