@@ -22,17 +22,15 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import StringType, StructField, StructType
-from pydantic import Field, field_validator
+from pydantic import Field
 
-from cdc.config import _Strict
 from cdc.errors import ConfigError
 from cdc.pipeline.checks import table_shape_problems
 from cdc.pipeline.config import Name, RefinedTable
-from cdc.raw.config import TOPIC_NAME, Continuous, Trigger
+from cdc.raw.config import TOPIC_NAME
 from cdc.raw.table import raw_table_location
-from cdc.storage import normalize_location
 from refine.flatten import child_rows, child_table_name, column, flat_name, flatten
-from refine.job import refined_table_location, start_refine_query
+from refine.job import RefineRun, refined_table_location, start_refine_query
 from refine.merge import EVENT_POSITION, OFFSET, PARTITION, REFINED_AT, append_rows, merge_latest, replace_children
 from refine.quarantine import quarantine, quarantine_location
 from refine.schemas import event_schema
@@ -42,7 +40,7 @@ CORRUPT = "_cdc_corrupt_record"
 SPLIT_VALUE = r"^[A-Za-z0-9._-]{1,200}$"
 
 
-class EventsRefineJobConfig(_Strict):
+class EventsRefineJobConfig(RefineRun):
     """One refined table of an event topic (`cdc refine --pipeline` builds one per refined table)."""
 
     name: Name = Field(description="The refined table: <warehouse>/refined/<name> (per split value: .../<value>).")
@@ -50,13 +48,6 @@ class EventsRefineJobConfig(_Strict):
     table: RefinedTable = Field(description="Keys, ordering, flatten and explode rules, split column.")
     schema_ddl: str | None = Field(default=None, description="The events' schema (Spark DDL); None: inferred, kept.")
     reinfer_schema: bool = Field(default=False, description="Infer the kept schema again from the raw table first.")
-    warehouse: str = Field(description="Root of the tables: a local path or an object-store URI.")
-    trigger: Trigger = Field(default_factory=Continuous, description="Run once over what is there, or continuously.")
-
-    @field_validator("warehouse")
-    @classmethod
-    def _location(cls, warehouse: str) -> str:
-        return normalize_location(warehouse)
 
     @property
     def target(self) -> str:

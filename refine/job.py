@@ -32,14 +32,9 @@ from refine.parse import parse_changes
 from refine.quarantine import quarantine, quarantine_location
 
 
-class RefineJobConfig(_Strict):
-    """One `cdc refine` run."""
+class RefineRun(_Strict):
+    """Where the tables are and when to run: what every refine job's settings hold."""
 
-    table: str = Field(pattern=TOPIC_NAME, description="The raw table to refine, named by its topic.")
-    name: str | None = Field(
-        default=None, pattern=TOPIC_NAME,
-        description="The refined table's name, <warehouse>/refined/<name> (and its checkpoint's); default the topic.",
-    )  # fmt: skip
     warehouse: str = Field(description="Root of the tables: a local path or an object-store URI.")
     trigger: Trigger = Field(default_factory=Continuous, description="Run once over what is there, or continuously.")
 
@@ -47,6 +42,16 @@ class RefineJobConfig(_Strict):
     @classmethod
     def _location(cls, warehouse: str) -> str:
         return normalize_location(warehouse)
+
+
+class RefineJobConfig(RefineRun):
+    """One `cdc refine` run of a Debezium topic."""
+
+    table: str = Field(pattern=TOPIC_NAME, description="The raw table to refine, named by its topic.")
+    name: str | None = Field(
+        default=None, pattern=TOPIC_NAME,
+        description="The refined table's name, <warehouse>/refined/<name> (and its checkpoint's); default the topic.",
+    )  # fmt: skip
 
     @property
     def target(self) -> str:

@@ -16,32 +16,24 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
-from cdc.config import _Strict, validate
+from cdc.config import validate
 from cdc.errors import ConfigError
 from cdc.pipeline.config import DebeziumMongoSource, DebeziumPostgresSource, JsonEvents, Pipeline, ScdType
-from cdc.raw.config import AvailableNow, Continuous, RawJobConfig, Trigger
-from cdc.storage import normalize_location
+from cdc.raw.config import AvailableNow, RawJobConfig
 from refine.events import EventsRefineJobConfig, start_events_query
-from refine.job import RefineBatch, RefineJobConfig, refined_table_location, start_refine_query, watch_refine_queries
+from refine.job import RefineBatch, RefineJobConfig, RefineRun, refined_table_location, start_refine_query, watch_refine_queries
 
 RefineJob = RefineJobConfig | EventsRefineJobConfig
 
 
-class PipelineRefineConfig(_Strict):
+class PipelineRefineConfig(RefineRun):
     """One `cdc refine --pipeline` run (what the pipeline file does not say)."""
 
-    warehouse: str = Field(description="Root of the tables: a local path or an object-store URI.")
-    trigger: Trigger = Field(default_factory=Continuous, description="Run once over what is there, or continuously.")
     reinfer_schema: bool = Field(
         default=False, description="Infer the kept schemas of event sources without a given schema again."
     )
-
-    @field_validator("warehouse")
-    @classmethod
-    def _location(cls, warehouse: str) -> str:
-        return normalize_location(warehouse)
 
 
 def raw_job_config(pipeline: Pipeline, options: dict[str, Any]) -> RawJobConfig:
