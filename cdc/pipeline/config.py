@@ -47,22 +47,6 @@ class _Model(_Strict):
 # --- sources -----------------------------------------------------------------------------------
 
 
-class SourceKind(str, Enum):
-    """What a topic carries."""
-
-    DEBEZIUM_POSTGRES = "debezium_postgres"  # Debezium's Postgres connector, JsonConverter with schemas
-    DEBEZIUM_MONGODB = "debezium_mongodb"  # Debezium's MongoDB connector
-    EVENTS = "events"  # plain application events, no Debezium envelope
-
-
-class EventFormat(str, Enum):
-    """How an event topic's values are encoded."""
-
-    JSON = "json"
-    AVRO = "avro"
-    PROTOBUF = "protobuf"
-
-
 class SchemaFile(_Model):
     """An Avro (.avsc) or Protobuf (.proto) schema in a file."""
 

@@ -1,7 +1,6 @@
 """Flatten and explode (pure DataFrame functions), and child tables kept consistent by MERGE."""
 
 import pytest
-from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from cdc.errors import ConfigError
