@@ -18,7 +18,7 @@ from typing import Any
 
 from cdc import jars
 from cdc.config import Settings, load_settings, validate
-from cdc.errors import CdcError
+from cdc.errors import CdcError, ConfigError
 
 Command = Callable[[argparse.Namespace, Settings], int]
 
@@ -106,22 +106,31 @@ def demo(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _trigger(args: argparse.Namespace) -> dict[str, object]:
+    if args.available_now:
+        return {"kind": "available_now"}
+    return {"kind": "continuous", "interval_s": args.trigger_interval or 2.0}
+
+
 def raw(args: argparse.Namespace, settings: Settings) -> int:
     from cdc.raw.config import RawJobConfig
     from cdc.raw.job import run_raw_job
     from cdc.spark import build_spark_session
 
-    config = validate(RawJobConfig, {
-        "topics": {"kind": "topics", "topics": args.topics} if args.topics else {"kind": "pattern", "pattern": args.pattern},
-        "warehouse": settings.warehouse,
-        "trigger": {"kind": "available_now"} if args.available_now
-        else {"kind": "continuous", "interval_s": args.trigger_interval or 2.0},
-        "kafka": kafka_settings(settings),
-        "on_gap": "record" if args.allow_gaps else "fail",
-        "max_offsets_per_trigger": args.max_offsets_per_trigger,
-        "reset": args.reset,
-        "force_destroy_raw_data": args.force_destroy_raw_data,
-    }, "raw job settings")  # fmt: skip
+    options = {
+        "warehouse": settings.warehouse, "trigger": _trigger(args), "kafka": kafka_settings(settings),
+        "on_gap": "record" if args.allow_gaps else None, "max_offsets_per_trigger": args.max_offsets_per_trigger,
+        "reset": args.reset, "force_destroy_raw_data": args.force_destroy_raw_data,
+    }  # fmt: skip
+    if args.pipeline:
+        from cdc.pipeline.load import load_pipeline
+        from cdc.pipeline.run import raw_job_config
+
+        config = raw_job_config(load_pipeline(args.pipeline), options)
+    else:
+        topics = {"kind": "topics", "topics": args.topics} if args.topics else {"kind": "pattern", "pattern": args.pattern}
+        config = validate(RawJobConfig, {**options, "topics": topics, "on_gap": options["on_gap"] or "fail"},
+                          "raw job settings")  # fmt: skip
     run_raw_job(build_spark_session(settings.spark), config, stop=_stop_on_signals())
     return 0
 
@@ -130,13 +139,40 @@ def refine(args: argparse.Namespace, settings: Settings) -> int:
     from cdc.spark import build_spark_session
     from refine.job import RefineJobConfig, run_refine_job
 
-    config = validate(RefineJobConfig, {
-        "table": args.table,
-        "warehouse": settings.warehouse,
-        "trigger": {"kind": "available_now"} if args.available_now
-        else {"kind": "continuous", "interval_s": args.trigger_interval or 2.0},
-    }, "refine job settings")  # fmt: skip
+    if args.reinfer_schema and not args.pipeline:
+        raise ConfigError("--reinfer-schema applies to the event sources of a --pipeline")
+    if args.pipeline:
+        from cdc.pipeline.load import load_pipeline
+        from cdc.pipeline.run import PipelineRefineConfig, run_pipeline_refine
+
+        pipeline = load_pipeline(args.pipeline)  # checked before Spark starts
+        config = validate(PipelineRefineConfig, {"warehouse": settings.warehouse, "trigger": _trigger(args),
+                                                 "reinfer_schema": args.reinfer_schema}, "refine job settings")
+        run_pipeline_refine(build_spark_session(settings.spark), pipeline, config, stop=_stop_on_signals())
+        return 0
+    config = validate(RefineJobConfig, {"table": args.table, "warehouse": settings.warehouse,
+                                        "trigger": _trigger(args)}, "refine job settings")  # fmt: skip
     run_refine_job(build_spark_session(settings.spark), config, stop=_stop_on_signals())
+    return 0
+
+
+def validate_pipeline(args: argparse.Namespace, settings: Settings) -> int:
+    from cdc.pipeline.load import PipelineError, load_pipeline
+
+    try:
+        load_pipeline(args.file)
+    except PipelineError as error:
+        print("\n".join(error.problems), file=sys.stderr)
+        return error.exit_code
+    print("OK")
+    return 0
+
+
+def graph(args: argparse.Namespace, settings: Settings) -> int:
+    from cdc.pipeline.graph import write_graph
+    from cdc.pipeline.load import load_pipeline
+
+    print(f"wrote {write_graph(load_pipeline(args.file), args.output)}")
     return 0
 
 
@@ -233,6 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     selection = land.add_mutually_exclusive_group(required=True)
     selection.add_argument("--topic", action="append", dest="topics", metavar="TOPIC", help="a topic (repeatable)")
     selection.add_argument("--pattern", metavar="REGEX", help="every topic whose whole name matches REGEX")
+    selection.add_argument("--pipeline", type=Path, metavar="FILE", help="the topics of a pipeline file's sources")
     trigger = land.add_mutually_exclusive_group()
     trigger.add_argument("--available-now", action="store_true", help="land what is there, then stop")
     trigger.add_argument("--trigger-interval", type=float, metavar="SECONDS",
@@ -244,13 +281,24 @@ def build_parser() -> argparse.ArgumentParser:
     land.add_argument("--force-destroy-raw-data", action="store_true",
                       help="with --reset: allow deleting raw tables, whose data may exist nowhere else")
 
-    refining = _add(commands, "refine", refine, "decode a raw table's Debezium changes and MERGE them into its refined table",
+    refining = _add(commands, "refine", refine, "decode raw tables (Debezium changes, JSON events) and MERGE them into refined tables",
                    [warehouse])  # fmt: skip
-    refining.add_argument("--table", required=True, metavar="TOPIC", help="the raw table to refine, named by its topic")
+    refined = refining.add_mutually_exclusive_group(required=True)
+    refined.add_argument("--table", metavar="TOPIC", help="the raw table to refine, named by its topic")
+    refined.add_argument("--pipeline", type=Path, metavar="FILE", help="every refined table of a pipeline file")
+    refining.add_argument("--reinfer-schema", action="store_true",
+                          help="with --pipeline: infer the kept schemas of event sources again from their raw tables")
     refine_trigger = refining.add_mutually_exclusive_group()
     refine_trigger.add_argument("--available-now", action="store_true", help="refine what is there, then stop")
     refine_trigger.add_argument("--trigger-interval", type=float, metavar="SECONDS",
                                 help="run continuously, a micro-batch every SECONDS (default 2)")  # fmt: skip
+
+    checking = _add(commands, "validate", validate_pipeline,
+                    "check a pipeline file: OK, or one line per problem naming the key and the reason (exit 2)")
+    checking.add_argument("file", type=Path, help="the pipeline file (YAML)")
+    drawing = _add(commands, "graph", graph, "draw a pipeline's DAG (topics -> raw -> refined -> business)")
+    drawing.add_argument("file", type=Path, help="the pipeline file (YAML)")
+    drawing.add_argument("-o", "--output", type=Path, required=True, help="OUT.html (a page) or OUT.svg (an image)")
 
     _add(commands, "status", status, "list raw tables: Delta version, rows, consumed vs end offsets (lag)",
          [warehouse, as_json])  # fmt: skip

@@ -53,6 +53,16 @@ class Storage:
         finally:
             stream.close()
 
+    def write_text(self, location: str, text: str) -> None:
+        """Write (or replace) a small UTF-8 text file, creating its folder."""
+        fs, path = self._fs(location)
+        fs.mkdirs(path.getParent())
+        stream = fs.create(path, True)
+        try:
+            stream.write(bytearray(text.encode("utf-8")))
+        finally:
+            stream.close()
+
     def delete(self, location: str) -> None:
         fs, path = self._fs(location)
         fs.delete(path, True)

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql import functions as F
 from pydantic import Field, field_validator
 
@@ -31,10 +32,9 @@ from refine.parse import parse_changes
 from refine.quarantine import quarantine, quarantine_location
 
 
-class RefineJobConfig(_Strict):
-    """One `cdc refine` run."""
+class RefineRun(_Strict):
+    """Where the tables are and when to run: what every refine job's settings hold."""
 
-    table: str = Field(pattern=TOPIC_NAME, description="The raw table to refine, named by its topic.")
     warehouse: str = Field(description="Root of the tables: a local path or an object-store URI.")
     trigger: Trigger = Field(default_factory=Continuous, description="Run once over what is there, or continuously.")
 
@@ -42,6 +42,20 @@ class RefineJobConfig(_Strict):
     @classmethod
     def _location(cls, warehouse: str) -> str:
         return normalize_location(warehouse)
+
+
+class RefineJobConfig(RefineRun):
+    """One `cdc refine` run of a Debezium topic."""
+
+    table: str = Field(pattern=TOPIC_NAME, description="The raw table to refine, named by its topic.")
+    name: str | None = Field(
+        default=None, pattern=TOPIC_NAME,
+        description="The refined table's name, <warehouse>/refined/<name> (and its checkpoint's); default the topic.",
+    )  # fmt: skip
+
+    @property
+    def target(self) -> str:
+        return self.name or self.table
 
 
 def refined_table_location(warehouse: str, topic: str) -> str:
@@ -71,7 +85,7 @@ class RefineBatch:
     def __init__(self, config: RefineJobConfig) -> None:
         self.config = config
         self.raw = raw_table_location(config.warehouse, config.table)
-        self.refined = refined_table_location(config.warehouse, config.table)
+        self.refined = refined_table_location(config.warehouse, config.target)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         spark = batch.sparkSession
@@ -127,34 +141,58 @@ class RefineBatch:
         merge_changes(spark, self.refined, rows, key_columns, truncated_at)
 
 
-def run_refine_job(
-    spark: SparkSession, config: RefineJobConfig, say: Callable[[str], None] = print, stop: threading.Event | None = None
-) -> int:
-    """Refine the raw table into ``<warehouse>/refined/<topic>``; return the number of changes read."""
-    stop = stop or threading.Event()
-    raw = raw_table_location(config.warehouse, config.table)
+def start_refine_query(
+    spark: SparkSession, warehouse: str, topic: str, name: str, batch: Callable[[DataFrame, int], None], trigger: Trigger
+) -> StreamingQuery:
+    """Stream the raw table of ``topic``'s Change Data Feed through ``batch`` (a foreachBatch
+    function), with a tool-managed checkpoint at ``<warehouse>/_cdc/checkpoints/refine/<name>``."""
+    raw = raw_table_location(warehouse, topic)
     if raw_table_topic(spark, raw) is None:
         raise TableError("no raw table for this topic: run `cdc raw` first", table=raw)
     writer = (
         spark.readStream.format("delta").option("readChangeFeed", "true").option("startingVersion", 0).load(raw)
-        .writeStream.queryName(f"refine {config.table}").foreachBatch(RefineBatch(config))
-        .option("checkpointLocation", f"{config.warehouse}/_cdc/checkpoints/refine/{config.table}")
+        .writeStream.queryName(f"refine {name}").foreachBatch(batch)
+        .option("checkpointLocation", f"{warehouse}/_cdc/checkpoints/refine/{name}")
     )  # fmt: skip
-    query = with_trigger(writer, config.trigger).start()
-    seen: set[int] = set()
-    changes = 0
+    return with_trigger(writer, trigger).start()
+
+
+def watch_refine_queries(
+    queries: dict[str, StreamingQuery], say: Callable[[str], None], stop: threading.Event
+) -> dict[str, int]:
+    """Report each query's micro-batches until all have stopped (or ``stop`` is set); return the
+    changes each read. A query that failed stops the others and raises, naming its table."""
+    seen: set[tuple[str, int]] = set()
+    changes = dict.fromkeys(queries, 0)
     try:
-        while query.isActive and not stop.is_set():
-            query.awaitTermination(0.5)
-            for progress in query.recentProgress:
-                if progress.batchId not in seen and progress.numInputRows:
-                    seen.add(progress.batchId)
-                    changes += progress.numInputRows
-                    say(f"refine {config.table} batch {progress.batchId}: {progress.numInputRows:,} changes")
-        if (message := failure(query)) is not None:
-            raise StreamError(f"the refine stream stopped: {message.splitlines()[0]}", table=raw)
+        while any(query.isActive for query in queries.values()) and not stop.is_set():
+            for name, query in queries.items():
+                query.awaitTermination(0.5)
+                for progress in query.recentProgress:
+                    if (name, progress.batchId) not in seen and progress.numInputRows:
+                        seen.add((name, progress.batchId))
+                        changes[name] += progress.numInputRows
+                        say(f"refine {name} batch {progress.batchId}: {progress.numInputRows:,} changes")
+                _raise_failure(name, query)
+        for name, query in queries.items():  # one may have failed while another was awaited
+            _raise_failure(name, query)
     finally:
-        if query.isActive:
-            query.stop()
-    say(f"refine {config.table}: {changes:,} changes -> {refined_table_location(config.warehouse, config.table)}")
+        for query in queries.values():
+            if query.isActive:
+                query.stop()
+    return changes
+
+
+def _raise_failure(name: str, query: StreamingQuery) -> None:
+    if (message := failure(query)) is not None:
+        raise StreamError(f"the refine stream stopped: {message.splitlines()[0]}", table=name)
+
+
+def run_refine_job(
+    spark: SparkSession, config: RefineJobConfig, say: Callable[[str], None] = print, stop: threading.Event | None = None
+) -> int:
+    """Refine the raw table into ``<warehouse>/refined/<name>``; return the number of changes read."""
+    query = start_refine_query(spark, config.warehouse, config.table, config.target, RefineBatch(config), config.trigger)
+    changes = watch_refine_queries({config.target: query}, say, stop or threading.Event())[config.target]
+    say(f"refine {config.target}: {changes:,} changes -> {refined_table_location(config.warehouse, config.target)}")
     return changes

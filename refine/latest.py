@@ -16,9 +16,14 @@ from refine.toast import fill_from_earlier_changes
 POSITION_COLUMNS = ("source_lsn", "kafka_offset")
 
 
-def after_position(lsn: Column, offset: Column, other_lsn: Column, other_offset: Column) -> Column:
-    """(lsn, offset) at or after (other_lsn, other_offset): re-applying the same change is harmless."""
-    return (lsn > other_lsn) | ((lsn == other_lsn) & (offset >= other_offset))
+def at_or_after(position: list[Column], other: list[Column]) -> Column:
+    """``position`` at or after ``other``, compared part by part (lsn, then offset...): re-applying
+    the same change is harmless."""
+    first, *rest = position
+    other_first, *other_rest = other
+    if not rest:
+        return first >= other_first
+    return (first > other_first) | ((first == other_first) & at_or_after(rest, other_rest))
 
 
 def latest_per_key(changes: DataFrame, key_columns: list[str], truncated_at: tuple[int, int] | None) -> DataFrame:
@@ -27,7 +32,7 @@ def latest_per_key(changes: DataFrame, key_columns: list[str], truncated_at: tup
     rows = changes.where(F.col("op").isin(Op.READ.value, Op.CREATE.value, Op.UPDATE.value, Op.DELETE.value))
     if truncated_at is not None:
         lsn, offset = truncated_at
-        rows = rows.where(after_position(F.col("source_lsn"), F.col("kafka_offset"), F.lit(lsn), F.lit(offset)))
+        rows = rows.where(at_or_after([F.col("source_lsn"), F.col("kafka_offset")], [F.lit(lsn), F.lit(offset)]))
     rows = fill_from_earlier_changes(rows, key_columns, [F.col(c) for c in POSITION_COLUMNS])
     order = Window.partitionBy(*[F.col(f"key.{column}") for column in key_columns]).orderBy(
         *[F.col(c).desc() for c in POSITION_COLUMNS]

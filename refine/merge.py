@@ -22,10 +22,15 @@ from pyspark.sql.types import StructField, StructType
 from cdc.errors import TableError
 from cdc.raw.table import KIND_PROPERTY, is_delta_table
 from refine.envelope import Op
+from refine.flatten import POSITION
+from refine.latest import at_or_after
 from refine.toast import placeholder
 
 LSN, OFFSET, COMMITTED_AT, OP, REFINED_AT = "_cdc_lsn", "_cdc_offset", "_cdc_committed_at", "_cdc_op", "_cdc_refined_at"
 METADATA_COLUMNS = (LSN, OFFSET, COMMITTED_AT, OP, REFINED_AT)
+# Where an event came from: what keys an appended event (and its child rows) in event tables.
+PARTITION = "_cdc_partition"
+EVENT_POSITION = (PARTITION, OFFSET)
 
 
 def refined_rows(latest: DataFrame, columns: list[str]) -> DataFrame:
@@ -74,7 +79,7 @@ def merge_changes(
     truncated_at: tuple[int, int] | None,
 ) -> None:
     """Apply one batch's last change per key (and a truncate, if the batch had one)."""
-    ensure_refined_table(spark, location, StructType([StructField(f.name, f.dataType) for f in rows.schema]))
+    ensure_refined_table(spark, location, _schema_of(rows))
     newer = f"(s.{LSN} > t.{LSN} OR (s.{LSN} = t.{LSN} AND s.{OFFSET} >= t.{OFFSET}))"
     updates = {}
     for field in rows.schema:
@@ -95,3 +100,55 @@ def merge_changes(
         lsn, offset = truncated_at
         merge = merge.whenNotMatchedBySourceDelete(f"t.{LSN} < {lsn} OR (t.{LSN} = {lsn} AND t.{OFFSET} < {offset})")
     merge.execute()
+
+
+def _schema_of(rows: DataFrame) -> StructType:
+    return StructType([StructField(field.name, field.dataType) for field in rows.schema])
+
+
+def merge_latest(spark: SparkSession, location: str, rows: DataFrame, key_columns: list[str], position: list[str]) -> None:
+    """Upsert one row per key; a row replaces the table's only when its ``position`` (the ordering
+    column, then ``_cdc_partition``, ``_cdc_offset``) is at or after the stored one."""
+    ensure_refined_table(spark, location, _schema_of(rows))
+    newer = at_or_after([F.col(f"s.`{c}`") for c in position], [F.col(f"t.`{c}`") for c in position])
+    values = {f"`{field.name}`": F.col(f"s.`{field.name}`") for field in rows.schema}
+    (
+        DeltaTable.forPath(spark, location).alias("t")
+        .merge(rows.alias("s"), " AND ".join(f"t.`{key}` = s.`{key}`" for key in key_columns))
+        .whenMatchedUpdate(newer, values)
+        .whenNotMatchedInsert(values=values)
+        .execute()
+    )  # fmt: skip
+
+
+def append_rows(spark: SparkSession, location: str, rows: DataFrame, app_id: str, version: int) -> None:
+    """Append ``rows`` once: a replay of the same (``app_id``, ``version``) writes nothing (Delta's
+    idempotent writes, as in raw landing)."""
+    ensure_refined_table(spark, location, _schema_of(rows))
+    rows.write.format("delta").mode("append").option("txnAppId", app_id).option("txnVersion", version).save(location)
+
+
+def replace_children(
+    spark: SparkSession, location: str, children: DataFrame, parents: DataFrame, key_columns: list[str]
+) -> None:
+    """Make the child rows of ``parents`` (their key columns) exactly ``children``, in one MERGE:
+    changed elements are updated, new ones inserted, and the parent's other child rows (a shrunk
+    array, a parent deleted or left with no array) deleted. Other parents' children are untouched."""
+    ensure_refined_table(spark, location, _schema_of(children))
+    match = [*key_columns, POSITION]
+    target = DeltaTable.forPath(spark, location)
+    gone = (
+        target.toDF().join(parents.select(*key_columns), key_columns, "left_semi")
+        .join(children.select(*match), match, "left_anti").select(*match)
+        .withColumn("_gone", F.lit(True))
+    )  # fmt: skip
+    source = children.withColumn("_gone", F.lit(False)).unionByName(gone, allowMissingColumns=True)
+    values = {f"`{field.name}`": F.col(f"s.`{field.name}`") for field in children.schema}
+    (
+        target.alias("t")
+        .merge(source.alias("s"), " AND ".join(f"t.`{column}` = s.`{column}`" for column in match))
+        .whenMatchedDelete("s._gone")
+        .whenMatchedUpdate("NOT s._gone", values)
+        .whenNotMatchedInsert("NOT s._gone", values)
+        .execute()
+    )  # fmt: skip

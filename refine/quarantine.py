@@ -24,6 +24,9 @@ QUARANTINE_SCHEMA = StructType(
 )
 
 
+CONFLICT_RETRIES = 5
+
+
 def quarantine_location(warehouse: str) -> str:
     return f"{warehouse}/_cdc/quarantine"
 
@@ -41,9 +44,17 @@ def quarantine(spark: SparkSession, location: str, source_table: str, topic: str
     )
     DeltaTable.createIfNotExists(spark).location(location).addColumns(QUARANTINE_SCHEMA).execute()
     keys = ("source_table", "partition", "offset")
-    (
-        DeltaTable.forPath(spark, location).alias("q")
-        .merge(rows.alias("n"), " AND ".join(f"q.`{k}` = n.`{k}`" for k in keys))
-        .whenNotMatchedInsertAll()
-        .execute()
-    )  # fmt: skip
+    for attempt in range(CONFLICT_RETRIES):
+        try:
+            (
+                DeltaTable.forPath(spark, location).alias("q")  # the latest version, on each attempt
+                .merge(rows.alias("n"), " AND ".join(f"q.`{k}` = n.`{k}`" for k in keys))
+                .whenNotMatchedInsertAll()
+                .execute()
+            )  # fmt: skip
+            return
+        except Exception as error:  # py4j wraps Delta's ConcurrentAppendException
+            # Several refine streams share the quarantine: a concurrent commit makes Delta refuse this
+            # MERGE; it is idempotent, so it is run again on the new version.
+            if "Concurrent" not in str(error) or attempt == CONFLICT_RETRIES - 1:
+                raise

@@ -1,0 +1,200 @@
+"""References between the parts of a pipeline, checked before anything runs.
+
+Each check yields ``(key path, reason)``: ``("refined.players.source", "unknown source 'x' ...")``.
+The same column-path checks run again at refine time on an inferred schema
+(:func:`table_shape_problems`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+from pyspark.sql.types import ArrayType, DataType, MapType, StructType
+
+from cdc.errors import ConfigError
+from cdc.pipeline.config import (
+    DebeziumMongoSource,
+    DebeziumPostgresSource,
+    JsonEvents,
+    Pipeline,
+    RefinedTable,
+    SchemaFile,
+    ScdType,
+)
+from cdc.pipeline.ddl import parse_schema
+from refine.merge import EVENT_POSITION
+from refine.flatten import array_element, child_columns, child_table_name, field_type, flat_columns
+
+Problem = tuple[str, str]
+RESERVED_PREFIX = "_cdc_"
+
+
+def pipeline_problems(pipeline: Pipeline, base_dir: Path) -> list[Problem]:
+    return [
+        *_topic_problems(pipeline),
+        *_schema_file_problems(pipeline, base_dir),
+        *_refined_problems(pipeline),
+        *_name_problems(pipeline),
+        *_business_problems(pipeline),
+        *_expectation_problems(pipeline),
+    ]
+
+
+def _topic_problems(pipeline: Pipeline) -> Iterator[Problem]:
+    owners: dict[str, str] = {}
+    for name, source in pipeline.sources.items():
+        if source.topic in owners:
+            yield f"sources.{name}.topic", f"topic {source.topic!r} is already the topic of sources.{owners[source.topic]}"
+        owners.setdefault(source.topic, name)
+
+
+def _schema_file_problems(pipeline: Pipeline, base_dir: Path) -> Iterator[Problem]:
+    for name, source in pipeline.sources.items():
+        schema = getattr(source, "schema_", None)
+        if isinstance(schema, SchemaFile) and not (base_dir / schema.path).is_file():
+            yield f"sources.{name}.schema.path", f"no such file: {base_dir / schema.path}"
+
+
+def _refined_problems(pipeline: Pipeline) -> Iterator[Problem]:
+    for name, table in pipeline.refined.items():
+        where = f"refined.{name}"
+        source = pipeline.sources.get(table.source)
+        if source is None:
+            yield f"{where}.source", f"unknown source {table.source!r} (sources: {', '.join(pipeline.sources)})"
+            continue
+        if isinstance(source, (DebeziumPostgresSource, DebeziumMongoSource)):
+            for field in ("keys", "ordering", "split_by"):
+                if getattr(table, field):
+                    yield f"{where}.{field}", (
+                        f"applies to event sources only: a Debezium table's key is its primary key and its changes "
+                        f"are ordered by their source position (source {table.source!r} is {source.kind})"
+                    )
+            continue
+        if table.keys and not table.ordering:
+            yield f"{where}.ordering", "required with `keys`: the column that orders an entity's events"
+        if table.scd is ScdType.HISTORY and not table.keys:
+            yield f"{where}.scd", "SCD type 2 needs `keys` (the entity whose versions are kept)"
+        if isinstance(source, JsonEvents) and source.schema_ is not None:
+            for field, reason in table_shape_problems(parse_schema(source.schema_), table):
+                yield f"{where}.{field}", reason
+
+
+def table_shape_problems(schema: StructType, table: RefinedTable) -> list[Problem]:
+    """Column paths of ``table`` checked against the events' ``schema``: (field of the table, reason)."""
+    problems: list[Problem] = []
+    scalars = [(f"keys[{i}]", path) for i, path in enumerate(table.keys)]
+    scalars += [(field, getattr(table, field)) for field in ("ordering", "split_by") if getattr(table, field)]
+    for field, path in scalars:
+        try:
+            data_type = field_type(schema, path)
+        except ConfigError as error:
+            problems.append((field, error.message))
+            continue
+        if isinstance(data_type, (StructType, ArrayType, MapType)):
+            problems.append((field, f"{path!r} is a {data_type.simpleString()}: it must be a single value"))
+    for i, path in enumerate(table.flatten.keep):
+        problems += [(f"flatten.keep[{i}]", reason) for reason in _struct_problem(schema, path)]
+    exploded = []
+    for i, path in enumerate(table.explode):
+        try:
+            array_element(schema, path)
+            child_columns(schema, table.keys or list(EVENT_POSITION), path)
+            exploded.append(path)
+        except ConfigError as error:
+            problems.append((f"explode[{i}]", error.message))
+    try:
+        columns = flat_columns(schema, tuple(exploded), table.flatten.kept(schema))
+    except ConfigError as error:
+        problems.append(("flatten", error.message))
+    else:
+        problems += [
+            ("flatten", f"column {column!r} (from {path!r}) uses the prefix {RESERVED_PREFIX!r}, kept for the tool's own")
+            for path, column in columns if column.startswith(RESERVED_PREFIX)
+        ]  # fmt: skip
+    return problems
+
+
+def _struct_problem(schema: StructType, path: str) -> list[str]:
+    try:
+        data_type: DataType = field_type(schema, path)
+    except ConfigError as error:
+        return [error.message]
+    return [] if isinstance(data_type, StructType) else [f"{path!r} is a {data_type.simpleString()}, not a struct"]
+
+
+def table_names(pipeline: Pipeline) -> dict[str, str]:
+    """Every table SQL may name (refined, child, business) -> the key declaring it."""
+    names: dict[str, str] = {}
+    for name, table in pipeline.refined.items():
+        names.setdefault(name, f"refined.{name}")
+        for i, path in enumerate(table.explode):
+            names.setdefault(child_table_name(name, path), f"refined.{name}.explode[{i}]")
+    for name in pipeline.business:
+        names.setdefault(name, f"business.{name}")
+    return names
+
+
+def _name_problems(pipeline: Pipeline) -> Iterator[Problem]:
+    for name in pipeline.business:
+        if name in pipeline.refined:
+            yield f"business.{name}", f"the name {name!r} is already used by refined.{name}"
+
+
+_COMMENTS_AND_STRINGS = re.compile(r"--[^\n]*|/\*.*?\*/|'(?:[^'\\]|\\.)*'", re.S)
+_TABLE_REFERENCE = re.compile(r"\b(?:from|join)\s+(`[^`]+`|[A-Za-z_][\w.]*)(\s*\()?", re.I)
+_CTE = re.compile(r"(?:\bwith|,)\s*(?:recursive\s+)?([A-Za-z_]\w*)\s+as\s*\(", re.I)
+
+
+def sql_tables(sql: str) -> set[str]:
+    """The plain table names a query reads (after FROM and JOIN), minus its CTEs and function calls.
+
+    Qualified names (``delta.`/path```, ``db.table``) are not pipeline tables and are left out.
+    """
+    text = _COMMENTS_AND_STRINGS.sub(" ", sql)
+    ctes = {name.lower() for name in _CTE.findall(text)}
+    names = set()
+    for name, call in _TABLE_REFERENCE.findall(text):
+        name = name.strip("`")
+        if not call and "." not in name and name.lower() not in ctes:
+            names.add(name)
+    return names
+
+
+def _business_problems(pipeline: Pipeline) -> Iterator[Problem]:
+    known = table_names(pipeline)
+    for name, table in pipeline.business.items():
+        for unknown in sorted(sql_tables(table.sql) - known.keys()):
+            yield f"business.{name}.sql", f"unknown table {unknown!r} (tables: {', '.join(sorted(known))})"
+    for cycle in _cycles({name: sql_tables(table.sql) & pipeline.business.keys() for name, table in pipeline.business.items()}):
+        yield f"business.{cycle[0]}.sql", f"cycle: {' -> '.join(cycle)}"
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Each cycle once, as a path that returns to its first (smallest) node."""
+    found: list[list[str]] = []
+    seen: set[frozenset[str]] = set()
+
+    def visit(node: str, path: list[str]) -> None:
+        for target in sorted(edges.get(node, ())):
+            if target == path[0]:
+                members = frozenset(path)
+                if members not in seen and path[0] == min(path):
+                    seen.add(members)
+                    found.append([*path, target])
+            elif target not in path:
+                visit(target, [*path, target])
+
+    for start in sorted(edges):
+        visit(start, [start])
+    return found
+
+
+def _expectation_problems(pipeline: Pipeline) -> Iterator[Problem]:
+    refined = {name for name, where in table_names(pipeline).items() if where.startswith("refined.")}
+    for name, expectation in pipeline.expectations.items():
+        if expectation.table not in refined:
+            yield f"expectations.{name}.table", (
+                f"unknown refined table {expectation.table!r} (refined tables: {', '.join(sorted(refined))})"
+            )

@@ -1,0 +1,256 @@
+"""The pipeline file: one YAML document declaring sources, raw landing, refined tables, business
+tables and expectations (see examples/pipelines/ and the README's "Pipelines" section).
+
+These models check each part on its own (types, enums, names, SQL present); references between
+parts (a refined table's source, the tables a business query reads, cycles, column paths of a
+given schema) are checked by :mod:`cdc.pipeline.checks`.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import Enum, IntEnum
+from pathlib import Path
+from typing import Annotated, Literal, Union
+
+from pyspark.sql.types import StructType
+from pydantic import AfterValidator, ConfigDict, Field, field_validator, model_validator
+
+from cdc.config import _Strict
+from cdc.pipeline.ddl import DdlError, parse_schema
+from cdc.raw.config import TOPIC_NAME, GapPolicy, _kafka_topic_name
+
+NAME_RULE = "letters, digits and single underscores, starting with a letter (`__` is kept for child tables)"
+
+
+def _table_name(name: str) -> str:
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name) or "__" in name or len(name) > 128:
+        raise ValueError(f"{name!r} is not a valid name: {NAME_RULE}")
+    return name
+
+
+def _column_path(path: str) -> str:
+    if not path or any(not part for part in path.split(".")):
+        raise ValueError(f"{path!r} is not a column path (field names joined by '.', e.g. device.os)")
+    return path
+
+
+Name = Annotated[str, AfterValidator(_table_name)]
+ColumnPath = Annotated[str, AfterValidator(_column_path)]
+Topic = Annotated[str, Field(pattern=TOPIC_NAME), AfterValidator(_kafka_topic_name)]
+
+
+class _Model(_Strict):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, populate_by_name=True)
+
+
+# --- sources -----------------------------------------------------------------------------------
+
+
+class SchemaFile(_Model):
+    """An Avro (.avsc) or Protobuf (.proto) schema in a file."""
+
+    kind: Literal["file"] = Field(description="The schema is in a file.")
+    path: Path = Field(description="The schema file; a relative path is relative to the pipeline file.")
+
+
+class SchemaRegistry(_Model):
+    """A Confluent-compatible schema registry (the values carry the registry's schema id)."""
+
+    kind: Literal["registry"] = Field(description="The schema is in a schema registry.")
+    url: str = Field(description="The registry's base URL, http:// or https://.")
+    subject: str | None = Field(default=None, description="The subject; default `<topic>-value`.")
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, url: str) -> str:
+        if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", url):
+            raise ValueError(f"{url!r} is not an http:// or https:// URL")
+        return url.rstrip("/")
+
+
+WireSchema = Annotated[Union[SchemaFile, SchemaRegistry], Field(discriminator="kind")]
+
+
+class DebeziumPostgresSource(_Model):
+    """A topic of Debezium's Postgres connector (one table)."""
+
+    kind: Literal["debezium_postgres"] = Field(description="Debezium Postgres change events.")
+    topic: Topic = Field(description="The Kafka topic, `<prefix>.<schema>.<table>`.")
+
+
+class DebeziumMongoSource(_Model):
+    """A topic of Debezium's MongoDB connector (one collection)."""
+
+    kind: Literal["debezium_mongodb"] = Field(description="Debezium MongoDB change events.")
+    topic: Topic = Field(description="The Kafka topic, `<prefix>.<database>.<collection>`.")
+
+
+class JsonEvents(_Model):
+    """Plain JSON events: each Kafka value one JSON object."""
+
+    kind: Literal["events"] = Field(description="Plain events.")
+    format: Literal["json"] = Field(description="Each value is a JSON object.")
+    topic: Topic = Field(description="The Kafka topic.")
+    schema_: str | None = Field(
+        default=None,
+        alias="schema",
+        description="The events' schema as a Spark DDL string (`time timestamp, device struct<os: string>`); "
+        "when absent it is inferred once from the raw table and kept under <warehouse>/_cdc/schemas/.",
+    )
+
+    @field_validator("schema_")
+    @classmethod
+    def _ddl(cls, ddl: str | None) -> str | None:
+        if ddl is not None:
+            try:
+                parse_schema(ddl)
+            except DdlError as error:
+                raise ValueError(f"not a Spark DDL schema: {error}") from None
+        return ddl
+
+
+class AvroEvents(_Model):
+    """Avro-encoded events (declared and validated; refining them is not implemented yet)."""
+
+    kind: Literal["events"] = Field(description="Plain events.")
+    format: Literal["avro"] = Field(description="Each value is Avro (Confluent wire format with a registry).")
+    topic: Topic = Field(description="The Kafka topic.")
+    schema_: WireSchema = Field(alias="schema", description="Where the Avro schema is: a file or a schema registry.")
+
+
+class ProtobufEvents(_Model):
+    """Protobuf-encoded events (declared and validated; refining them is not implemented yet)."""
+
+    kind: Literal["events"] = Field(description="Plain events.")
+    format: Literal["protobuf"] = Field(description="Each value is a Protobuf message.")
+    topic: Topic = Field(description="The Kafka topic.")
+    schema_: WireSchema = Field(alias="schema", description="Where the .proto schema is: a file or a schema registry.")
+    message: str | None = Field(
+        default=None, description="The fully qualified message name; default the schema's first message."
+    )
+
+
+EventSource = Annotated[Union[JsonEvents, AvroEvents, ProtobufEvents], Field(discriminator="format")]
+Source = Annotated[Union[DebeziumPostgresSource, DebeziumMongoSource, EventSource], Field(discriminator="kind")]
+
+
+# --- raw landing -------------------------------------------------------------------------------
+
+
+class RawLanding(_Model):
+    """How every source's topic lands in its raw table, ``<warehouse>/raw/<topic>`` (`cdc raw`)."""
+
+    on_gap: GapPolicy = Field(
+        default=GapPolicy.FAIL,
+        description="When Kafka has deleted offsets not landed yet: fail (stop, naming them) or record (go on, "
+        "recording the gap in <warehouse>/_cdc/raw_gaps).",
+    )
+    max_offsets_per_trigger: int | None = Field(
+        default=None, ge=1, description="At most this many records per micro-batch and topic; default no limit."
+    )
+
+
+# --- refined tables ----------------------------------------------------------------------------
+
+
+class ScdType(IntEnum):
+    """How a refined table keeps changes."""
+
+    CURRENT = 1  # SCD type 1: one row per key, its current state
+    HISTORY = 2  # SCD type 2: every version, with valid_from, valid_to, is_current
+
+
+class Flatten(_Model):
+    """How nested structs become columns: ``a.b`` becomes ``a_b``."""
+
+    enabled: bool = Field(default=True, description="Flatten nested structs into columns (false: keep them nested).")
+    keep: list[ColumnPath] = Field(
+        default_factory=list, description="Struct paths kept as one struct column instead of being flattened."
+    )
+
+    def kept(self, schema: StructType) -> tuple[str, ...]:
+        """The struct paths not flattened: ``keep``, or every top-level column when flattening is off."""
+        return tuple(self.keep) if self.enabled else tuple(field.name for field in schema.fields)
+
+
+class RefinedTable(_Model):
+    """A refined table, ``<warehouse>/refined/<name>`` (per split value: ``<warehouse>/refined/<name>/<value>``)."""
+
+    source: Name = Field(description="The source (a key of `sources`) whose raw table is refined.")
+    keys: list[ColumnPath] = Field(
+        default_factory=list,
+        description="Event sources: the columns identifying an entity; its latest event (by `ordering`) is kept. "
+        "Empty: every event is appended. Debezium sources take their key from the source's primary key.",
+    )
+    ordering: ColumnPath | None = Field(
+        default=None,
+        description="Event sources with keys: the column ordering an entity's events (an event time or version); "
+        "an older event never overwrites a newer one.",
+    )
+    flatten: Flatten = Field(default_factory=Flatten, description="Flatten rules for nested structs.")
+    explode: list[ColumnPath] = Field(
+        default_factory=list,
+        description="Array columns that become child tables `<name>__<array>`, keyed by the parent's keys and `pos`.",
+    )
+    scd: ScdType = Field(default=ScdType.CURRENT, description="1: current state per key; 2: history of versions.")
+    split_by: ColumnPath | None = Field(
+        default=None,
+        description="Event sources: write one table per value of this column, at <warehouse>/refined/<name>/<value>; "
+        "a new value creates its table on the fly.",
+    )
+
+    @field_validator("keys", "explode")
+    @classmethod
+    def _unique(cls, paths: list[str]) -> list[str]:
+        repeated = sorted({path for path in paths if paths.count(path) > 1})
+        if repeated:
+            raise ValueError(f"listed more than once: {', '.join(repeated)}")
+        return paths
+
+    @model_validator(mode="after")
+    def _ordering_needs_keys(self) -> RefinedTable:
+        if self.ordering and not self.keys:
+            raise ValueError("`ordering` only applies together with `keys` (without keys every event is appended)")
+        return self
+
+
+# --- business tables and expectations ----------------------------------------------------------
+
+
+class BusinessTable(_Model):
+    """A table computed by SQL over refined tables (and other business tables), by their names."""
+
+    sql: str = Field(min_length=1, description="A Spark SQL query naming refined, child and business tables.")
+    trigger_interval_s: float = Field(default=300.0, gt=0, description="Seconds between refreshes.")
+
+
+class ExpectationAction(str, Enum):
+    """What happens to a row that breaks an expectation."""
+
+    WARN = "warn"  # keep it, count it
+    DROP = "drop"  # move it to the quarantine, with the expectation's name
+    FAIL = "fail"  # stop the job
+
+
+class Expectation(_Model):
+    """A SQL boolean constraint on a refined table's rows."""
+
+    table: Name = Field(description="The refined (or child) table the rows belong to.")
+    constraint: str = Field(min_length=1, description="A Spark SQL boolean expression over the table's columns.")
+    action: ExpectationAction = Field(default=ExpectationAction.WARN, description="warn, drop or fail.")
+
+
+# --- the pipeline ------------------------------------------------------------------------------
+
+
+class Pipeline(_Model):
+    """One pipeline file."""
+
+    name: Name = Field(description="The pipeline's name.")
+    description: str | None = Field(default=None, description="What the pipeline is for.")
+    sources: dict[Name, Source] = Field(min_length=1, description="Topics by source name.")
+    raw: RawLanding = Field(default_factory=RawLanding, description="How the sources' topics land in raw tables.")
+    refined: dict[Name, RefinedTable] = Field(default_factory=dict, description="Refined tables by name.")
+    business: dict[Name, BusinessTable] = Field(default_factory=dict, description="Business tables by name.")
+    expectations: dict[Name, Expectation] = Field(default_factory=dict, description="Expectations by name.")

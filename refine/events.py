@@ -1,0 +1,188 @@
+"""`cdc refine` of a plain event topic (JSON values, no Debezium envelope).
+
+Per micro-batch of the raw table's Change Data Feed: the values are parsed with the events' schema
+(:mod:`refine.schemas`); a record that is not a JSON object of that schema, or lacks a key, the
+ordering or the split value, goes to the quarantine with the reason; the others are flattened
+(:mod:`refine.flatten`) and written:
+
+- with ``keys``: the latest event per key (by the ordering column, then Kafka partition and
+  offset) is MERGEd; an event older than the stored one never overwrites it;
+- without: every event is appended, once (Delta's idempotent writes: a replayed batch adds nothing).
+
+Exploded arrays go to child tables whose rows follow their parent event (replaced with it).
+With ``split_by`` each value of that column gets its own tables, ``<warehouse>/refined/<name>/<value>``
+(and ``<warehouse>/refined/<name>__<array>/<value>``), created when the value first appears.
+Refined rows carry ``_cdc_partition`` and ``_cdc_offset`` (the Kafka record of the event) and
+``_cdc_refined_at``.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.types import StringType, StructField, StructType
+from pydantic import Field
+
+from cdc.errors import ConfigError
+from cdc.pipeline.checks import table_shape_problems
+from cdc.pipeline.config import Name, RefinedTable
+from cdc.raw.config import TOPIC_NAME
+from cdc.raw.table import raw_table_location
+from refine.flatten import child_rows, child_table_name, column, flat_name, flatten
+from refine.job import RefineRun, refined_table_location, start_refine_query
+from refine.merge import EVENT_POSITION, OFFSET, PARTITION, REFINED_AT, append_rows, merge_latest, replace_children
+from refine.quarantine import quarantine, quarantine_location
+from refine.schemas import event_schema
+
+CORRUPT = "_cdc_corrupt_record"
+# A split value names folders: Kafka's rule for topic names, which cannot climb out of the folder.
+SPLIT_VALUE = r"^[A-Za-z0-9._-]{1,200}$"
+
+
+class EventsRefineJobConfig(RefineRun):
+    """One refined table of an event topic (`cdc refine --pipeline` builds one per refined table)."""
+
+    name: Name = Field(description="The refined table: <warehouse>/refined/<name> (per split value: .../<value>).")
+    topic: str = Field(pattern=TOPIC_NAME, description="The raw table to refine, named by its topic.")
+    table: RefinedTable = Field(description="Keys, ordering, flatten and explode rules, split column.")
+    schema_ddl: str | None = Field(default=None, description="The events' schema (Spark DDL); None: inferred, kept.")
+    reinfer_schema: bool = Field(default=False, description="Infer the kept schema again from the raw table first.")
+
+    @property
+    def target(self) -> str:
+        return self.name
+
+
+def _json_at(value: Column, name: str) -> Column:
+    return F.try_variant_get(value, "$['" + name.replace("'", "\\'") + "']", "variant")
+
+
+def parse_events(records: DataFrame, schema: StructType, table: RefinedTable) -> DataFrame:
+    """Raw rows as ``event`` (a struct of ``schema``), Kafka coordinates, ``raw_value`` and a
+    ``problem`` (null for a good event) naming the field and the reason."""
+    with_corrupt = StructType([*schema.fields, StructField(CORRUPT, StringType())])
+    parsed = records.select(
+        F.col("value").alias("raw_value"),
+        F.col("value_bytes"),
+        F.col("partition").alias("kafka_partition"),
+        F.col("offset").alias("kafka_offset"),
+        F.try_parse_json("value").alias("json"),
+        F.from_json("value", with_corrupt, {"columnNameOfCorruptRecord": CORRUPT}).alias("event"),
+    )
+    problem = (
+        F.when(F.col("raw_value").isNull() & F.col("value_bytes").isNull(), F.lit("no value (a null record)"))
+        .when(F.col("raw_value").isNull(), F.lit("the value is not UTF-8 text"))
+        .when(F.col("json").isNull(), F.lit("the value is not valid JSON"))
+        .when(~F.schema_of_variant("json").startswith("OBJECT<"), F.lit("the value is not a JSON object"))
+    )
+    for field in schema.fields:
+        found = _json_at(F.col("json"), field.name)
+        problem = problem.when(
+            F.col(f"event.`{field.name}`").isNull() & found.isNotNull() & ~F.is_variant_null(found),
+            F.concat(F.lit(f"field {field.name}: cannot read "), F.to_json(found),
+                     F.lit(f" as {field.dataType.simpleString()}")),
+        )  # fmt: skip
+    problem = problem.when(F.col(f"event.{CORRUPT}").isNotNull(), F.lit("the value does not match the schema"))
+    for role, path in [*[("key", key) for key in table.keys], ("ordering column", table.ordering),
+                       ("split_by column", table.split_by)]:  # fmt: skip
+        if path is not None:
+            problem = problem.when(column(f"event.{path}").isNull(), F.lit(f"{role} {path} is null"))
+    if table.split_by is not None:
+        problem = problem.when(
+            ~column(f"event.{table.split_by}").cast("string").rlike(SPLIT_VALUE) | column(f"event.{table.split_by}")
+            .cast("string").isin(".", ".."),
+            F.concat(F.lit(f"split_by column {table.split_by}: "), column(f"event.{table.split_by}").cast("string"),
+                     F.lit(" is not usable as a table name (letters, digits, '.', '_', '-')")),
+        )  # fmt: skip
+    return parsed.select(
+        F.col("event").dropFields(CORRUPT).alias("event"),
+        "kafka_partition",
+        "kafka_offset",
+        problem.alias("problem"),
+        "raw_value",
+    )
+
+
+def latest_events(events: DataFrame, key_paths: list[str], ordering: str) -> DataFrame:
+    """The last event per key: greatest ordering value, then Kafka partition and offset."""
+    order = Window.partitionBy(*[column(path) for path in key_paths]).orderBy(
+        column(ordering).desc(), F.col(PARTITION).desc(), F.col(OFFSET).desc()
+    )
+    return events.withColumn("_rank", F.row_number().over(order)).where("_rank = 1").drop("_rank")
+
+
+class EventsBatch:
+    """The foreachBatch function refining an event topic."""
+
+    def __init__(self, config: EventsRefineJobConfig, schema: StructType) -> None:
+        self.config = config
+        self.schema = schema
+        self.raw = raw_table_location(config.warehouse, config.topic)
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        spark = batch.sparkSession
+        app_id = f"cdc-refine-{spark.sparkContext.getLocalProperty('sql.streaming.queryId')}"
+        records = batch.where(F.col("_change_type") == "insert")  # raw tables only append
+        events = parse_events(records, self.schema, self.config.table).persist()  # read once: quarantine and tables
+        try:
+            quarantine(spark, quarantine_location(self.config.warehouse), self.raw, self.config.topic,
+                       events.where("problem IS NOT NULL"))  # fmt: skip
+            good = events.where("problem IS NULL").select(
+                "event.*", F.col("kafka_partition").alias(PARTITION), F.col("kafka_offset").alias(OFFSET)
+            )
+            split = self.config.table.split_by
+            if split is None:
+                self._write(spark, good, None, app_id, batch_id)
+                return
+            value = column(split).cast("string")
+            # The batch's distinct split values: a handful of names, not data.
+            for (name,) in good.select(value).distinct().orderBy(value).collect():
+                self._write(spark, good.where(value == name), name, app_id, batch_id)
+        finally:
+            events.unpersist()
+
+    def _location(self, name: str, split_value: str | None) -> str:
+        location = refined_table_location(self.config.warehouse, name)
+        return f"{location}/{split_value}" if split_value is not None else location
+
+    def _write(self, spark: SparkSession, events: DataFrame, split_value: str | None, app_id: str, batch_id: int) -> None:
+        table = self.config.table
+        nested = latest_events(events, table.keys, table.ordering) if table.keys else events
+        parents = flatten(nested, tuple(table.explode), table.flatten.kept(events.schema))
+        parents = parents.withColumn(REFINED_AT, F.current_timestamp())
+        location = self._location(self.config.name, split_value)
+        if not table.keys:
+            append_rows(spark, location, parents, app_id, batch_id)
+            for path in table.explode:
+                children = child_rows(nested, list(EVENT_POSITION), path).withColumn(REFINED_AT, F.current_timestamp())
+                append_rows(spark, self._location(child_table_name(self.config.name, path), split_value), children,
+                            app_id, batch_id)  # fmt: skip
+            return
+        keys = [flat_name(path) for path in table.keys]
+        position = [flat_name(table.ordering), *EVENT_POSITION]
+        merge_latest(spark, location, parents, keys, position)
+        if not table.explode:
+            return
+        # The parents whose event is now the stored one: a replayed older event changes no children.
+        stored = spark.read.format("delta").load(location).select(*keys, *position)
+        applied = parents.select(*keys, *position).join(stored, [*keys, *position], "left_semi").persist()
+        try:
+            for path in table.explode:
+                children = child_rows(nested, table.keys, path, carry=EVENT_POSITION)
+                children = children.join(applied.select(*keys, *EVENT_POSITION), [*keys, *EVENT_POSITION], "left_semi")
+                replace_children(spark, self._location(child_table_name(self.config.name, path), split_value),
+                                 children.withColumn(REFINED_AT, F.current_timestamp()), applied, keys)  # fmt: skip
+        finally:
+            applied.unpersist()
+
+
+def start_events_query(spark: SparkSession, config: EventsRefineJobConfig) -> StreamingQuery:
+    """Read (or infer) the schema, check the table's column paths against it, start the stream."""
+    schema = event_schema(spark, config.warehouse, config.topic, config.schema_ddl, config.reinfer_schema)
+    if problems := table_shape_problems(schema, config.table):
+        raise ConfigError("the events' schema does not fit the refined table: " + "; ".join(
+            f"refined.{config.name}.{field}: {reason}" for field, reason in problems
+        ), topic=config.topic)  # fmt: skip
+    batch = EventsBatch(config, schema)
+    return start_refine_query(spark, config.warehouse, config.topic, config.name, batch, config.trigger)
