@@ -12,6 +12,8 @@ source NULLs, for the quarantine).
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -167,6 +169,11 @@ def _time_of_day(micros: Column) -> Column:
     return F.date_format(F.timestamp_micros(micros).cast(TimestampNTZType()), "HH:mm:ss.SSSSSS")
 
 
+def _powers_of_256() -> Column:
+    """[256^1 .. 256^8] as exact decimals (a double would round 2^64)."""
+    return F.array(*[F.lit(Decimal(256**n)).cast(DecimalType(38, 0)) for n in range(1, 9)])
+
+
 def _decimal(two_complement: Column, scale: Column, target: DecimalType) -> Column:
     """A big-endian two's-complement unscaled integer and its scale, as ``target``.
 
@@ -174,18 +181,25 @@ def _decimal(two_complement: Column, scale: Column, target: DecimalType) -> Colu
     arithmetic can round; null when the value does not fit ``target``.
     """
     hex_digits = F.hex(two_complement)
+    width = F.octet_length(two_complement)
     negative = F.substring(hex_digits, 1, 1).isin(*"89ABCDEF")
-    # A negative value is -(~bits + 1): accumulate the inverted bytes so nothing overflows.
+    # Up to 8 bytes (precision 18 and below, the common case) in compiled expressions: conv reads
+    # the bytes as an unsigned integer, and a negative value is 256^width minus it.
+    unsigned = F.conv(hex_digits, 16, 10).cast(DecimalType(38, 0))
+    narrow = F.when(negative, F.element_at(_powers_of_256(), width) - unsigned).otherwise(unsigned)
+    # Wider values byte by byte; a negative value is -(~bits + 1): accumulate the inverted bytes so
+    # nothing overflows.
     byte_values = F.transform(
-        F.sequence(F.lit(0), F.octet_length(two_complement) - 1),
+        F.sequence(F.lit(0), width - 1),
         lambda i: F.conv(F.substring(hex_digits, i * 2 + 1, 2), 16, 10).cast("int"),
     )
-    magnitude = F.aggregate(
+    wide = F.aggregate(
         byte_values,
         F.lit(0).cast(DecimalType(38, 0)),
         lambda acc, byte: F.try_add(F.try_multiply(acc, F.lit(256)), F.when(negative, 255 - byte).otherwise(byte)),
     )
-    magnitude = F.when(negative, F.try_add(magnitude, F.lit(1))).otherwise(magnitude)
+    wide = F.when(negative, F.try_add(wide, F.lit(1))).otherwise(wide)
+    magnitude = F.when(width <= 8, narrow).otherwise(wide)
     unpadded = magnitude.cast("string")
     # At least one digit before the point (lpad would truncate longer strings: pad only).
     digits = F.concat(F.repeat(F.lit("0"), F.greatest(scale + 1 - F.length(unpadded), F.lit(0))), unpadded)

@@ -44,6 +44,18 @@ def test_a_decimal_wider_than_eight_bytes(spark):
     assert decoded(spark, schema, [two_complement(unscaled)]) == [Decimal("-1234567890123456789012345678.9012")]
 
 
+def test_decimals_at_every_width_boundary(spark):
+    # 1 to 8 bytes decode in compiled expressions, 9 and more byte by byte: both sides of each edge.
+    schema = {**DECIMAL_12_2, "parameters": {"scale": "0", "connect.decimal.precision": "38"}}
+    edges = [2 ** (8 * width - 1) for width in range(1, 10)]
+    unscaled = [value + delta for edge in edges for value in (edge, -edge) for delta in (-1, 0, 1)] + [0, -1, 1]
+    encoded = [two_complement(value) for value in unscaled]
+    # Zero-padded encodings must read the same: an 8-byte 255 and a 9-byte -1.
+    encoded += [base64.b64encode((255).to_bytes(8, "big", signed=True)).decode(),
+                base64.b64encode((-1).to_bytes(9, "big", signed=True)).decode()]  # fmt: skip
+    assert decoded(spark, schema, encoded) == [Decimal(value) for value in unscaled] + [Decimal(255), Decimal(-1)]
+
+
 def test_debezium_sample_from_the_stack(spark):
     # balance numeric(12,2) as the local stack's connector sent it: 'B27L' = 0x076ECB = 487115.
     assert decoded(spark, DECIMAL_12_2, ["B27L"]) == [Decimal("4871.15")]
