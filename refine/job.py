@@ -28,7 +28,7 @@ from cdc.streaming import failure, with_trigger
 from refine.envelope import ConnectSchema, Op
 from refine.latest import latest_per_key
 from refine.merge import merge_changes, refined_rows
-from refine.parse import parse_changes
+from refine.parse import parse_changes, wrapped_schema
 from refine.quarantine import quarantine, quarantine_location
 
 
@@ -100,9 +100,11 @@ class RefineBatch:
         # One pass over the raw text: the batch's distinct schemas (a handful of strings, not data)
         # and the source position of its last truncate.
         summary = (
-            records.groupBy(F.get_json_object("value", "$.schema").alias("value_schema"),
-                            F.get_json_object("key", "$.schema").alias("key_schema"))
-            .agg(F.max(F.when(F.get_json_object("value", "$.payload.op") == Op.TRUNCATE.value, F.struct(
+            records.groupBy(wrapped_schema(F.col("value")).alias("value_schema"),
+                            wrapped_schema(F.col("key")).alias("key_schema"))
+            # The text test is cheap and lets the JSON parse run only where a truncate can be.
+            .agg(F.max(F.when(F.col("value").contains(f'"op":"{Op.TRUNCATE.value}"') & (
+                F.get_json_object("value", "$.payload.op") == Op.TRUNCATE.value), F.struct(
                 F.get_json_object("value", "$.payload.source.lsn").try_cast("long").alias("lsn"),
                 F.col("offset").alias("offset"),
             ))).alias("truncate"))

@@ -90,3 +90,36 @@ def test_unparseable_values_are_flagged_not_dropped(spark):
         ("u", "field after.price: cannot decode the value as decimal(4,2)"),
     ]
     assert rows[1].raw_value == "not json"
+
+
+def test_wrapped_values_parse_the_same_by_position_as_by_json(spark):
+    from refine.parse import wrapped_schema
+
+    row = {"type": "struct", "optional": True, "fields": [
+        {"type": "int64", "field": "id"}, {"type": "string", "optional": True, "field": "note"}]}
+    schema = {"type": "struct", "fields": [
+        {**row, "field": "before"}, {**row, "field": "after"},
+        {"type": "struct", "field": "source", "fields": [
+            {"type": "int64", "field": "lsn"}, {"type": "int64", "field": "txId"}, {"type": "int64", "field": "ts_ms"}]},
+        {"type": "string", "field": "op"},
+    ]}  # fmt: skip
+    schema_text = json.dumps(schema, separators=(",", ":"))
+    payloads = [
+        {"after": {"id": 1, "note": 'a "quoted" ,"payload": inside'}, "op": "c"},
+        {"after": {"id": 2, "note": "}"}, "op": "u"},
+        {"after": None, "op": "d"},
+    ]
+    values = [json.dumps({"schema": schema, "payload": p}, separators=(",", ":")) for p in payloads]
+    values.append(json.dumps({"schema": schema, "payload": payloads[0]}))  # with spaces: parsed as JSON
+    values.append('{"schema":' + schema_text + ',"payload":{"after":{"id":3')  # cut short: flagged
+    raw = spark.createDataFrame([(v, 0, i) for i, v in enumerate(values)], "value string, partition int, offset long")
+    raw = raw.withColumn("key", F.lit(None).cast("string"))
+
+    rows = parse_changes(raw, None, ConnectSchema.model_validate(schema)).orderBy("kafka_offset").collect()
+    assert [(row.op, row.after.id if row.after else None, row.after.note if row.after else None) for row in rows] == [
+        ("c", 1, 'a "quoted" ,"payload": inside'), ("u", 2, "}"), ("d", None, None),
+        ("c", 1, 'a "quoted" ,"payload": inside'), (None, None, None),
+    ]  # fmt: skip
+    assert rows[-1].problem == "value is not a Debezium JSON envelope"
+    schemas = raw.select(wrapped_schema(F.col("value")).alias("s")).collect()
+    assert [json.loads(row.s) if row.s else None for row in schemas] == [schema] * 4 + [None]
