@@ -143,13 +143,16 @@ def refine(args: argparse.Namespace, settings: Settings) -> int:
 def status(args: argparse.Namespace, settings: Settings) -> int:
     from cdc.config import KafkaConnection
     from cdc.spark import build_spark_session
-    from cdc.status import raw_table_statuses
+    from cdc.status import expectation_totals, raw_table_statuses
     from cdc.storage import normalize_location
 
     kafka = validate(KafkaConnection, kafka_settings(settings), "Kafka settings")
-    tables = raw_table_statuses(build_spark_session(settings.spark), normalize_location(settings.warehouse), kafka)
+    spark, warehouse = build_spark_session(settings.spark), normalize_location(settings.warehouse)
+    tables = raw_table_statuses(spark, warehouse, kafka)
+    expectations = expectation_totals(spark, warehouse)
     if args.json:
-        print(json.dumps({"raw_tables": [table.as_dict() for table in tables]}, indent=2))
+        print(json.dumps({"raw_tables": [table.as_dict() for table in tables],
+                          "expectations": [total.as_dict() for total in expectations]}, indent=2))  # fmt: skip
         return 0
     print(f"{'raw table':<32} {'version':>7} {'rows':>12} {'gaps':>4} {'quarantined':>11}  partitions (consumed/end, lag)")
     for table in tables:
@@ -159,6 +162,11 @@ def status(args: argparse.Namespace, settings: Settings) -> int:
         )
         print(f"{table.topic:<32} {table.version:>7} {table.rows:>12,} {table.recorded_gaps:>4} {table.quarantined:>11,}  "
               f"{partitions}")  # fmt: skip
+    if expectations:
+        print(f"\n{'table':<40} {'expectation':<24} {'action':<6} {'batches':>7} {'passed':>12} {'failed':>10}")
+    for total in expectations:
+        print(f"{total.table:<40} {total.expectation:<24} {total.action:<6} {total.batches:>7} {total.passed:>12,} "
+              f"{total.failed:>10,}")  # fmt: skip
     return 0
 
 
@@ -252,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     refine_trigger.add_argument("--trigger-interval", type=float, metavar="SECONDS",
                                 help="run continuously, a micro-batch every SECONDS (default 2)")  # fmt: skip
 
-    _add(commands, "status", status, "list raw tables: Delta version, rows, consumed vs end offsets (lag)",
+    _add(commands, "status", status, "list raw tables (Delta version, rows, consumed vs end offsets: lag) and expectation totals",
          [warehouse, as_json])  # fmt: skip
 
     jar_commands = commands.add_parser("jars", help="JVM dependencies").add_subparsers(
