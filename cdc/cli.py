@@ -170,6 +170,32 @@ def status(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def optimize(args: argparse.Namespace, settings: Settings) -> int:
+    from cdc.maintenance import optimize_table, resolve_table
+    from cdc.spark import build_spark_session
+    from cdc.storage import normalize_location
+
+    spark = build_spark_session(settings.spark)
+    location = resolve_table(spark, args.table, normalize_location(settings.warehouse))
+    zorder_by = [column.strip() for column in (args.zorder_by or "").split(",") if column.strip()]
+    result = optimize_table(spark, location, zorder_by)
+    print(f"optimized {location}: {result.files_removed} files compacted into {result.files_added}"
+          + (f", Z-ordered by {', '.join(zorder_by)}" if zorder_by else ""))  # fmt: skip
+    return 0
+
+
+def vacuum(args: argparse.Namespace, settings: Settings) -> int:
+    from cdc.maintenance import resolve_table, vacuum_table
+    from cdc.spark import build_spark_session
+    from cdc.storage import normalize_location
+
+    spark = build_spark_session(settings.spark)
+    location = resolve_table(spark, args.table, normalize_location(settings.warehouse))
+    vacuum_table(spark, location, args.retain_hours, args.i_know_vacuum_below_retention_loses_time_travel)
+    print(f"vacuumed {location}" + ("" if args.retain_hours is None else f" (retained {args.retain_hours:g} hours)"))
+    return 0
+
+
 def kafka_settings(settings: Settings) -> dict[str, object]:
     """The Kafka connection: CDC_KAFKA__* with the secrets file's settings on top."""
     from cdc.source import load_secrets_file
@@ -262,6 +288,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add(commands, "status", status, "list raw tables (Delta version, rows, consumed vs end offsets: lag) and expectation totals",
          [warehouse, as_json])  # fmt: skip
+
+    table = argparse.ArgumentParser(add_help=False)
+    table.add_argument("--table", required=True, metavar="PATH_OR_NAME",
+                       help="a Delta table's path or URI, a path under the warehouse (refined/TOPIC), or a catalog name")
+    compact = _add(commands, "optimize", optimize, "compact a Delta table's small files, optionally Z-ordered",
+                   [warehouse, table])  # fmt: skip
+    compact.add_argument("--zorder-by", metavar="COLUMN,...", help="cluster the rows by these columns (Z-order)")
+    clean = _add(commands, "vacuum", vacuum, "delete files older versions of a Delta table no longer need", [warehouse, table])
+    clean.add_argument("--retain-hours", type=float, metavar="N", help="keep the files that versions of the last N hours need "
+                       "(default: the table's retention, 168); below 168 is refused unless overridden")  # fmt: skip
+    clean.add_argument("--i-know-vacuum-below-retention-loses-time-travel", action="store_true",
+                       help="allow a retention below 168 hours (never on raw tables)")
 
     jar_commands = commands.add_parser("jars", help="JVM dependencies").add_subparsers(
         dest="action", required=True, metavar="ACTION"
