@@ -238,6 +238,8 @@ def _incremental(
         return shape
     if versions is None or shape.source not in refreshed:
         return "the last refresh recorded no version of the source"
+    if versions[shape.source] < refreshed[shape.source]:
+        return "the source's version went back (the table was recreated)"
     try:
         changes = (
             spark.read.format("delta").option("readChangeFeed", "true")

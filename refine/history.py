@@ -28,13 +28,14 @@ from __future__ import annotations
 from enum import Enum
 
 from delta.tables import DeltaTable
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, StructField, StructType
 from pydantic import Field, model_validator
 
 from cdc.config import _Strict
 from cdc.errors import ConfigError
+from refine.envelope import Op
 from refine.merge import ensure_refined_table
 
 VALID_FROM, VALID_TO, IS_CURRENT, IS_DELETED = "_cdc_valid_from", "_cdc_valid_to", "_cdc_is_current", "_cdc_is_deleted"
@@ -47,6 +48,11 @@ class ChangeOp(str, Enum):
 
     UPSERT = "upsert"
     DELETE = "delete"
+
+
+def op_of_debezium(op: Column) -> Column:
+    """The ChangeOp of a Debezium op (``d`` deletes; ``c``, ``u``, ``r`` upsert), e.g. of a refined row's ``_cdc_op``."""
+    return F.when(op == Op.DELETE.value, F.lit(ChangeOp.DELETE.value)).otherwise(F.lit(ChangeOp.UPSERT.value))
 
 
 class HistorySpec(_Strict):

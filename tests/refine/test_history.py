@@ -4,10 +4,11 @@ from datetime import datetime, timedelta
 
 import pytest
 from delta.tables import DeltaTable
+from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from cdc.errors import ConfigError
-from refine.history import HistorySpec, apply_history
+from refine.history import HistorySpec, apply_history, op_of_debezium
 
 SPEC = HistorySpec(key_columns=["id"], position_columns=["seq"], valid_from_column="changed_at")
 CHANGES = "id long, seq long, name string, changed_at timestamp, op string"
@@ -112,3 +113,8 @@ def test_a_missing_column_is_a_config_error(spark, tmp_path):
     changes = spark.createDataFrame([change(1, 1, "a")], CHANGES).drop("seq")
     with pytest.raises(ConfigError, match="no position column 'seq'"):
         apply_history(spark, str(tmp_path / "history"), changes, SPEC)
+
+
+def test_debezium_ops_map_to_upserts_and_deletes(spark):
+    ops = spark.createDataFrame([("c",), ("u",), ("r",), ("d",)], "op string").select(op_of_debezium(F.col("op")))
+    assert [row[0] for row in ops.collect()] == ["upsert", "upsert", "upsert", "delete"]
