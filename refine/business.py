@@ -11,7 +11,7 @@ config registers (name -> Delta location). Each refresh is one of:
   aggregate one of ``count``, ``sum``, ``min``, ``max``, ``avg`` and every expression deterministic,
   no ``HAVING``, no subquery. Then only the groups whose keys appear in the table's Change Data
   Feed since the last refreshed version (before and after images, so a row moving between groups
-  refreshes both) are recomputed from the table's current rows and MERGEd: a group that is gone is
+  refreshes both) are recomputed from the table's current rows (only theirs are aggregated) and MERGEd: a group that is gone is
   deleted. Since whole groups are recomputed, min and max stay exact under updates and deletes;
 - **full** otherwise (joins, windows, unions, a changed query, the first refresh, a Change Data Feed
   that no longer covers the versions): the query's result atomically overwrites the table.
@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import Enum
@@ -258,10 +259,26 @@ def _same_keys(left: str, right: str, keys: list[str]):
     return [F.col(f"{left}.`{key}`").eqNullSafe(F.col(f"{right}.`{key}`")) for key in keys]
 
 
+def changed_groups(spark: SparkSession, result: DataFrame, changed: DataFrame, keys: list[str]) -> DataFrame:
+    """``result``'s rows of the ``changed`` groups (keys compared null-safely). Written as a correlated
+    EXISTS, which Spark turns into a semi-join below the aggregate: only those groups' rows are read
+    and aggregated (a DataFrame semi-join above it would aggregate the whole table first)."""
+    suffix = uuid.uuid4().hex
+    result_view, changed_view = f"_cdc_result_{suffix}", f"_cdc_changed_{suffix}"
+    result.createOrReplaceTempView(result_view)
+    changed.createOrReplaceTempView(changed_view)
+    try:
+        match = " AND ".join(f"c.`{key}` <=> r.`{key}`" for key in keys)
+        return spark.sql(f"SELECT * FROM {result_view} r WHERE EXISTS (SELECT 1 FROM {changed_view} c WHERE {match})")
+    finally:  # the returned DataFrame holds the views' plans
+        spark.catalog.dropTempView(result_view)
+        spark.catalog.dropTempView(changed_view)
+
+
 def merge_changed_groups(spark: SparkSession, location: str, result: DataFrame, changed: DataFrame, keys: list[str]) -> None:
     """Replace the business table's rows of the ``changed`` groups by their recomputed ``result`` rows
     (a group with no result row any more is deleted). Grouping keys compare null-safely."""
-    recomputed = result.alias("r").join(changed.alias("c"), _same_keys("r", "c", keys), "left_semi")
+    recomputed = changed_groups(spark, result, changed, keys)
     values = [column for column in result.columns if column not in keys]
     updates = changed.alias("c").join(
         recomputed.withColumn("_present", F.lit(True)).alias("r"), _same_keys("c", "r", keys), "left"

@@ -8,7 +8,13 @@ from delta.tables import DeltaTable
 from pyspark.testing import assertDataFrameEqual
 
 from cdc.raw.config import AvailableNow, Continuous
-from refine.business import BusinessTableConfig, RefreshMode, refresh_business_table, run_business_tables
+from refine.business import (
+    BusinessTableConfig,
+    RefreshMode,
+    changed_groups,
+    refresh_business_table,
+    run_business_tables,
+)
 
 SESSIONS = "player string, session_id long, started_at timestamp"
 PER_PLAYER = (
@@ -109,3 +115,14 @@ def test_the_loop_refreshes_on_its_interval_until_stopped(spark, tmp_path):
     assert not loop.is_alive()
     assert lines[0].startswith("business per_player: incremental refresh")
     assertDataFrameEqual(table(spark, config.location), spark.sql(PER_PLAYER))
+
+
+def test_only_the_changed_groups_are_aggregated(spark, tmp_path):
+    source = str(tmp_path / "sessions")
+    refined_sessions(spark, source)
+    spark.read.format("delta").load(source).createOrReplaceTempView("sessions")
+    changed = spark.createDataFrame([("ann",), (None,)], "player string")
+    groups = changed_groups(spark, spark.sql(PER_PLAYER), changed, ["player"])
+    assertDataFrameEqual(groups, spark.sql(PER_PLAYER).where("player = 'ann' OR player IS NULL"))
+    plan = groups._jdf.queryExecution().optimizedPlan().toString()
+    assert plan.index("Aggregate") < plan.index("LeftSemi"), plan  # the semi-join runs below the aggregate
