@@ -179,13 +179,16 @@ def graph(args: argparse.Namespace, settings: Settings) -> int:
 def status(args: argparse.Namespace, settings: Settings) -> int:
     from cdc.config import KafkaConnection
     from cdc.spark import build_spark_session
-    from cdc.status import raw_table_statuses
+    from cdc.status import expectation_totals, raw_table_statuses
     from cdc.storage import normalize_location
 
     kafka = validate(KafkaConnection, kafka_settings(settings), "Kafka settings")
-    tables = raw_table_statuses(build_spark_session(settings.spark), normalize_location(settings.warehouse), kafka)
+    spark, warehouse = build_spark_session(settings.spark), normalize_location(settings.warehouse)
+    tables = raw_table_statuses(spark, warehouse, kafka)
+    expectations = expectation_totals(spark, warehouse)
     if args.json:
-        print(json.dumps({"raw_tables": [table.as_dict() for table in tables]}, indent=2))
+        print(json.dumps({"raw_tables": [table.as_dict() for table in tables],
+                          "expectations": [total.as_dict() for total in expectations]}, indent=2))  # fmt: skip
         return 0
     print(f"{'raw table':<32} {'version':>7} {'rows':>12} {'gaps':>4} {'quarantined':>11}  partitions (consumed/end, lag)")
     for table in tables:
@@ -195,6 +198,37 @@ def status(args: argparse.Namespace, settings: Settings) -> int:
         )
         print(f"{table.topic:<32} {table.version:>7} {table.rows:>12,} {table.recorded_gaps:>4} {table.quarantined:>11,}  "
               f"{partitions}")  # fmt: skip
+    if expectations:
+        print(f"\n{'table':<40} {'expectation':<24} {'action':<6} {'batches':>7} {'passed':>12} {'failed':>10}")
+    for total in expectations:
+        print(f"{total.table:<40} {total.expectation:<24} {total.action:<6} {total.batches:>7} {total.passed:>12,} "
+              f"{total.failed:>10,}")  # fmt: skip
+    return 0
+
+
+def optimize(args: argparse.Namespace, settings: Settings) -> int:
+    from cdc.maintenance import optimize_table, resolve_table
+    from cdc.spark import build_spark_session
+    from cdc.storage import normalize_location
+
+    spark = build_spark_session(settings.spark)
+    location = resolve_table(spark, args.table, normalize_location(settings.warehouse))
+    zorder_by = [column.strip() for column in (args.zorder_by or "").split(",") if column.strip()]
+    result = optimize_table(spark, location, zorder_by)
+    print(f"optimized {location}: {result.files_removed} files compacted into {result.files_added}"
+          + (f", Z-ordered by {', '.join(zorder_by)}" if zorder_by else ""))  # fmt: skip
+    return 0
+
+
+def vacuum(args: argparse.Namespace, settings: Settings) -> int:
+    from cdc.maintenance import resolve_table, vacuum_table
+    from cdc.spark import build_spark_session
+    from cdc.storage import normalize_location
+
+    spark = build_spark_session(settings.spark)
+    location = resolve_table(spark, args.table, normalize_location(settings.warehouse))
+    vacuum_table(spark, location, args.retain_hours, args.i_know_vacuum_below_retention_loses_time_travel)
+    print(f"vacuumed {location}" + ("" if args.retain_hours is None else f" (retained {args.retain_hours:g} hours)"))
     return 0
 
 
@@ -300,8 +334,20 @@ def build_parser() -> argparse.ArgumentParser:
     drawing.add_argument("file", type=Path, help="the pipeline file (YAML)")
     drawing.add_argument("-o", "--output", type=Path, required=True, help="OUT.html (a page) or OUT.svg (an image)")
 
-    _add(commands, "status", status, "list raw tables: Delta version, rows, consumed vs end offsets (lag)",
+    _add(commands, "status", status, "list raw tables (Delta version, rows, consumed vs end offsets: lag) and expectation totals",
          [warehouse, as_json])  # fmt: skip
+
+    table = argparse.ArgumentParser(add_help=False)
+    table.add_argument("--table", required=True, metavar="PATH_OR_NAME",
+                       help="a Delta table's path or URI, a path under the warehouse (refined/TOPIC), or a catalog name")
+    compact = _add(commands, "optimize", optimize, "compact a Delta table's small files, optionally Z-ordered",
+                   [warehouse, table])  # fmt: skip
+    compact.add_argument("--zorder-by", metavar="COLUMN,...", help="cluster the rows by these columns (Z-order)")
+    clean = _add(commands, "vacuum", vacuum, "delete files older versions of a Delta table no longer need", [warehouse, table])
+    clean.add_argument("--retain-hours", type=float, metavar="N", help="keep the files that versions of the last N hours need "
+                       "(default: the table's retention, 168); below 168 is refused unless overridden")  # fmt: skip
+    clean.add_argument("--i-know-vacuum-below-retention-loses-time-travel", action="store_true",
+                       help="allow a retention below 168 hours (never on raw tables)")
 
     jar_commands = commands.add_parser("jars", help="JVM dependencies").add_subparsers(
         dest="action", required=True, metavar="ACTION"

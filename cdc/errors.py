@@ -87,3 +87,9 @@ class StreamError(CdcError):
     """A streaming job stopped on an error inside Spark."""
 
     exit_code = 9
+
+
+class ExpectationError(CdcError):
+    """Rows broke an expectation whose action is ``fail``: names the table, the expectation and an offending key."""
+
+    exit_code = 10

@@ -1,4 +1,4 @@
-"""`cdc status`: what each raw table holds and how far it is behind its topic."""
+"""`cdc status`: what each raw table holds and how far it is behind its topic; expectation totals."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from cdc.raw.table import (
 )
 from cdc.source import KafkaTopics
 from cdc.storage import Storage
+from refine.expectations import expectations_location
 from refine.quarantine import quarantine_location
 
 
@@ -58,7 +59,7 @@ def raw_table_statuses(spark: SparkSession, warehouse: str, kafka: KafkaConnecti
         if (topic := raw_table_topic(spark, location)) is not None:
             topics[topic] = location
     try:
-        held = KafkaTopics(kafka).offsets(sorted(topics))
+        held = KafkaTopics(kafka).offsets(sorted(topics)) if topics else {}
     except SourceError:
         held = {}  # still report the tables; lag is unknown
     gaps = _counts_by(spark, gaps_table_location(warehouse), "table")
@@ -82,6 +83,32 @@ def raw_table_statuses(spark: SparkSession, warehouse: str, kafka: KafkaConnecti
             )
         )
     return statuses
+
+
+@dataclass(frozen=True)
+class ExpectationTotal:
+    table: str
+    expectation: str
+    action: str
+    batches: int
+    passed: int
+    failed: int
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def expectation_totals(spark: SparkSession, warehouse: str) -> list[ExpectationTotal]:
+    """Rows passed and failed per table and expectation, over every recorded batch."""
+    location = expectations_location(warehouse)
+    if not is_delta_table(spark, location):
+        return []
+    totals = (
+        spark.read.format("delta").load(location).groupBy("table", "expectation", "action")
+        .agg(F.count("*").alias("batches"), F.sum("passed").alias("passed"), F.sum("failed").alias("failed"))
+        .orderBy("table", "expectation")
+    )  # fmt: skip
+    return [ExpectationTotal(**row.asDict()) for row in totals.collect()]  # one row per expectation
 
 
 def _counts_by(spark: SparkSession, table: str, column: str) -> dict[str, int]:

@@ -46,12 +46,13 @@ def refined_rows(latest: DataFrame, columns: list[str]) -> DataFrame:
     )
 
 
-def ensure_refined_table(spark: SparkSession, location: str, schema: StructType) -> None:
-    """Create the table, or add the columns the source gained; refuse a column whose type changed."""
+def ensure_refined_table(spark: SparkSession, location: str, schema: StructType, kind: str = "refined") -> None:
+    """Create the table (Change Data Feed on, ``cdc.kind=kind``), or add the columns the source gained;
+    refuse a column whose type changed."""
     if not is_delta_table(spark, location):
         (
             DeltaTable.createIfNotExists(spark).location(location).addColumns(schema)
-            .property("delta.enableChangeDataFeed", "true").property(KIND_PROPERTY, "refined")
+            .property("delta.enableChangeDataFeed", "true").property(KIND_PROPERTY, kind)
             .execute()
         )  # fmt: skip
         return

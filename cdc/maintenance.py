@@ -1,0 +1,89 @@
+"""Table maintenance: compaction (optionally Z-ordered) and VACUUM with a safe retention floor.
+
+VACUUM deletes the files no version younger than the retention still references: time travel to
+older versions, and streaming readers (refinement reads raw tables' Change Data Feed) still behind
+them, break. So a retention below :data:`SAFE_RETENTION_HOURS` (Delta's own default, 7 days) is
+refused unless explicitly overridden, and never allowed on raw tables, whose files may be the only
+copy of their topic's records.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from delta.tables import DeltaTable
+from pyspark.errors import AnalysisException
+from pyspark.sql import SparkSession
+
+from cdc.errors import ConfigError, TableError
+from cdc.raw.table import KIND_PROPERTY, RAW_KIND, is_delta_table
+from cdc.storage import normalize_location
+
+SAFE_RETENTION_HOURS = 168.0
+OVERRIDE_FLAG = "--i-know-vacuum-below-retention-loses-time-travel"
+_RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
+
+
+def resolve_table(spark: SparkSession, table: str, warehouse: str) -> str:
+    """The location of ``table``: a path or URI of a Delta table, a path under the warehouse
+    (``refined/demo.shop.customers``), or a catalog table's name."""
+    for location in (normalize_location(table), f"{warehouse}/{table.strip('/')}"):
+        if is_delta_table(spark, location):
+            return location
+    try:
+        if spark.catalog.tableExists(table):
+            return spark.sql(f"DESCRIBE DETAIL {table}").select("location").head()[0]
+    except AnalysisException:  # not a table name either (a path)
+        pass
+    raise TableError("no Delta table at this path, under the warehouse or by this name", table=table, warehouse=warehouse)
+
+
+@dataclass(frozen=True)
+class OptimizeResult:
+    files_removed: int
+    files_added: int
+
+
+def optimize_table(spark: SparkSession, location: str, zorder_by: list[str] | None = None) -> OptimizeResult:
+    """Compact the table's small files; with ``zorder_by``, cluster rows by those columns (Z-order)."""
+    table = DeltaTable.forPath(spark, location)
+    if zorder_by:
+        detail = table.detail().select("partitionColumns").head()[0]
+        columns = table.toDF().columns
+        for column in zorder_by:
+            if column not in columns or column in detail:
+                why = "is a partition column" if column in detail else f"is not a column (columns: {', '.join(columns)})"
+                raise ConfigError(f"cannot Z-order by {column!r}: it {why}", table=location)
+        metrics = table.optimize().executeZOrderBy(*zorder_by).head().metrics
+    else:
+        metrics = table.optimize().executeCompaction().head().metrics
+    return OptimizeResult(metrics.numFilesRemoved, metrics.numFilesAdded)
+
+
+def vacuum_table(
+    spark: SparkSession, location: str, retain_hours: float | None = None, below_safe_minimum: bool = False
+) -> None:
+    """Delete files no version within ``retain_hours`` (default: the table's retention) references.
+
+    Below SAFE_RETENTION_HOURS: a ConfigError unless ``below_safe_minimum``; always on raw tables.
+    """
+    if retain_hours is not None and retain_hours < 0:
+        raise ConfigError("the retention cannot be negative", table=location, retain_hours=retain_hours)
+    table = DeltaTable.forPath(spark, location)
+    if retain_hours is None or retain_hours >= SAFE_RETENTION_HOURS:
+        table.vacuum(retain_hours)
+        return
+    if table.detail().select("properties").head()[0].get(KIND_PROPERTY) == RAW_KIND:
+        raise ConfigError(f"refusing to vacuum a raw table with a retention below {SAFE_RETENTION_HOURS:g} hours: "
+                          "its files may be the only copy of the topic's records", table=location,
+                          retain_hours=retain_hours)  # fmt: skip
+    if not below_safe_minimum:
+        raise ConfigError(f"refusing a retention below the safe minimum of {SAFE_RETENTION_HOURS:g} hours: time travel "
+                          f"and streaming readers behind it would break; {OVERRIDE_FLAG} allows it",
+                          table=location, retain_hours=retain_hours)  # fmt: skip
+    previous = spark.conf.get(_RETENTION_CHECK, "true")
+    spark.conf.set(_RETENTION_CHECK, "false")  # Delta's own guard, lifted for this call only
+    try:
+        table.vacuum(retain_hours)
+    finally:
+        spark.conf.set(_RETENTION_CHECK, previous)

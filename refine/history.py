@@ -1,0 +1,152 @@
+"""SCD type 2: a history table keeping every version of each keyed row, maintained by MERGE.
+
+Input: a batch of changes, one row per change, holding the key columns, the row's columns, the
+change's source position (one or more columns that order a key's changes, e.g. ``_cdc_lsn``,
+``_cdc_offset``) and an op column (:class:`ChangeOp`: ``upsert`` or ``delete``).
+
+The history table holds the changes' columns (without the op column) and:
+
+- ``_cdc_valid_from``: when the version became valid (the value of the spec's ``valid_from_column``,
+  by default the first position column; e.g. ``_cdc_committed_at``);
+- ``_cdc_valid_to``: when it stopped being valid: the next version's ``_cdc_valid_from``, or the
+  delete's; null while it is current;
+- ``_cdc_is_current``: true for the one current version of a key that exists (never for a deleted key);
+- ``_cdc_is_deleted``: true for a delete's marker row. A delete closes the version before it and is
+  kept as a zero-length version (``_cdc_valid_to = _cdc_valid_from``), so a late change is still
+  placed before or after it; the marker never matches an as-of query.
+
+The row valid at time ``t``: ``_cdc_valid_from <= t AND (_cdc_valid_to IS NULL OR t < _cdc_valid_to)``.
+
+Order is the source position, never arrival: a change that arrives late is inserted in its place and
+its neighbours' validity is adjusted; a change already in the table (same key and position) changes
+nothing, so replays and reruns are harmless. Keys and positions must not be null; valid-from values
+should grow with the position (they do for a database's commit times).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from delta.tables import DeltaTable
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql.types import BooleanType, StructField, StructType
+from pydantic import Field, model_validator
+
+from cdc.config import _Strict
+from cdc.errors import ConfigError
+from refine.envelope import Op
+from refine.merge import ensure_refined_table
+
+VALID_FROM, VALID_TO, IS_CURRENT, IS_DELETED = "_cdc_valid_from", "_cdc_valid_to", "_cdc_is_current", "_cdc_is_deleted"
+HISTORY_COLUMNS = (VALID_FROM, VALID_TO, IS_CURRENT, IS_DELETED)
+HISTORY_KIND = "history"
+
+
+class ChangeOp(str, Enum):
+    """What a change does to its key: a new version of the row, or its deletion."""
+
+    UPSERT = "upsert"
+    DELETE = "delete"
+
+
+def op_of_debezium(op: Column) -> Column:
+    """The ChangeOp of a Debezium op (``d`` deletes; ``c``, ``u``, ``r`` upsert), e.g. of a refined row's ``_cdc_op``."""
+    return F.when(op == Op.DELETE.value, F.lit(ChangeOp.DELETE.value)).otherwise(F.lit(ChangeOp.UPSERT.value))
+
+
+class HistorySpec(_Strict):
+    """Which columns of a batch of changes identify, order and date a row's versions."""
+
+    key_columns: list[str] = Field(min_length=1, description="The columns identifying a row (its primary key).")
+    position_columns: list[str] = Field(
+        min_length=1, description="The source position ordering a key's changes, most significant first."
+    )
+    valid_from_column: str | None = Field(
+        default=None, description="The column whose value starts a version's validity; default the first position column."
+    )
+    op_column: str = Field(default="op", description="The column holding the change's ChangeOp: 'upsert' or 'delete'.")
+
+    @model_validator(mode="after")
+    def _distinct_roles(self) -> HistorySpec:
+        if self.op_column in (*self.key_columns, *self.position_columns):
+            raise ValueError(f"op_column {self.op_column!r} cannot also be a key or position column")
+        return self
+
+    @property
+    def valid_from(self) -> str:
+        return self.valid_from_column or self.position_columns[0]
+
+    @property
+    def version_columns(self) -> list[str]:
+        """What identifies one version: the key and the position."""
+        return [*self.key_columns, *self.position_columns]
+
+    def check_columns(self, changes: DataFrame) -> None:
+        """ConfigError naming a column the spec needs that the changes lack, or a reserved name they use."""
+        names = set(changes.columns)
+        for role, column in [*(("key column", c) for c in self.key_columns),
+                             *(("position column", c) for c in self.position_columns),
+                             ("valid-from column", self.valid_from), ("op column", self.op_column)]:  # fmt: skip
+            if column not in names:
+                raise ConfigError(f"the changes have no {role} {column!r}", columns=", ".join(changes.columns))
+        if reserved := names & set(HISTORY_COLUMNS):
+            raise ConfigError(f"the changes use columns reserved for the history table: {', '.join(sorted(reserved))}")
+
+
+def arriving_versions(changes: DataFrame, spec: HistorySpec) -> DataFrame:
+    """The batch's changes as version rows: op column replaced by ``_cdc_valid_from`` and
+    ``_cdc_is_deleted``; a change repeated in the batch (same key and position) kept once."""
+    columns = [c for c in changes.columns if c != spec.op_column]
+    return changes.select(
+        *columns,
+        F.col(spec.valid_from).alias(VALID_FROM),
+        (F.col(spec.op_column) == ChangeOp.DELETE.value).alias(IS_DELETED),
+    ).dropDuplicates(spec.version_columns)
+
+
+def history_updates(existing: DataFrame, arriving: DataFrame, spec: HistorySpec) -> DataFrame:
+    """The rows to MERGE into the history table (pure): arriving versions it does not hold yet, and
+    held versions whose validity changes, each with its ``_cdc_valid_to`` and ``_cdc_is_current``.
+
+    ``existing`` is the history table's versions of the arriving keys (all of them: a late change's
+    neighbours can be anywhere in the key's history)."""
+    fresh = arriving.join(existing.select(*spec.version_columns), spec.version_columns, "left_anti")
+    timeline = existing.withColumns(
+        {"_held": F.lit(True), "_held_to": F.col(VALID_TO), "_held_current": F.col(IS_CURRENT)}
+    ).drop(VALID_TO, IS_CURRENT).unionByName(fresh.withColumn("_held", F.lit(False)), allowMissingColumns=True)
+    order = Window.partitionBy(*spec.key_columns).orderBy(*spec.position_columns)
+    is_last = F.lead(F.lit(True)).over(order).isNull()
+    deleted = F.col(IS_DELETED)
+    updated = timeline.withColumns({
+        VALID_TO: F.when(deleted, F.col(VALID_FROM)).otherwise(F.lead(VALID_FROM).over(order)),
+        IS_CURRENT: is_last & ~deleted,
+    })  # fmt: skip
+    changed = ~F.col("_held") | ~F.col(VALID_TO).eqNullSafe(F.col("_held_to")) | (F.col(IS_CURRENT) != F.col("_held_current"))
+    return updated.where(changed).drop("_held", "_held_to", "_held_current")
+
+
+def apply_history(spark: SparkSession, location: str, changes: DataFrame, spec: HistorySpec) -> None:
+    """MERGE a batch of changes into the history table at ``location`` (created on first use, with
+    Change Data Feed on and ``cdc.kind=history``; columns the changes gained are added)."""
+    spec.check_columns(changes)
+    arriving = arriving_versions(changes, spec)
+    schema = StructType([
+        *(StructField(f.name, f.dataType) for f in arriving.schema if f.name != IS_DELETED),
+        StructField(VALID_TO, arriving.schema[VALID_FROM].dataType),
+        StructField(IS_CURRENT, BooleanType()),
+        StructField(IS_DELETED, BooleanType()),
+    ])  # fmt: skip
+    ensure_refined_table(spark, location, schema, kind=HISTORY_KIND)
+    history = spark.read.format("delta").load(location)
+    existing = history.join(arriving.select(*spec.key_columns).distinct(), spec.key_columns, "left_semi")
+    updates = history_updates(existing, arriving, spec)
+    same_version = " AND ".join(f"t.`{c}` = s.`{c}`" for c in spec.version_columns)
+    (
+        DeltaTable.forPath(spark, location).alias("t")
+        .merge(updates.alias("s"), same_version)
+        .whenMatchedUpdate(set={VALID_TO: F.col(f"s.{VALID_TO}"), IS_CURRENT: F.col(f"s.{IS_CURRENT}")})
+        .whenNotMatchedInsert(values={f"`{f.name}`": F.col(f"s.`{f.name}`") for f in updates.schema})
+        .execute()
+    )  # fmt: skip
+
