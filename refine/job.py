@@ -27,6 +27,7 @@ from cdc.streaming import failure, with_trigger
 from refine.envelope import ConnectSchema, Op
 from refine.latest import latest_per_key
 from refine.merge import merge_changes, refined_rows
+from refine.mongo import is_mongo, refine_mongo_batch
 from refine.parse import parse_changes
 from refine.quarantine import quarantine, quarantine_location
 
@@ -97,6 +98,10 @@ class RefineBatch:
         schemas = [row for row in summary if row.value_schema]
         if not schemas:
             return  # only tombstones: their deletes came before them
+        if is_mongo(ConnectSchema.model_validate_json(schemas[-1].value_schema)):
+            refine_mongo_batch(spark, records, refined=self.refined, raw=self.raw, topic=self.config.table,
+                               quarantine_at=quarantine_location(self.config.warehouse))  # fmt: skip
+            return
         value_schema = merged_schema([ConnectSchema.model_validate_json(row.value_schema) for row in schemas])
         key_texts = [row.key_schema for row in schemas if row.key_schema]
         if not key_texts:

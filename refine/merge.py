@@ -26,6 +26,15 @@ from refine.toast import placeholder
 
 LSN, OFFSET, COMMITTED_AT, OP, REFINED_AT = "_cdc_lsn", "_cdc_offset", "_cdc_committed_at", "_cdc_op", "_cdc_refined_at"
 METADATA_COLUMNS = (LSN, OFFSET, COMMITTED_AT, OP, REFINED_AT)
+POSITION = (LSN, OFFSET)  # a Postgres row's source position, compared in this order
+
+
+def at_or_after(position: tuple[str, ...], source: str = "s", target: str = "t") -> str:
+    """SQL: ``source``'s position is at or after ``target``'s, comparing the columns in order."""
+    first, *rest = position
+    if not rest:
+        return f"{source}.{first} >= {target}.{first}"
+    return f"({source}.{first} > {target}.{first} OR ({source}.{first} = {target}.{first} AND {at_or_after(tuple(rest), source, target)}))"
 
 
 def refined_rows(latest: DataFrame, columns: list[str]) -> DataFrame:
@@ -72,10 +81,12 @@ def merge_changes(
     rows: DataFrame,
     key_columns: list[str],
     truncated_at: tuple[int, int] | None,
+    position: tuple[str, ...] = POSITION,
 ) -> None:
-    """Apply one batch's last change per key (and a truncate, if the batch had one)."""
+    """Apply one batch's last change per key (and a truncate, if the batch had one); a change applies
+    when its ``position`` columns are at or after the row's."""
     ensure_refined_table(spark, location, StructType([StructField(f.name, f.dataType) for f in rows.schema]))
-    newer = f"(s.{LSN} > t.{LSN} OR (s.{LSN} = t.{LSN} AND s.{OFFSET} >= t.{OFFSET}))"
+    newer = at_or_after(position)
     updates = {}
     for field in rows.schema:
         source = F.col(f"s.`{field.name}`")
