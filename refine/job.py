@@ -25,6 +25,7 @@ from cdc.raw.table import raw_table_location, raw_table_topic
 from cdc.storage import normalize_location
 from cdc.streaming import failure, with_trigger
 from refine.envelope import ConnectSchema, Op
+from refine.flattened import as_envelope, has_lsn, is_flattened, parse_flattened, remember_schema, remembered_schema
 from refine.latest import latest_per_key
 from refine.merge import merge_changes, refined_rows
 from refine.mongo import is_mongo, refine_mongo_batch
@@ -95,22 +96,29 @@ class RefineBatch:
             ))).alias("truncate"))
             .collect()
         )  # fmt: skip
-        schemas = [row for row in summary if row.value_schema]
-        if not schemas:
-            return  # only tombstones: their deletes came before them
-        if is_mongo(ConnectSchema.model_validate_json(schemas[-1].value_schema)):
+        schemas = [ConnectSchema.model_validate_json(row.value_schema) for row in summary if row.value_schema]
+        if schemas and is_mongo(schemas[-1]):
             refine_mongo_batch(spark, records, refined=self.refined, raw=self.raw, topic=self.config.table,
                                quarantine_at=quarantine_location(self.config.warehouse))  # fmt: skip
             return
-        value_schema = merged_schema([ConnectSchema.model_validate_json(row.value_schema) for row in schemas])
-        key_texts = [row.key_schema for row in schemas if row.key_schema]
+        schemas = schemas or [known for known in [remembered_schema(spark, self.refined)] if known]
+        if not schemas:
+            return  # only tombstones: their deletes came before them
+        flattened = is_flattened(schemas[-1])
+        value_schema = merged_schema([as_envelope(schema) if flattened else schema for schema in schemas])
+        key_texts = [row.key_schema for row in summary if row.key_schema]
         if not key_texts:
             raise TableError("tables without a primary key are not refined yet", table=self.raw)
         key_schema = ConnectSchema.model_validate_json(key_texts[-1])
         truncates = [tuple(row.truncate) for row in summary if row.truncate]
-        changes = parse_changes(records, key_schema, value_schema).persist()  # parsed once: quarantine and MERGE
+        changes = (
+            parse_flattened(records, key_schema, value_schema, has_lsn(schemas[-1])) if flattened
+            else parse_changes(records, key_schema, value_schema)
+        ).persist()  # parsed once: quarantine and MERGE
         try:
             self._apply(spark, records, changes, value_schema, key_schema, max(truncates) if truncates else None)
+            if flattened:
+                remember_schema(spark, self.refined, schemas[-1])
         finally:
             changes.unpersist()
 

@@ -15,10 +15,20 @@ from pyspark.sql.types import StructField, StructType
 from refine.decode import decode, decoded_type, json_type, undecodable
 from refine.envelope import TOMBSTONE, ConnectSchema, Op
 
-def _payload(text: Column, schema: ConnectSchema) -> Column:
+def wrapped_payload(text: Column, schema: ConnectSchema) -> Column:
     """The ``payload`` of JsonConverter's ``{schema, payload}`` wrapper, read as ``schema``."""
     wrapper = StructType([StructField("payload", json_type(schema))])
     return F.from_json(text, wrapper)["payload"]
+
+
+def decoding_problems(problem: Column, raw: str, decoded: str, row_schema: ConnectSchema, label: str = "") -> Column:
+    """``problem`` extended with the first field of struct column ``raw`` that did not decode into ``decoded``."""
+    for field in row_schema.fields or ():
+        problem = problem.when(
+            undecodable(F.col(f"{raw}.`{field.field}`"), F.col(f"{decoded}.`{field.field}`")),
+            F.lit(f"field {label}{field.field}: cannot decode the value as {decoded_type(field).simpleString()}"),
+        )
+    return problem
 
 
 def parse_changes(raw: DataFrame, key_schema: ConnectSchema | None, value_schema: ConnectSchema) -> DataFrame:
@@ -27,14 +37,14 @@ def parse_changes(raw: DataFrame, key_schema: ConnectSchema | None, value_schema
     ``value_schema`` is the envelope's Connect schema (``before``, ``after``, ``source``, ``op``...),
     ``key_schema`` the key's (None for a table without a primary key, whose keys are null).
     """
-    envelope = _payload(F.col("value"), value_schema)
+    envelope = wrapped_payload(F.col("value"), value_schema)
     row_schema = value_schema.field_named("after")
     parsed = raw.select(
         F.col("value"),
         F.col("partition").alias("kafka_partition"),
         F.col("offset").alias("kafka_offset"),
         envelope.alias("envelope"),
-        (_payload(F.col("key"), key_schema) if key_schema else F.lit(None)).alias("raw_key"),
+        (wrapped_payload(F.col("key"), key_schema) if key_schema else F.lit(None)).alias("raw_key"),
     )
     op = F.when(F.col("value").isNull(), F.lit(TOMBSTONE)).otherwise(F.col("envelope.op"))
     known_ops = [member.value for member in Op] + [TOMBSTONE]
@@ -49,11 +59,7 @@ def parse_changes(raw: DataFrame, key_schema: ConnectSchema | None, value_schema
         F.col("value").isNotNull() & F.col("envelope").isNull(), F.lit("value is not a Debezium JSON envelope")
     ).when(~F.col("op").isin(*known_ops) | F.col("op").isNull(), F.concat(F.lit("unknown op "), F.coalesce("op", F.lit("null"))))
     for image in ("before", "after"):
-        for field in row_schema.fields or ():
-            problem = problem.when(
-                undecodable(F.col(f"envelope.{image}.`{field.field}`"), F.col(f"{image}.`{field.field}`")),
-                F.lit(f"field {image}.{field.field}: cannot decode the value as {decoded_type(field).simpleString()}"),
-            )
+        problem = decoding_problems(problem, f"envelope.{image}", image, row_schema, f"{image}.")
     return decoded.select(
         "op",
         "key",
