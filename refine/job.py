@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Annotated
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pydantic import Field, field_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from cdc.config import _Strict
 from cdc.errors import StreamError, TableError
@@ -24,6 +25,7 @@ from cdc.raw.config import TOPIC_NAME, Continuous, Trigger
 from cdc.raw.table import raw_table_location, raw_table_topic
 from cdc.storage import normalize_location
 from cdc.streaming import failure, with_trigger
+from refine.columns import connect_type, declared_schemas, declared_types
 from refine.envelope import ConnectSchema, Op
 from refine.flattened import as_envelope, has_lsn, is_flattened, parse_flattened, remember_schema, remembered_schema
 from refine.latest import latest_per_key
@@ -33,17 +35,44 @@ from refine.parse import parse_changes
 from refine.quarantine import quarantine, quarantine_location
 
 
+def _readable_type(spark_type: str) -> str:
+    connect_type(spark_type)  # ValueError naming the type and the supported ones
+    return spark_type
+
+
+ColumnType = Annotated[str, AfterValidator(_readable_type)]
+
+
 class RefineJobConfig(_Strict):
     """One `cdc refine` run."""
 
     table: str = Field(pattern=TOPIC_NAME, description="The raw table to refine, named by its topic.")
     warehouse: str = Field(description="Root of the tables: a local path or an object-store URI.")
     trigger: Trigger = Field(default_factory=Continuous, description="Run once over what is there, or continuously.")
+    columns: dict[str, ColumnType] | None = Field(default=None, description=(
+        "Column types in Spark SQL (bigint, decimal(12,2), timestamp...). For values written without a schema "
+        "(schemas.enable=false) they are the row's schema, and `key` is required; with a schema they override "
+        "decoded types (e.g. a decimal.handling.mode=string column declared decimal(12,2)). See refine/columns.py."))
+    key: list[str] | None = Field(default=None, min_length=1, description=(
+        "The primary-key columns of a topic written without a schema (each one of `columns`)."))
 
     @field_validator("warehouse")
     @classmethod
     def _location(cls, warehouse: str) -> str:
         return normalize_location(warehouse)
+
+    @model_validator(mode="after")
+    def _key_in_columns(self) -> RefineJobConfig:
+        if self.key is not None:
+            missing = [name for name in self.key if name not in (self.columns or {})]
+            if missing:
+                raise ValueError(f"key: {', '.join(missing)} not among the declared columns")
+        return self
+
+
+def _payload_field(path: str) -> Column:
+    """A field of the value's payload, with or without the ``{schema, payload}`` wrapper."""
+    return F.coalesce(F.get_json_object("value", f"$.payload.{path}"), F.get_json_object("value", f"$.{path}"))
 
 
 def refined_table_location(warehouse: str, topic: str) -> str:
@@ -90,12 +119,16 @@ class RefineBatch:
         summary = (
             records.groupBy(F.get_json_object("value", "$.schema").alias("value_schema"),
                             F.get_json_object("key", "$.schema").alias("key_schema"))
-            .agg(F.max(F.when(F.get_json_object("value", "$.payload.op") == Op.TRUNCATE.value, F.struct(
-                F.get_json_object("value", "$.payload.source.lsn").try_cast("long").alias("lsn"),
+            .agg(F.max(F.when(_payload_field("op") == Op.TRUNCATE.value, F.struct(
+                _payload_field("source.lsn").try_cast("long").alias("lsn"),
                 F.col("offset").alias("offset"),
-            ))).alias("truncate"))
+            ))).alias("truncate"),
+                 F.count(F.when(F.get_json_object("value", "$.schema").isNull() & F.get_json_object("value", "$.op").isNotNull(), 1))
+                 .alias("schemaless"))  # bare envelopes
             .collect()
         )  # fmt: skip
+        if any(row.schemaless for row in summary):
+            return self._refine_schemaless(spark, records, summary)
         schemas = [ConnectSchema.model_validate_json(row.value_schema) for row in summary if row.value_schema]
         if schemas and is_mongo(schemas[-1]):
             refine_mongo_batch(spark, records, refined=self.refined, raw=self.raw, topic=self.config.table,
@@ -114,11 +147,27 @@ class RefineBatch:
         changes = (
             parse_flattened(records, key_schema, value_schema, has_lsn(schemas[-1])) if flattened
             else parse_changes(records, key_schema, value_schema)
-        ).persist()  # parsed once: quarantine and MERGE
+        )
+        changes = declared_types(changes, self.config.columns or {}).persist()  # parsed once: quarantine and MERGE
         try:
             self._apply(spark, records, changes, value_schema, key_schema, max(truncates) if truncates else None)
             if flattened:
                 remember_schema(spark, self.refined, schemas[-1])
+        finally:
+            changes.unpersist()
+
+    def _refine_schemaless(self, spark: SparkSession, records: DataFrame, summary: list) -> None:
+        """Values without the ``{schema, payload}`` wrapper: Postgres envelopes read with the declared columns."""
+        if not self.config.columns or not self.config.key:
+            raise TableError(
+                "the topic's values carry no schema (schemas.enable=false): declare the refined table's `columns` "
+                "(name: Spark type) and its `key` in the refine job's configuration", table=self.raw)  # fmt: skip
+        value_schema, key_schema = declared_schemas(self.config.columns, self.config.key)
+        truncates = [tuple(row.truncate) for row in summary if row.truncate]
+        changes = parse_changes(records, key_schema, value_schema, wrapped=False)
+        changes = declared_types(changes, self.config.columns).persist()
+        try:
+            self._apply(spark, records, changes, value_schema, key_schema, max(truncates) if truncates else None)
         finally:
             changes.unpersist()
 

@@ -31,20 +31,24 @@ def decoding_problems(problem: Column, raw: str, decoded: str, row_schema: Conne
     return problem
 
 
-def parse_changes(raw: DataFrame, key_schema: ConnectSchema | None, value_schema: ConnectSchema) -> DataFrame:
+def parse_changes(
+    raw: DataFrame, key_schema: ConnectSchema | None, value_schema: ConnectSchema, wrapped: bool = True
+) -> DataFrame:
     """Typed changes from raw rows (columns of :data:`cdc.raw.table.RAW_SCHEMA`).
 
     ``value_schema`` is the envelope's Connect schema (``before``, ``after``, ``source``, ``op``...),
-    ``key_schema`` the key's (None for a table without a primary key, whose keys are null).
+    ``key_schema`` the key's (None for a table without a primary key, whose keys are null);
+    ``wrapped``: key and value are JsonConverter's ``{schema, payload}`` (else the payload alone).
     """
-    envelope = wrapped_payload(F.col("value"), value_schema)
+    read = wrapped_payload if wrapped else lambda text, schema: F.from_json(text, json_type(schema))
+    envelope = read(F.col("value"), value_schema)
     row_schema = value_schema.field_named("after")
     parsed = raw.select(
         F.col("value"),
         F.col("partition").alias("kafka_partition"),
         F.col("offset").alias("kafka_offset"),
         envelope.alias("envelope"),
-        (wrapped_payload(F.col("key"), key_schema) if key_schema else F.lit(None)).alias("raw_key"),
+        (read(F.col("key"), key_schema) if key_schema else F.lit(None)).alias("raw_key"),
     )
     op = F.when(F.col("value").isNull(), F.lit(TOMBSTONE)).otherwise(F.col("envelope.op"))
     known_ops = [member.value for member in Op] + [TOMBSTONE]
