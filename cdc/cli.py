@@ -130,9 +130,12 @@ def refine(args: argparse.Namespace, settings: Settings) -> int:
     from cdc.spark import build_spark_session
     from refine.job import RefineJobConfig, run_refine_job
 
+    columns = dict(column.partition("=")[::2] for column in args.column or ())
     config = validate(RefineJobConfig, {
         "table": args.table,
         "warehouse": settings.warehouse,
+        "columns": columns or None,
+        "key": args.key,
         "trigger": {"kind": "available_now"} if args.available_now
         else {"kind": "continuous", "interval_s": args.trigger_interval or 2.0},
     }, "refine job settings")  # fmt: skip
@@ -251,6 +254,10 @@ def build_parser() -> argparse.ArgumentParser:
     refine_trigger.add_argument("--available-now", action="store_true", help="refine what is there, then stop")
     refine_trigger.add_argument("--trigger-interval", type=float, metavar="SECONDS",
                                 help="run continuously, a micro-batch every SECONDS (default 2)")  # fmt: skip
+    refining.add_argument("--column", action="append", metavar="NAME=TYPE",
+                          help="a column's Spark type (e.g. amount=decimal(12,2)): the row's schema for values written "
+                          "without one (then --key too), else an override of the decoded type; repeatable")
+    refining.add_argument("--key", action="append", metavar="NAME", help="a primary-key column of a schemaless topic; repeatable")
 
     _add(commands, "status", status, "list raw tables: Delta version, rows, consumed vs end offsets (lag)",
          [warehouse, as_json])  # fmt: skip

@@ -35,9 +35,9 @@ def resolve(column_types: StructType, path: str) -> list[Step]:
     steps: list[Step] = []
     data_type: DataType = column_types
     for segment in segments(path):
-        if isinstance(data_type, StructType):
+        if isinstance(data_type, (StructType, NullType)):  # a missing document is created
             steps.append(segment)
-            data_type = data_type[segment].dataType if segment in data_type.names else NullType()
+            data_type = data_type[segment].dataType if isinstance(data_type, StructType) and segment in data_type.names else NullType()
         elif isinstance(data_type, ArrayType) and segment.isdigit():
             steps.append(int(segment))
             data_type = data_type.elementType
