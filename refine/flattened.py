@@ -55,6 +55,18 @@ def as_envelope(row_schema: ConnectSchema) -> ConnectSchema:
     return ConnectSchema.model_validate({"type": "struct", "fields": [{**row, "field": "before"}, {**row, "field": "after"}]})
 
 
+def with_key_columns(value_schema: ConnectSchema, key_schema: ConnectSchema) -> ConnectSchema:
+    """``value_schema`` (from :func:`as_envelope`) with the key's fields the row lacks as columns:
+    ExtractNewDocumentState's rows have ``_id`` while MongoDB keys are ``{"id": ...}``."""
+    row = value_schema.field_named("after")
+    names = {f.field for f in row.fields or ()}
+    extra = [{**k.model_dump(exclude_none=True), "optional": True} for k in key_schema.fields or () if k.field not in names]
+    if not extra:
+        return value_schema
+    grown = {**row.model_dump(exclude_none=True), "fields": [f.model_dump(exclude_none=True) for f in row.fields or ()] + extra}
+    return ConnectSchema.model_validate({"type": "struct", "fields": [{**grown, "field": "before"}, {**grown, "field": "after"}]})
+
+
 def parse_flattened(raw: DataFrame, key_schema: ConnectSchema, value_schema: ConnectSchema, with_lsn: bool) -> DataFrame:
     """Typed changes from raw rows of a flattened topic; ``value_schema`` from :func:`as_envelope`,
     ``with_lsn``: the transform adds ``__lsn``."""
@@ -79,11 +91,14 @@ def parse_flattened(raw: DataFrame, key_schema: ConnectSchema, value_schema: Con
     before_it = F.max(F.when(F.col("value").isNotNull(), lsn)).over(by_key.rowsBetween(Window.unboundedPreceding, -1))
     tombstone_lsn = F.coalesce(before_it, F.lit(_MAX_LSN if with_lsn else 0).cast("long"))
     decoded = parsed.select("*", op.alias("op"), after.alias("decoded"))
-    # A tombstone's image is its key: the MERGE finds the row to delete by it.
-    image = F.when(F.col("value").isNull(), F.struct(*[
-        (F.col(f"key.`{f.field}`") if f.field in key_names else F.lit(None)).cast(decoded.schema["decoded"].dataType[f.field].dataType).alias(f.field)
+    # A tombstone's image is its key (the MERGE finds the row to delete by it); a key field the row
+    # lacks (see with_key_columns) comes from the key too.
+    image = F.when(F.col("value").isNull(), F.lit(None)).otherwise(F.col("decoded"))
+    image = F.struct(*[
+        (F.coalesce(image[f.field], F.col(f"key.`{f.field}`")) if f.field in key_names else image[f.field])
+        .cast(decoded.schema["decoded"].dataType[f.field].dataType).alias(f.field)
         for f in row_schema.fields or ()
-    ])).otherwise(F.col("decoded"))  # fmt: skip
+    ])  # fmt: skip
     problem = F.when(F.col("value").isNotNull() & F.col("row").isNull(), F.lit("value is not a JSON row"))
     problem = decoding_problems(problem, "row", "decoded", row_schema)
     return decoded.select(

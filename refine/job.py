@@ -27,7 +27,9 @@ from cdc.storage import normalize_location
 from cdc.streaming import failure, with_trigger
 from refine.columns import connect_type, declared_schemas, declared_types
 from refine.envelope import ConnectSchema, Op
-from refine.flattened import as_envelope, has_lsn, is_flattened, parse_flattened, remember_schema, remembered_schema
+from refine.flattened import (
+    as_envelope, has_lsn, is_flattened, parse_flattened, remember_schema, remembered_schema, with_key_columns,
+)
 from refine.latest import latest_per_key
 from refine.merge import merge_changes, refined_rows
 from refine.mongo import is_mongo, refine_mongo_batch
@@ -143,6 +145,7 @@ class RefineBatch:
         if not key_texts:
             raise TableError("tables without a primary key are not refined yet", table=self.raw)
         key_schema = ConnectSchema.model_validate_json(key_texts[-1])
+        value_schema = with_key_columns(value_schema, key_schema) if flattened else value_schema
         truncates = [tuple(row.truncate) for row in summary if row.truncate]
         changes = (
             parse_flattened(records, key_schema, value_schema, has_lsn(schemas[-1])) if flattened

@@ -55,7 +55,7 @@ from refine.extended_json import (
     to_variant,
     variant_type,
 )
-from refine.merge import COMMITTED_AT, METADATA_COLUMNS, OFFSET, OP, REFINED_AT, merge_changes
+from refine.merge import COMMITTED_AT, LSN, METADATA_COLUMNS, OFFSET, OP, REFINED_AT, merge_changes
 from refine.patch import apply_patch, leaf_type, path_type, resolve
 from refine.quarantine import quarantine
 
@@ -63,7 +63,7 @@ MONGO_SOURCE = "io.debezium.connector.mongo.Source"
 ID = "_id"
 TS_MS, ORD = "_cdc_ts_ms", "_cdc_ord"
 POSITION = (TS_MS, ORD, OFFSET)
-MONGO_METADATA_COLUMNS = (TS_MS, ORD, *[c for c in METADATA_COLUMNS if c != "_cdc_lsn"])
+MONGO_METADATA_COLUMNS = (TS_MS, ORD, *[c for c in METADATA_COLUMNS if c != LSN])
 
 # What the job reads of the envelope's payload (the connector's schema has more).
 _ENVELOPE = StructType([
