@@ -6,7 +6,9 @@ quarantine; the last change per key (by LSN, then offset) is MERGEd with positio
 job can be rerun or replayed any number of times.
 
 Supported so far: Debezium Postgres topics of tables with a primary key (snapshot reads, creates,
-updates with TOAST placeholders, deletes, tombstones, truncates, added columns).
+updates with TOAST placeholders, deletes, tombstones, truncates, added columns), with or without
+the ``{schema, payload}`` wrapper (:mod:`refine.columns`); MongoDB topics (:mod:`refine.mongo`);
+rows flattened by ExtractNewRecordState / ExtractNewDocumentState (:mod:`refine.flattened`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pyspark.sql import functions as F
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from cdc.config import _Strict
-from cdc.errors import StreamError, TableError
+from cdc.errors import CdcError, StreamError, TableError
 from cdc.raw.config import TOPIC_NAME, Continuous, Trigger
 from cdc.raw.table import raw_table_location, raw_table_topic
 from cdc.storage import normalize_location
@@ -105,6 +107,7 @@ class RefineBatch:
         self.config = config
         self.raw = raw_table_location(config.warehouse, config.table)
         self.refined = refined_table_location(config.warehouse, config.table)
+        self.error: CdcError | None = None
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         spark = batch.sparkSession
@@ -112,6 +115,9 @@ class RefineBatch:
         records = batch.where(F.col("_change_type") == "insert").persist()  # raw tables only append
         try:
             self._refine(spark, records)
+        except CdcError as error:
+            self.error = error  # raised again by run_refine_job: Spark's own message would bury it
+            raise
         finally:
             records.unpersist()
 
@@ -202,7 +208,7 @@ def run_refine_job(
         raise TableError("no raw table for this topic: run `cdc raw` first", table=raw)
     writer = (
         spark.readStream.format("delta").option("readChangeFeed", "true").option("startingVersion", 0).load(raw)
-        .writeStream.queryName(f"refine {config.table}").foreachBatch(RefineBatch(config))
+        .writeStream.queryName(f"refine {config.table}").foreachBatch(refine_batch := RefineBatch(config))
         .option("checkpointLocation", f"{config.warehouse}/_cdc/checkpoints/refine/{config.table}")
     )  # fmt: skip
     query = with_trigger(writer, config.trigger).start()
@@ -217,6 +223,8 @@ def run_refine_job(
                     changes += progress.numInputRows
                     say(f"refine {config.table} batch {progress.batchId}: {progress.numInputRows:,} changes")
         if (message := failure(query)) is not None:
+            if refine_batch.error is not None:
+                raise refine_batch.error
             raise StreamError(f"the refine stream stopped: {message.splitlines()[0]}", table=raw)
     finally:
         if query.isActive:

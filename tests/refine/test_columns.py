@@ -10,7 +10,7 @@ import pytest
 from pyspark.testing import assertDataFrameEqual
 
 from cdc.config import validate
-from cdc.errors import ConfigError, StreamError
+from cdc.errors import ConfigError, TableError
 from refine.job import RefineJobConfig, refined_table_location
 from refine.quarantine import quarantine_location
 
@@ -55,7 +55,7 @@ def test_schemaless_values_are_read_with_the_declared_columns(spark, kafka, land
     kafka.produce(topic, [(json.dumps(k).encode(), v and json.dumps(v).encode()) for k, v in changes()])
     warehouse = str(tmp_path)
 
-    with pytest.raises(StreamError, match="declare the refined table's `columns`"):
+    with pytest.raises(TableError, match="declare the refined table's `columns`"):
         land_and_refine(warehouse, topic)
 
     for _ in range(2):  # a rerun changes nothing
