@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import Annotated
 
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pydantic import AfterValidator, Field, field_validator, model_validator
@@ -216,7 +217,10 @@ def run_refine_job(
     changes = 0
     try:
         while query.isActive and not stop.is_set():
-            query.awaitTermination(0.5)
+            try:
+                query.awaitTermination(0.5)
+            except StreamingQueryException:
+                break  # reported below, by failure()
             for progress in query.recentProgress:
                 if progress.batchId not in seen and progress.numInputRows:
                     seen.add(progress.batchId)
