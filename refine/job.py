@@ -6,30 +6,47 @@ quarantine; the last change per key (by LSN, then offset) is MERGEd with positio
 job can be rerun or replayed any number of times.
 
 Supported so far: Debezium Postgres topics of tables with a primary key (snapshot reads, creates,
-updates with TOAST placeholders, deletes, tombstones, truncates, added columns).
+updates with TOAST placeholders, deletes, tombstones, truncates, added columns), with or without
+the ``{schema, payload}`` wrapper (:mod:`refine.columns`); MongoDB topics (:mod:`refine.mongo`);
+rows flattened by ExtractNewRecordState / ExtractNewDocumentState (:mod:`refine.flattened`).
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Annotated
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql import functions as F
-from pydantic import Field, field_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from cdc.config import _Strict
-from cdc.errors import StreamError, TableError
+from cdc.errors import CdcError, StreamError, TableError
 from cdc.raw.config import TOPIC_NAME, Continuous, Trigger
 from cdc.raw.table import raw_table_location, raw_table_topic
 from cdc.storage import normalize_location
 from cdc.streaming import failure, with_trigger
+from refine.columns import connect_type, declared_schemas, declared_types
 from refine.envelope import ConnectSchema, Op
+from refine.flattened import (
+    as_envelope, has_lsn, is_flattened, parse_flattened, remember_schema, remembered_schema, with_key_columns,
+)
 from refine.latest import latest_per_key
 from refine.merge import merge_changes, refined_rows
+from refine.mongo import is_mongo, refine_mongo_batch
 from refine.parse import parse_changes, wrapped_schema
 from refine.quarantine import quarantine, quarantine_location
+
+
+def _readable_type(spark_type: str) -> str:
+    connect_type(spark_type)  # ValueError naming the type and the supported ones
+    return spark_type
+
+
+ColumnType = Annotated[str, AfterValidator(_readable_type)]
 
 
 class RefineRun(_Strict):
@@ -44,6 +61,11 @@ class RefineRun(_Strict):
         return normalize_location(warehouse)
 
 
+def _payload_field(path: str) -> Column:
+    """A field of the value's payload, with or without the ``{schema, payload}`` wrapper."""
+    return F.coalesce(F.get_json_object("value", f"$.payload.{path}"), F.get_json_object("value", f"$.{path}"))
+
+
 class RefineJobConfig(RefineRun):
     """One `cdc refine` run of a Debezium topic."""
 
@@ -52,10 +74,24 @@ class RefineJobConfig(RefineRun):
         default=None, pattern=TOPIC_NAME,
         description="The refined table's name, <warehouse>/refined/<name> (and its checkpoint's); default the topic.",
     )  # fmt: skip
+    columns: dict[str, ColumnType] | None = Field(default=None, description=(
+        "Column types in Spark SQL (bigint, decimal(12,2), timestamp...). For values written without a schema "
+        "(schemas.enable=false) they are the row's schema, and `key` is required; with a schema they override "
+        "decoded types (e.g. a decimal.handling.mode=string column declared decimal(12,2)). See refine/columns.py."))
+    key: list[str] | None = Field(default=None, min_length=1, description=(
+        "The primary-key columns of a topic written without a schema (each one of `columns`)."))
 
     @property
     def target(self) -> str:
         return self.name or self.table
+
+    @model_validator(mode="after")
+    def _key_in_columns(self) -> RefineJobConfig:
+        if self.key is not None:
+            missing = [name for name in self.key if name not in (self.columns or {})]
+            if missing:
+                raise ValueError(f"key: {', '.join(missing)} not among the declared columns")
+        return self
 
 
 def refined_table_location(warehouse: str, topic: str) -> str:
@@ -86,6 +122,7 @@ class RefineBatch:
         self.config = config
         self.raw = raw_table_location(config.warehouse, config.table)
         self.refined = refined_table_location(config.warehouse, config.target)
+        self.error: CdcError | None = None
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         spark = batch.sparkSession
@@ -93,6 +130,9 @@ class RefineBatch:
         records = batch.where(F.col("_change_type") == "insert").persist()  # raw tables only append
         try:
             self._refine(spark, records)
+        except CdcError as error:
+            self.error = error  # raised again by run_refine_job: Spark's own message would bury it
+            raise
         finally:
             records.unpersist()
 
@@ -104,22 +144,55 @@ class RefineBatch:
                             wrapped_schema(F.col("key")).alias("key_schema"))
             # The text test is cheap and lets the JSON parse run only where a truncate can be.
             .agg(F.max(F.when(F.col("value").contains(f'"op":"{Op.TRUNCATE.value}"') & (
-                F.get_json_object("value", "$.payload.op") == Op.TRUNCATE.value), F.struct(
-                F.get_json_object("value", "$.payload.source.lsn").try_cast("long").alias("lsn"),
+                _payload_field("op") == Op.TRUNCATE.value), F.struct(
+                _payload_field("source.lsn").try_cast("long").alias("lsn"),
                 F.col("offset").alias("offset"),
-            ))).alias("truncate"))
+            ))).alias("truncate"),
+                 # Bare envelopes (no schema wrapper); the JSON parse runs only for unwrapped values.
+                 F.count(F.when(wrapped_schema(F.col("value")).isNull() & F.col("value").isNotNull()
+                                & F.get_json_object("value", "$.op").isNotNull(), 1)).alias("schemaless"))
             .collect()
         )  # fmt: skip
-        schemas = [row for row in summary if row.value_schema]
+        if any(row.schemaless for row in summary):
+            return self._refine_schemaless(spark, records, summary)
+        schemas = [ConnectSchema.model_validate_json(row.value_schema) for row in summary if row.value_schema]
+        if schemas and is_mongo(schemas[-1]):
+            refine_mongo_batch(spark, records, refined=self.refined, raw=self.raw, topic=self.config.table,
+                               quarantine_at=quarantine_location(self.config.warehouse))  # fmt: skip
+            return
+        schemas = schemas or [known for known in [remembered_schema(spark, self.refined)] if known]
         if not schemas:
             return  # only tombstones: their deletes came before them
-        value_schema = merged_schema([ConnectSchema.model_validate_json(row.value_schema) for row in schemas])
-        key_texts = [row.key_schema for row in schemas if row.key_schema]
+        flattened = is_flattened(schemas[-1])
+        value_schema = merged_schema([as_envelope(schema) if flattened else schema for schema in schemas])
+        key_texts = [row.key_schema for row in summary if row.key_schema]
         if not key_texts:
             raise TableError("tables without a primary key are not refined yet", table=self.raw)
         key_schema = ConnectSchema.model_validate_json(key_texts[-1])
+        value_schema = with_key_columns(value_schema, key_schema) if flattened else value_schema
         truncates = [tuple(row.truncate) for row in summary if row.truncate]
-        changes = parse_changes(records, key_schema, value_schema).persist()  # parsed once: quarantine and MERGE
+        changes = (
+            parse_flattened(records, key_schema, value_schema, has_lsn(schemas[-1])) if flattened
+            else parse_changes(records, key_schema, value_schema)
+        )
+        changes = declared_types(changes, self.config.columns or {}).persist()  # parsed once: quarantine and MERGE
+        try:
+            self._apply(spark, records, changes, value_schema, key_schema, max(truncates) if truncates else None)
+            if flattened:
+                remember_schema(spark, self.refined, schemas[-1])
+        finally:
+            changes.unpersist()
+
+    def _refine_schemaless(self, spark: SparkSession, records: DataFrame, summary: list) -> None:
+        """Values without the ``{schema, payload}`` wrapper: Postgres envelopes read with the declared columns."""
+        if not self.config.columns or not self.config.key:
+            raise TableError(
+                "the topic's values carry no schema (schemas.enable=false): declare the refined table's `columns` "
+                "(name: Spark type) and its `key` in the refine job's configuration", table=self.raw)  # fmt: skip
+        value_schema, key_schema = declared_schemas(self.config.columns, self.config.key)
+        truncates = [tuple(row.truncate) for row in summary if row.truncate]
+        changes = parse_changes(records, key_schema, value_schema, wrapped=False)
+        changes = declared_types(changes, self.config.columns).persist()
         try:
             self._apply(spark, records, changes, value_schema, key_schema, max(truncates) if truncates else None)
         finally:
@@ -160,7 +233,10 @@ def start_refine_query(
 
 
 def watch_refine_queries(
-    queries: dict[str, StreamingQuery], say: Callable[[str], None], stop: threading.Event
+    queries: dict[str, StreamingQuery],
+    say: Callable[[str], None],
+    stop: threading.Event,
+    batches: dict[str, object] | None = None,
 ) -> dict[str, int]:
     """Report each query's micro-batches until all have stopped (or ``stop`` is set); return the
     changes each read. A query that failed stops the others and raises, naming its table."""
@@ -169,15 +245,18 @@ def watch_refine_queries(
     try:
         while any(query.isActive for query in queries.values()) and not stop.is_set():
             for name, query in queries.items():
-                query.awaitTermination(0.5)
+                try:
+                    query.awaitTermination(0.5)
+                except StreamingQueryException:
+                    pass  # reported just below, by _raise_failure
                 for progress in query.recentProgress:
                     if (name, progress.batchId) not in seen and progress.numInputRows:
                         seen.add((name, progress.batchId))
                         changes[name] += progress.numInputRows
                         say(f"refine {name} batch {progress.batchId}: {progress.numInputRows:,} changes")
-                _raise_failure(name, query)
+                _raise_failure(name, query, batches)
         for name, query in queries.items():  # one may have failed while another was awaited
-            _raise_failure(name, query)
+            _raise_failure(name, query, batches)
     finally:
         for query in queries.values():
             if query.isActive:
@@ -185,8 +264,11 @@ def watch_refine_queries(
     return changes
 
 
-def _raise_failure(name: str, query: StreamingQuery) -> None:
+def _raise_failure(name: str, query: StreamingQuery, batches: dict[str, object] | None) -> None:
     if (message := failure(query)) is not None:
+        # A CdcError raised in a micro-batch reaches the user as itself: Spark's message would bury it.
+        if (error := getattr((batches or {}).get(name), "error", None)) is not None:
+            raise error
         raise StreamError(f"the refine stream stopped: {message.splitlines()[0]}", table=name)
 
 
@@ -194,7 +276,9 @@ def run_refine_job(
     spark: SparkSession, config: RefineJobConfig, say: Callable[[str], None] = print, stop: threading.Event | None = None
 ) -> int:
     """Refine the raw table into ``<warehouse>/refined/<name>``; return the number of changes read."""
-    query = start_refine_query(spark, config.warehouse, config.table, config.target, RefineBatch(config), config.trigger)
-    changes = watch_refine_queries({config.target: query}, say, stop or threading.Event())[config.target]
+    batch = RefineBatch(config)
+    query = start_refine_query(spark, config.warehouse, config.table, config.target, batch, config.trigger)
+    changes = watch_refine_queries({config.target: query}, say, stop or threading.Event(), {config.target: batch})
+    changes = changes[config.target]
     say(f"refine {config.target}: {changes:,} changes -> {refined_table_location(config.warehouse, config.target)}")
     return changes

@@ -184,3 +184,22 @@ class KafkaTestClient:
 @pytest.fixture(scope="session")
 def kafka(stack, stack_config: StackConfig) -> KafkaTestClient:
     return KafkaTestClient(stack_config.kafka.bootstrap_servers)
+
+
+@pytest.fixture
+def land_and_refine(spark, kafka):
+    """``land_and_refine(warehouse, topic, **refine_settings)``: `cdc raw` then `cdc refine` of a
+    topic, each once over what Kafka holds (available-now)."""
+    from cdc.config import validate
+    from cdc.raw.config import RawJobConfig
+    from cdc.raw.job import run_raw_job
+    from refine.job import RefineJobConfig, run_refine_job
+
+    def land_and_refine(warehouse: str, topic: str, **refine_settings) -> None:
+        raw = {"topics": {"kind": "topics", "topics": [topic]}, "warehouse": warehouse,
+               "trigger": {"kind": "available_now"}, "kafka": {"bootstrap_servers": kafka.bootstrap_servers}}  # fmt: skip
+        run_raw_job(spark, validate(RawJobConfig, raw, "raw job"), say=lambda line: None)
+        refine = {"table": topic, "warehouse": warehouse, "trigger": {"kind": "available_now"}, **refine_settings}
+        run_refine_job(spark, validate(RefineJobConfig, refine, "refine job"), say=lambda line: None)
+
+    return land_and_refine

@@ -5,11 +5,8 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from cdc.config import validate
-from cdc.raw.config import RawJobConfig
-from cdc.raw.job import run_raw_job
 from cdc.stack.workload import run_workload
-from refine.job import RefineJobConfig, refined_table_location, run_refine_job
+from refine.job import refined_table_location
 from refine.merge import METADATA_COLUMNS
 
 pytestmark = pytest.mark.integration
@@ -32,15 +29,7 @@ def postgres_table(spark, dsn: str, query: str, schema: str):
         return spark.createDataFrame(conn.execute(query).fetchall(), schema)
 
 
-def land_and_refine(spark, kafka, warehouse: str, topic: str) -> None:
-    raw = {"topics": {"kind": "topics", "topics": [topic]}, "warehouse": warehouse,
-           "trigger": {"kind": "available_now"}, "kafka": {"bootstrap_servers": kafka.bootstrap_servers}}  # fmt: skip
-    run_raw_job(spark, validate(RawJobConfig, raw, "raw job"), say=lambda line: None)
-    run_refine_job(spark, RefineJobConfig(table=topic, warehouse=warehouse, trigger={"kind": "available_now"}),
-                   say=lambda line: None)  # fmt: skip
-
-
-def test_refined_tables_equal_postgres(spark, kafka, stack_config, postgres_connector, tmp_path):
+def test_refined_tables_equal_postgres(spark, kafka, land_and_refine, stack_config, postgres_connector, tmp_path):
     dsn = stack_config.postgres.dsn()
     run_workload(dsn, customers=5, seed=11)  # inserts, TOAST-preserving updates, deletes, NULLs
     with psycopg.connect(dsn) as conn:
@@ -57,7 +46,7 @@ def test_refined_tables_equal_postgres(spark, kafka, stack_config, postgres_conn
     for table, (query, schema) in {"orders": ORDERS, "customers": CUSTOMERS}.items():
         topic = f"{prefix}.shop.{table}"
         for _ in range(2):  # a rerun changes nothing
-            land_and_refine(spark, kafka, warehouse, topic)
+            land_and_refine(warehouse, topic)
             refined = spark.read.format("delta").load(refined_table_location(warehouse, topic))
             assertDataFrameEqual(refined.drop(*METADATA_COLUMNS), postgres_table(spark, dsn, query, schema))
     customers = spark.read.format("delta").load(refined_table_location(warehouse, f"{prefix}.shop.customers"))
@@ -83,7 +72,7 @@ def test_refine_from_the_command_line(spark, kafka, stack_config, postgres_conne
 
 
 def test_undecodable_records_go_to_quarantine_and_the_job_goes_on(
-    spark, kafka, stack_config, postgres_connector, tmp_path, monkeypatch, capsys
+    spark, kafka, land_and_refine, stack_config, postgres_connector, tmp_path, monkeypatch, capsys
 ):
     import json
 
@@ -96,7 +85,7 @@ def test_undecodable_records_go_to_quarantine_and_the_job_goes_on(
     kafka.produce(topic, [(b'{"payload":{"customer_id":1,"order_no":1}}', b"{not json")])
     bad_offset = kafka.records(topic)[-1][2]
 
-    land_and_refine(spark, kafka, str(tmp_path), topic)
+    land_and_refine(str(tmp_path), topic)
 
     quarantined = spark.read.format("delta").load(quarantine_location(str(tmp_path)))
     [row] = quarantined.collect()
