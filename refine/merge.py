@@ -41,12 +41,12 @@ def refined_rows(latest: DataFrame, columns: list[str]) -> DataFrame:
     )
 
 
-def ensure_refined_table(spark: SparkSession, location: str, schema: StructType) -> None:
+def ensure_refined_table(spark: SparkSession, location: str, schema: StructType, kind: str = "refined") -> None:
     """Create the table, or add the columns the source gained; refuse a column whose type changed."""
     if not is_delta_table(spark, location):
         (
             DeltaTable.createIfNotExists(spark).location(location).addColumns(schema)
-            .property("delta.enableChangeDataFeed", "true").property(KIND_PROPERTY, "refined")
+            .property("delta.enableChangeDataFeed", "true").property(KIND_PROPERTY, kind)
             .execute()
         )  # fmt: skip
         return

@@ -184,3 +184,35 @@ class KafkaTestClient:
 @pytest.fixture(scope="session")
 def kafka(stack, stack_config: StackConfig) -> KafkaTestClient:
     return KafkaTestClient(stack_config.kafka.bootstrap_servers)
+
+
+@pytest.fixture
+def cdc_process(kafka: KafkaTestClient):
+    """``cdc_process(args)``: `cdc` in a process group of its own (Python and its Spark JVM), output to a pipe."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "CDC_KAFKA__BOOTSTRAP_SERVERS": kafka.bootstrap_servers, "CDC_SPARK__DRIVER_MEMORY": "1g",
+           "CDC_SPARK__SHUFFLE_PARTITIONS": "2"}  # fmt: skip
+
+    def start(args: list[str]) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-m", "cdc.cli", *args], env=env, start_new_session=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+
+    return start
+
+
+@pytest.fixture
+def wait_for():
+    """``wait_for(condition, timeout_s, what, interval_s=0.02)``: poll until ``condition()`` holds."""
+    import time
+
+    def wait(condition, timeout_s: float, what: str, interval_s: float = 0.02) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(interval_s)
+
+    return wait
