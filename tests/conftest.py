@@ -137,6 +137,12 @@ class KafkaTestClient:
         finally:
             producer.close()
 
+    def produce_again(self, topic: str, records: list[tuple]) -> None:
+        """Produce copies of ``records`` (as :meth:`records` gives them), as an at-least-once delivery
+        would. Records with neither key nor value (a keyless table's tombstones) cannot be produced."""
+        self.produce(topic, [(key, value, headers) for _, _, _, key, value, headers in records
+                             if key is not None or value is not None])  # fmt: skip
+
     def records(self, topic: str) -> list[tuple]:
         """Every record of ``topic``: (topic, partition, offset, key, value, headers), by partition and offset."""
         from kafka import KafkaConsumer, TopicPartition

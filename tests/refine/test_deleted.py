@@ -18,7 +18,7 @@ def test_replayed_records_never_resurrect_a_deleted_row(kafka, stack_config, pos
         topic = f"{prefix}.shop.{table}"
         records = kafka.wait_for_last_value(topic, lambda value: value is None)
         land_and_refine(warehouse, topic)
-        kafka.produce(topic, [(key, value, headers) for _, _, _, key, value, headers in records])  # at least once
+        kafka.produce_again(topic, records)
         land_and_refine(warehouse, topic)
         assertDataFrameEqual(refined_table(warehouse, topic), postgres_table(table))
 
@@ -43,6 +43,6 @@ def test_replayed_records_never_undo_a_truncate(kafka, stack_config, postgres_co
         conn.execute("INSERT INTO shop.orders VALUES (1, 1, 'paid', 1.00, '2026-05-01 00:00:00')")
     records = kafka.wait_for_last_value(topic, lambda value: value is not None and b'"op":"c"' in value)
     land_and_refine(warehouse, topic)
-    kafka.produce(topic, [(key, value, headers) for _, _, _, key, value, headers in records[:-2]])  # before the truncate
+    kafka.produce_again(topic, records[:-2])  # the records before the truncate
     land_and_refine(warehouse, topic)
     assertDataFrameEqual(refined_table(warehouse, topic), postgres_table("orders"))

@@ -56,6 +56,6 @@ def test_new_key_in_the_batch_after_the_old_keys_delete(kafka, stack_config, pos
     split = len(records) - 1  # the delete and its tombstone in the first batch, the create in the next
     copy = kafka.create_topic(f"{unique_name}.copy")
     for chunk in (records[:split], records[split:]):
-        kafka.produce(copy, [(key, value, headers) for _, _, _, key, value, headers in chunk])
+        kafka.produce_again(copy, chunk)
         land_and_refine(warehouse, copy)
     assertDataFrameEqual(refined_table(warehouse, copy), postgres_table("customers"))
