@@ -26,7 +26,7 @@ def is_rekeyed_create(value: bytes | None) -> bool:
     return value is not None and b'"op":"c"' in value
 
 
-def test_new_key_takes_the_old_rows_toasted_values(kafka, stack_config, postgres_connector, tmp_path,
+def test_new_key_takes_the_old_rows_toasted_values(kafka, stack_config, postgres_connector, tmp_path, wait_for,
                                                     land_and_refine, postgres_table, refined_table):  # fmt: skip
     dsn, warehouse = stack_config.postgres.dsn(), str(tmp_path)
     topic = f"{postgres_connector.topic_prefix}.shop.customers"
@@ -35,9 +35,12 @@ def test_new_key_takes_the_old_rows_toasted_values(kafka, stack_config, postgres
     land_and_refine(warehouse, topic)
 
     change_primary_keys(dsn)
-    records = kafka.wait_for_last_value(topic, is_rekeyed_create)
-    rekeyed = [record for record in records if any(key == "__debezium.oldkey" for key, _ in record[5])]
-    assert len(rekeyed) == 2 and all(TOAST_PLACEHOLDER.encode() in record[4] for record in rekeyed)
+
+    def rekeyed_creates() -> list[tuple]:
+        return [record for record in kafka.records(topic) if any(key == "__debezium.oldkey" for key, _ in record[5])]
+
+    wait_for(lambda: len(rekeyed_creates()) == 2, 60, "both primary-key changes in Kafka", 0.5)
+    assert all(TOAST_PLACEHOLDER.encode() in record[4] for record in rekeyed_creates())
     for _ in range(2):  # a rerun changes nothing
         land_and_refine(warehouse, topic)
         assertDataFrameEqual(refined_table(warehouse, topic), postgres_table("customers"))
