@@ -5,10 +5,12 @@ driver; the records are parsed and decoded with them in Spark; undecodable recor
 quarantine; the last change per key (by LSN, then offset) is MERGEd with position guards, so the
 job can be rerun or replayed any number of times.
 
-Supported so far: Debezium Postgres topics of tables with a primary key (snapshot reads, creates,
-updates with TOAST placeholders, deletes, tombstones, truncates, added columns), with or without
-the ``{schema, payload}`` wrapper (:mod:`refine.columns`); MongoDB topics (:mod:`refine.mongo`);
-rows flattened by ExtractNewRecordState / ExtractNewDocumentState (:mod:`refine.flattened`).
+Supported so far: Debezium Postgres topics (snapshot reads, creates, updates with TOAST placeholders,
+deletes, tombstones, truncates, added columns), with a primary key (primary-key changes:
+:mod:`refine.rekey`; deleted keys stay deleted: :mod:`refine.deleted`) or without one (multisets:
+:mod:`refine.keyless`), with or without the ``{schema, payload}`` wrapper (:mod:`refine.columns`);
+MongoDB topics (:mod:`refine.mongo`); rows flattened by ExtractNewRecordState /
+ExtractNewDocumentState (:mod:`refine.flattened`).
 """
 
 from __future__ import annotations
@@ -30,15 +32,24 @@ from cdc.raw.table import raw_table_location, raw_table_topic
 from cdc.storage import normalize_location
 from cdc.streaming import failure, with_trigger
 from refine.columns import connect_type, declared_schemas, declared_types
+from refine.deleted import (
+    deleted_location,
+    record_deletes,
+    record_truncate,
+    with_deleted_images,
+    without_resurrections,
+)
 from refine.envelope import ConnectSchema, Op
 from refine.flattened import (
     as_envelope, has_lsn, is_flattened, parse_flattened, remember_schema, remembered_schema, with_key_columns,
 )
+from refine.keyless import applied_location, merge_keyless_changes
 from refine.latest import latest_per_key
 from refine.merge import merge_changes, refined_rows
 from refine.mongo import is_mongo, refine_mongo_batch
 from refine.parse import parse_changes, wrapped_schema
 from refine.quarantine import quarantine, quarantine_location
+from refine.rekey import batch_states, fill_from_old_keys, stored_states
 
 
 def _readable_type(spark_type: str) -> str:
@@ -122,6 +133,8 @@ class RefineBatch:
         self.config = config
         self.raw = raw_table_location(config.warehouse, config.table)
         self.refined = refined_table_location(config.warehouse, config.target)
+        self.deleted = deleted_location(config.warehouse, config.target)
+        self.applied = applied_location(config.warehouse, config.target)
         self.error: CdcError | None = None
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
@@ -166,10 +179,13 @@ class RefineBatch:
         flattened = is_flattened(schemas[-1])
         value_schema = merged_schema([as_envelope(schema) if flattened else schema for schema in schemas])
         key_texts = [row.key_schema for row in summary if row.key_schema]
-        if not key_texts:
-            raise TableError("tables without a primary key are not refined yet", table=self.raw)
-        key_schema = ConnectSchema.model_validate_json(key_texts[-1])
-        value_schema = with_key_columns(value_schema, key_schema) if flattened else value_schema
+        key_schema = ConnectSchema.model_validate_json(key_texts[-1]) if key_texts else None  # None: no primary key
+        if flattened:
+            if key_schema is None:
+                raise TableError("flattened rows (ExtractNewRecordState) of a table without a primary key cannot "
+                                 "be refined: without `before`, a delete cannot say which row it removes",
+                                 table=self.raw)  # fmt: skip
+            value_schema = with_key_columns(value_schema, key_schema)
         truncates = [tuple(row.truncate) for row in summary if row.truncate]
         changes = (
             parse_flattened(records, key_schema, value_schema, has_lsn(schemas[-1])) if flattened
@@ -204,16 +220,40 @@ class RefineBatch:
         records: DataFrame,
         changes: DataFrame,
         value_schema: ConnectSchema,
-        key_schema: ConnectSchema,
+        key_schema: ConnectSchema | None,
         truncated_at: tuple[int, int] | None,
     ) -> None:
         quarantine(spark, quarantine_location(self.config.warehouse), self.raw, self.config.table,
                    changes.where("problem IS NOT NULL"))  # fmt: skip
         records.unpersist()  # the parsed changes are cached now
-        key_columns = [field.field for field in key_schema.fields or ()]
         columns = [field.field for field in value_schema.field_named("after").fields or ()]
-        rows = refined_rows(latest_per_key(changes.where("problem IS NULL"), key_columns, truncated_at), columns)
-        merge_changes(spark, self.refined, rows, key_columns, truncated_at)
+        if key_schema is None:
+            merge_keyless_changes(spark, self.refined, self.applied, changes.where("problem IS NULL"), columns)
+        else:
+            self._merge_keyed(spark, changes.where("problem IS NULL"), key_schema, columns, truncated_at)
+
+    def _merge_keyed(
+        self,
+        spark: SparkSession,
+        changes: DataFrame,
+        key_schema: ConnectSchema,
+        columns: list[str],
+        truncated_at: tuple[int, int] | None,
+    ) -> None:
+        key_columns = [field.field for field in key_schema.fields or ()]
+        row_type = changes.schema["after"].dataType
+        stored = stored_states(spark, [self.refined, self.deleted], key_columns, row_type)
+        filled = fill_from_old_keys(changes, key_schema, stored)
+        latest = with_deleted_images(latest_per_key(filled, key_columns, truncated_at), batch_states(filled), stored)
+        rows = refined_rows(latest, columns).persist()  # computed once from the tables as they were
+        try:
+            record_deletes(spark, self.deleted, rows, key_columns)
+            if truncated_at is not None:
+                record_truncate(spark, self.deleted, truncated_at)
+            guarded = without_resurrections(spark, self.deleted, rows, key_columns)
+            merge_changes(spark, self.refined, guarded, key_columns, truncated_at)
+        finally:
+            rows.unpersist()
 
 
 def start_refine_query(

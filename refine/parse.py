@@ -76,6 +76,7 @@ def parse_changes(
         F.col("value"),
         F.col("partition").alias("kafka_partition"),
         F.col("offset").alias("kafka_offset"),
+        F.col("headers").alias("kafka_headers"),
         envelope.alias("envelope"),
         (read(F.col("key"), key_schema) if key_schema else F.lit(None)).alias("raw_key"),
     )
@@ -103,6 +104,7 @@ def parse_changes(
         F.timestamp_millis(F.col("envelope.source.ts_ms")).alias("source_committed_at"),
         "kafka_partition",
         "kafka_offset",
+        "kafka_headers",
         problem.alias("problem"),
         F.col("value").alias("raw_value"),
     )

@@ -137,6 +137,12 @@ class KafkaTestClient:
         finally:
             producer.close()
 
+    def produce_again(self, topic: str, records: list[tuple]) -> None:
+        """Produce copies of ``records`` (as :meth:`records` gives them), as an at-least-once delivery
+        would. Records with neither key nor value (a keyless table's tombstones) cannot be produced."""
+        self.produce(topic, [(key, value, headers) for _, _, _, key, value, headers in records
+                             if key is not None or value is not None])  # fmt: skip
+
     def records(self, topic: str) -> list[tuple]:
         """Every record of ``topic``: (topic, partition, offset, key, value, headers), by partition and offset."""
         from kafka import KafkaConsumer, TopicPartition
@@ -187,19 +193,32 @@ def kafka(stack, stack_config: StackConfig) -> KafkaTestClient:
 
 
 @pytest.fixture
-def land_and_refine(spark, kafka):
-    """``land_and_refine(warehouse, topic, **refine_settings)``: `cdc raw` then `cdc refine` of a
-    topic, each once over what Kafka holds (available-now)."""
-    from cdc.config import validate
-    from cdc.raw.config import RawJobConfig
-    from cdc.raw.job import run_raw_job
-    from refine.job import RefineJobConfig, run_refine_job
+def cdc_process(kafka: KafkaTestClient):
+    """``cdc_process(args)``: `cdc` in a process group of its own (Python and its Spark JVM), output to a pipe."""
+    import subprocess
+    import sys
 
-    def land_and_refine(warehouse: str, topic: str, **refine_settings) -> None:
-        raw = {"topics": {"kind": "topics", "topics": [topic]}, "warehouse": warehouse,
-               "trigger": {"kind": "available_now"}, "kafka": {"bootstrap_servers": kafka.bootstrap_servers}}  # fmt: skip
-        run_raw_job(spark, validate(RawJobConfig, raw, "raw job"), say=lambda line: None)
-        refine = {"table": topic, "warehouse": warehouse, "trigger": {"kind": "available_now"}, **refine_settings}
-        run_refine_job(spark, validate(RefineJobConfig, refine, "refine job"), say=lambda line: None)
+    env = {**os.environ, "CDC_KAFKA__BOOTSTRAP_SERVERS": kafka.bootstrap_servers, "CDC_SPARK__DRIVER_MEMORY": "1g",
+           "CDC_SPARK__SHUFFLE_PARTITIONS": "2"}  # fmt: skip
 
-    return land_and_refine
+    def start(args: list[str]) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-m", "cdc.cli", *args], env=env, start_new_session=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+
+    return start
+
+
+@pytest.fixture
+def wait_for():
+    """``wait_for(condition, timeout_s, what, interval_s=0.02)``: poll until ``condition()`` holds."""
+    import time
+
+    def wait(condition, timeout_s: float, what: str, interval_s: float = 0.02) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(interval_s)
+
+    return wait
