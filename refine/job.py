@@ -49,7 +49,7 @@ from refine.merge import merge_changes, refined_rows
 from refine.mongo import is_mongo, refine_mongo_batch
 from refine.parse import parse_changes, wrapped_schema
 from refine.quarantine import quarantine, quarantine_location
-from refine.rekey import batch_states, fill_from_old_keys, stored_states
+from refine.rekey import batch_states, fill_from_old_keys, has_key_changes, stored_states
 
 
 def _readable_type(spark_type: str) -> str:
@@ -242,7 +242,8 @@ class RefineBatch:
     ) -> None:
         key_columns = [field.field for field in key_schema.fields or ()]
         row_type = changes.schema["after"].dataType
-        stored = stored_states(spark, [self.refined, self.deleted], key_columns, row_type)
+        stored = stored_states(spark, [self.refined, self.deleted], key_columns, row_type) if has_key_changes(
+            changes) else None  # fmt: skip
         filled = fill_from_old_keys(changes, key_schema, stored)
         latest = with_deleted_images(latest_per_key(filled, key_columns, truncated_at), batch_states(filled), stored)
         rows = refined_rows(latest, columns).persist()  # computed once from the tables as they were

@@ -23,13 +23,20 @@ from refine.latest import POSITION_COLUMNS, at_or_after
 from refine.merge import LSN, OFFSET
 from refine.toast import fill_from_earlier_changes, replace_placeholders
 
-OLD_KEY_HEADER = "__debezium.oldkey"
+OLD_KEY_HEADER, NEW_KEY_HEADER = "__debezium.oldkey", "__debezium.newkey"
 
 
 def old_key(headers: Column, key_schema: ConnectSchema) -> Column:
     """The key a create's row had before a primary-key change (null for any other record)."""
     text = F.try_element_at(F.filter(headers, lambda header: header["key"] == OLD_KEY_HEADER), F.lit(1))["value"]
     return decode(F.from_json(text.cast("string"), json_type(key_schema)), key_schema)
+
+
+def has_key_changes(changes: DataFrame) -> bool:
+    """Whether a batch holds a primary-key change: only then are the stored rows looked up (reading
+    them costs a scan of the refined table, whatever the batch's size)."""
+    linked = F.exists(F.col("kafka_headers"), lambda header: header["key"].isin(OLD_KEY_HEADER, NEW_KEY_HEADER))
+    return not changes.where(linked).isEmpty()
 
 
 def stored_states(spark: SparkSession, locations: list[str], key_columns: list[str], row_type: StructType) -> DataFrame | None:
