@@ -4,7 +4,8 @@
 
 Brings the local stack up (or uses the running one), produces the messages once to a new topic,
 then lands that topic with each variant in a worker process of its own, with the same Spark
-settings. Prints rows/s of the landing itself (Spark start-up excluded) and the peak resident
+settings. Prints rows/s of the landing itself (Spark start-up excluded), the CPU seconds it took
+(which, unlike wall time, barely move when other work shares the machine) and the peak resident
 memory of each worker's whole process tree (Python and its JVM). Prints figures; asserts nothing.
 """
 
@@ -55,7 +56,7 @@ def worker(variant: str, topic: str, bootstrap: str, warehouse: str) -> None:
     """Land ``topic`` with ``variant``; print one JSON line with rows and seconds."""
     settings = load_settings()
     spark = build_spark_session(settings.spark)
-    started = time.monotonic()
+    started, cpu_before = time.monotonic(), tree_cpu_seconds(os.getpid())
     if variant == "cdc raw":
         from cdc.config import validate
         from cdc.raw.config import RawJobConfig
@@ -75,13 +76,14 @@ def worker(variant: str, topic: str, bootstrap: str, warehouse: str) -> None:
         )  # fmt: skip
         query.awaitTermination()
         rows = sum(progress.numInputRows for progress in query.recentProgress)
-    print(json.dumps({"rows": rows, "seconds": time.monotonic() - started}), flush=True)
+    cpu = tree_cpu_seconds(os.getpid()) - cpu_before
+    print(json.dumps({"rows": rows, "seconds": time.monotonic() - started, "cpu_seconds": cpu}), flush=True)
 
 
-def tree_rss_bytes(root: int) -> int:
-    """Resident memory of ``root`` and all its descendants."""
+def _tree_sum(root: int, reading) -> float:
+    """The sum of ``reading(fields of /proc/PID/stat)`` over ``root`` and all its descendants."""
     children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
+    values: dict[int, float] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -90,13 +92,23 @@ def tree_rss_bytes(root: int) -> int:
         except OSError:
             continue
         children.setdefault(int(stat[1]), []).append(int(entry))
-        rss[int(entry)] = int(stat[21]) * os.sysconf("SC_PAGE_SIZE")
-    total, pending = 0, [root]
+        values[int(entry)] = reading(stat)
+    total, pending = 0.0, [root]
     while pending:
         pid = pending.pop()
-        total += rss.get(pid, 0)
+        total += values.get(pid, 0)
         pending.extend(children.get(pid, []))
     return total
+
+
+def tree_rss_bytes(root: int) -> float:
+    """Resident memory of ``root`` and all its descendants."""
+    return _tree_sum(root, lambda stat: int(stat[21]) * os.sysconf("SC_PAGE_SIZE"))
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """User and system CPU time of ``root`` and all its descendants so far."""
+    return _tree_sum(root, lambda stat: (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK"))
 
 
 def run_worker(variant: str, topic: str, bootstrap: str) -> dict[str, float]:
@@ -152,18 +164,20 @@ def main() -> None:
           f"in {time.monotonic() - started:.1f} s")  # fmt: skip
     spark.stop()
     # Alternating rounds: this machine's speed drifts, and neither variant should always go first.
-    print(f"{'variant':<14} {'round':>5} {'rows':>10} {'seconds':>8} {'rows/s':>10} {'peak RSS MiB':>13}")
+    print(f"{'variant':<14} {'round':>5} {'rows':>10} {'seconds':>8} {'rows/s':>10} {'CPU s':>7} {'peak RSS MiB':>13}")
     best: dict[str, dict[str, float]] = {}
     for round_ in range(1, args.rounds + 1):
         for variant in VARIANTS:
             result = run_worker(variant, topic, bootstrap)
             result["rows_per_s"] = result["rows"] / result["seconds"]
             print(f"{variant:<14} {round_:>5} {result['rows']:>10,} {result['seconds']:>8.1f} "
-                  f"{result['rows_per_s']:>10,.0f} {result['peak_rss_mib']:>13,.0f}", flush=True)  # fmt: skip
+                  f"{result['rows_per_s']:>10,.0f} {result['cpu_seconds']:>7.1f} {result['peak_rss_mib']:>13,.0f}",
+                  flush=True)  # fmt: skip
             if result["rows_per_s"] > best.get(variant, {}).get("rows_per_s", 0):
                 best[variant] = result
     for variant, result in best.items():
-        print(f"best {variant:<14} {result['rows_per_s']:>10,.0f} rows/s, peak RSS {result['peak_rss_mib']:,.0f} MiB")
+        print(f"best {variant:<14} {result['rows_per_s']:>10,.0f} rows/s, {result['cpu_seconds']:.1f} CPU s, "
+              f"peak RSS {result['peak_rss_mib']:,.0f} MiB")  # fmt: skip
     ratio = best["cdc raw"]["rows_per_s"] / best["plain stream"]["rows_per_s"]
     print(f"cdc raw / plain stream: {ratio:.2f}")
 
