@@ -14,24 +14,6 @@ from refine.merge import METADATA_COLUMNS
 
 pytestmark = pytest.mark.integration
 
-ORDERS = (
-    "SELECT customer_id, order_no, status::text, amount, ordered_at FROM shop.orders",
-    "customer_id long, order_no int, status string, amount decimal(10,2), ordered_at timestamp_ntz",
-)
-CUSTOMERS = (
-    "SELECT id, email, full_name, balance, credit_limit, signed_up_at, birth_date, profile::text, tags, "
-    "external_id::text, is_active, notes, avatar FROM shop.customers",
-    "id long, email string, full_name string, balance decimal(12,2), credit_limit decimal(38,18), "
-    "signed_up_at timestamp, birth_date date, profile string, tags array<string>, external_id string, "
-    "is_active boolean, notes string, avatar binary",
-)
-
-
-def postgres_table(spark, dsn: str, query: str, schema: str):
-    with psycopg.connect(dsn) as conn:
-        return spark.createDataFrame(conn.execute(query).fetchall(), schema)
-
-
 def land_and_refine(spark, kafka, warehouse: str, topic: str) -> None:
     raw = {"topics": {"kind": "topics", "topics": [topic]}, "warehouse": warehouse,
            "trigger": {"kind": "available_now"}, "kafka": {"bootstrap_servers": kafka.bootstrap_servers}}  # fmt: skip
@@ -40,7 +22,7 @@ def land_and_refine(spark, kafka, warehouse: str, topic: str) -> None:
                    say=lambda line: None)  # fmt: skip
 
 
-def test_refined_tables_equal_postgres(spark, kafka, stack_config, postgres_connector, tmp_path):
+def test_refined_tables_equal_postgres(spark, kafka, stack_config, postgres_connector, postgres_tables, tmp_path):
     dsn = stack_config.postgres.dsn()
     run_workload(dsn, customers=5, seed=11)  # inserts, TOAST-preserving updates, deletes, NULLs
     with psycopg.connect(dsn) as conn:
@@ -54,18 +36,20 @@ def test_refined_tables_equal_postgres(spark, kafka, stack_config, postgres_conn
     kafka.wait_for_last_value(f"{prefix}.shop.customers", lambda value: b'"full_name":"Renamed"' in (value or b""))
 
     warehouse = str(tmp_path)
-    for table, (query, schema) in {"orders": ORDERS, "customers": CUSTOMERS}.items():
+    for table in ("orders", "customers"):
         topic = f"{prefix}.shop.{table}"
         for _ in range(2):  # a rerun changes nothing
             land_and_refine(spark, kafka, warehouse, topic)
             refined = spark.read.format("delta").load(refined_table_location(warehouse, topic))
-            assertDataFrameEqual(refined.drop(*METADATA_COLUMNS), postgres_table(spark, dsn, query, schema))
+            assertDataFrameEqual(refined.drop(*METADATA_COLUMNS), postgres_tables[table])
     customers = spark.read.format("delta").load(refined_table_location(warehouse, f"{prefix}.shop.customers"))
     assert customers.where(F.col("notes").contains("__debezium_unavailable_value")).count() == 0
     assert customers.where(F.col("_cdc_op") == "u").count() > 0
 
 
-def test_refine_from_the_command_line(spark, kafka, stack_config, postgres_connector, tmp_path, monkeypatch, capsys):
+def test_refine_from_the_command_line(
+    spark, kafka, stack_config, postgres_connector, postgres_tables, tmp_path, monkeypatch, capsys
+):
     from cdc.cli import main
 
     run_workload(stack_config.postgres.dsn(), customers=2, seed=12)
@@ -76,14 +60,14 @@ def test_refine_from_the_command_line(spark, kafka, stack_config, postgres_conne
     assert main(["refine", "--table", topic, "--warehouse", str(tmp_path), "--available-now"]) == 0
     assert f"refine {topic}: " in capsys.readouterr().out
     refined = spark.read.format("delta").load(refined_table_location(str(tmp_path), topic))
-    assertDataFrameEqual(refined.drop(*METADATA_COLUMNS), postgres_table(spark, stack_config.postgres.dsn(), *ORDERS))
+    assertDataFrameEqual(refined.drop(*METADATA_COLUMNS), postgres_tables["orders"])
 
     assert main(["refine", "--table", "no.such.table", "--warehouse", str(tmp_path), "--available-now"]) == 8
     assert "no raw table for this topic: run `cdc raw` first" in capsys.readouterr().err
 
 
 def test_undecodable_records_go_to_quarantine_and_the_job_goes_on(
-    spark, kafka, stack_config, postgres_connector, tmp_path, monkeypatch, capsys
+    spark, kafka, stack_config, postgres_connector, postgres_tables, tmp_path, monkeypatch, capsys
 ):
     import json
 
@@ -104,7 +88,7 @@ def test_undecodable_records_go_to_quarantine_and_the_job_goes_on(
         topic, bad_offset, "{not json", "value is not a Debezium JSON envelope"
     )
     refined = spark.read.format("delta").load(refined_table_location(str(tmp_path), topic))
-    assertDataFrameEqual(refined.drop(*METADATA_COLUMNS), postgres_table(spark, stack_config.postgres.dsn(), *ORDERS))
+    assertDataFrameEqual(refined.drop(*METADATA_COLUMNS), postgres_tables["orders"])
 
     monkeypatch.setenv("CDC_KAFKA__BOOTSTRAP_SERVERS", kafka.bootstrap_servers)
     capsys.readouterr()
