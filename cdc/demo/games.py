@@ -37,17 +37,8 @@ def games_demo(
     topics = [source.topic for source in pipeline.sources.values() if isinstance(source, JsonEvents)]
     if len(topics) != 1:
         raise ConfigError("the game-events demo needs a pipeline with one JSON event source", pipeline=pipeline.name)
-    topic, bootstrap = topics[0], settings.stack.kafka.bootstrap_servers
-    kafka = KafkaTopics(KafkaConnection(bootstrap_servers=bootstrap))
-    held = sum(o.end - o.earliest for o in kafka.offsets([topic]).values()) if topic in kafka.names() else 0
-    if held:
-        say(f"topic {topic} holds {held} records already: not producing the events again")
-    else:
-        produce_game_events(bootstrap, topic, events)
-        say(f"produced {len(events.records)} records to {topic}: {len(events.events)} events of "
-            f"{len(events.events_per_game())} games by {len(events.latest_per_player())} players "
-            f"({events.out_of_order()} out of order by time), {len(events.malformed)} malformed")  # fmt: skip
-
+    topic = topics[0]
+    produce_once(settings.stack.kafka.bootstrap_servers, topic, events, say)
     land_and_refine(spark, settings, pipeline, say)
     warehouse = normalize_location(settings.warehouse)
     for name, table in pipeline.refined.items():
@@ -58,11 +49,24 @@ def games_demo(
     quarantined = spark.read.format("delta").load(quarantine_location(warehouse)).where(F.col("topic") == topic)
     say(f"quarantine: {quarantined.count()} records of {topic} (malformed produced: {len(events.malformed)})  "
         f"{quarantine_location(warehouse)}")  # fmt: skip
-    for line in preview(quarantined.groupBy("reason").count(), rows=10, order_by=["reason"]):
+    for line in preview(quarantined.groupBy("reason").count(), rows=10, order_by=["reason"], cell=100):
         say(line)
     show_business_tables(pipeline.business, say)
     write_pipeline_graph(pipeline, output_dir, say)
     return events
+
+
+def produce_once(bootstrap_servers: str, topic: str, events: GameEvents, say: Say) -> None:
+    """Produce ``events`` to ``topic`` unless it holds records already (a rerun would duplicate them)."""
+    kafka = KafkaTopics(KafkaConnection(bootstrap_servers=bootstrap_servers))
+    held = sum(o.end - o.earliest for o in kafka.offsets([topic]).values()) if topic in kafka.names() else 0
+    if held:
+        say(f"topic {topic} holds {held} records already: not producing the events again")
+        return
+    produce_game_events(bootstrap_servers, topic, events)
+    say(f"produced {len(events.records)} records to {topic}: {len(events.events)} events of "
+        f"{len(events.events_per_game())} games by {len(events.latest_per_player())} players "
+        f"({events.out_of_order()} out of order by time), {len(events.malformed)} malformed")  # fmt: skip
 
 
 def _read(spark: SparkSession, location: str):
@@ -94,7 +98,8 @@ def show_split_tables(
         say(f"  {name}/{game}: {_read(spark, f'{location}/{game}').count()} rows (generated: {expected[game]})")
         for path in arrays:
             child = f"{refined_table_location(warehouse, child_table_name(name, path))}/{game}"
-            say(f"  {child_table_name(name, path)}/{game}: {_read(spark, child).count()} rows (generated: {items[game]})")
+            rows = _read(spark, child).count()
+            say(f"  {child_table_name(name, path)}/{game}: {rows} rows (generated: {items[game]})")
     for line in preview(_shown(spark, f"{location}/{games[0]}"), order_by=["time"]):
         say(line)
     for path in arrays:

@@ -80,7 +80,8 @@ def show_refined_tables(spark: SparkSession, settings: Settings, pipeline: Pipel
             location = refined_table_location(normalize_location(settings.warehouse), name)
             refined = spark.read.format("delta").load(location)
             in_postgres = conn.execute(f"SELECT count(*) FROM {postgres_table(source)}").fetchone()[0]
-            say(f"refined {name}: {refined.count()} rows (Postgres {postgres_table(source)}: {in_postgres})  {location}")
+            rows = refined.count()
+            say(f"refined {name}: {rows} rows (Postgres {postgres_table(source)}: {in_postgres})  {location}")
             columns = [column for column in refined.columns if column not in METADATA_COLUMNS]
             for line in preview(refined.select(*columns), order_by=columns[:2]):
                 say(line)

@@ -20,15 +20,15 @@ from cdc.pipeline.run import PipelineRefineConfig, raw_job_config, run_pipeline_
 from cdc.raw.job import run_raw_job
 
 Say = Callable[[str], None]
-CELL = 20  # characters a cell shows at most
+CELL = 24  # characters a cell shows at most (an ISO time with milliseconds)
 
 
 def land_and_refine(spark: SparkSession, settings: Settings, pipeline: Pipeline, say: Say) -> None:
     """`cdc raw --pipeline` then `cdc refine --pipeline`, both --available-now, on the stack's Kafka."""
     say(f"landing and refining pipeline {pipeline.name} into {settings.warehouse} (Spark) ...")
     once = {"kind": "available_now"}
-    raw = raw_job_config(pipeline, {"warehouse": settings.warehouse, "trigger": once,
-                                    "kafka": {"bootstrap_servers": settings.stack.kafka.bootstrap_servers}})  # fmt: skip
+    kafka = {"bootstrap_servers": settings.stack.kafka.bootstrap_servers}
+    raw = raw_job_config(pipeline, {"warehouse": settings.warehouse, "trigger": once, "kafka": kafka})
     run_raw_job(spark, raw, say=say)
     refine = validate(PipelineRefineConfig, {"warehouse": raw.warehouse, "trigger": once}, "refine job settings")
     run_pipeline_refine(spark, pipeline, refine, say=say)
@@ -53,7 +53,7 @@ def show_business_tables(business: Mapping[str, BusinessTable], say: Say) -> Non
         say(f"business tables declared but not yet materialised: {', '.join(business)}")
 
 
-def _cell(value: Any) -> str:
+def _cell(value: Any, most: int) -> str:
     match value:
         case None:
             text = "null"
@@ -68,18 +68,20 @@ def _cell(value: Any) -> str:
         case _:
             text = str(value)
     text = " ".join(text.split())  # one line per row
-    return text if len(text) <= CELL else text[: CELL - 1] + "…"
+    return text if len(text) <= most else text[: most - 1] + "…"
 
 
-def preview(table: DataFrame, rows: int = 3, order_by: list[str] | None = None, indent: str = "    ") -> list[str]:
-    """A few rows of ``table`` as aligned text lines that fit the terminal: cells cut to ``CELL``
+def preview(
+    table: DataFrame, rows: int = 3, order_by: list[str] | None = None, indent: str = "    ", cell: int = CELL
+) -> list[str]:
+    """A few rows of ``table`` as aligned text lines that fit the terminal: cells cut to ``cell``
     characters, the columns that do not fit left out and named."""
     sample = (table.orderBy(*order_by) if order_by else table).limit(rows).collect()  # a handful of rows to print
-    columns = [(name, [_cell(row[i]) for row in sample]) for i, name in enumerate(table.columns)]
+    columns = [(name, [_cell(row[i], cell) for row in sample]) for i, name in enumerate(table.columns)]
     budget = shutil.get_terminal_size((120, 24)).columns - len(indent)
     shown, used = [], 0
     for name, cells in columns:
-        width = max(len(name), *(len(cell) for cell in cells)) if cells else len(name)
+        width = max([len(name), *(len(text) for text in cells)])
         if used + width > budget and shown:
             break
         shown.append((name, width, cells))

@@ -154,7 +154,8 @@ def generate_game_events(seed: int = 0, players: int = 8, sessions: int = 3, mal
     produced.sort(key=lambda pair: pair[0])
     records = [GameRecord(e["player"].encode(), json.dumps(e).encode(), e) for _, e in produced]
     for kind in range(malformed):
-        records.insert(rng.randrange(len(records) + 1), GameRecord(None, _malformed(rng, kind, rng.choice(records).event), None))
+        bad = _malformed(rng, kind, rng.choice(produced)[1])
+        records.insert(rng.randrange(len(records) + 1), GameRecord(None, bad, None))
     return GameEvents(records)
 
 

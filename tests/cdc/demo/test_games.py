@@ -31,7 +31,8 @@ def test_the_game_events_pipeline_gives_a_table_per_game(spark, kafka, stack_con
         games_demo(spark, settings, pipeline, tmp_path / "out", said.append, events=events)
         assert any(line.startswith("topic game-events holds ") for line in said) == (run == 1)
         per_game, items = events.events_per_game(), events.items_per_game()
-        assert sorted(path.name for path in (tmp_path / "warehouse" / "refined" / "events").iterdir()) == sorted(per_game)
+        games = sorted(path.name for path in (tmp_path / "warehouse" / "refined" / "events").iterdir())
+        assert games == sorted(per_game)
         assert {game: table(f"events/{game}").count() for game in per_game} == dict(per_game)
         assert {game: table(f"events__items/{game}").count() for game in per_game} == dict(items)
 
@@ -43,6 +44,7 @@ def test_the_game_events_pipeline_gives_a_table_per_game(spark, kafka, stack_con
         malformed = {record.value for record in events.malformed}
         bad_offsets = {(partition, offset) for _, partition, offset, _, value, _ in kafka.records("game-events")
                        if value in malformed}  # fmt: skip
-        quarantined = spark.read.format("delta").load(quarantine_location(warehouse)).where(F.col("topic") == "game-events")
+        quarantined = spark.read.format("delta").load(quarantine_location(warehouse))
+        quarantined = quarantined.where(F.col("topic") == "game-events")
         assert {(row.partition, row.offset) for row in quarantined.collect()} == bad_offsets
         assert len(bad_offsets) == len(malformed) == 4
