@@ -102,7 +102,7 @@ def workload(args: argparse.Namespace, settings: Settings) -> int:
 def demo(args: argparse.Namespace, settings: Settings) -> int:
     from cdc.demo import run_demo
 
-    run_demo(settings)
+    run_demo(settings, args.example, args.output_dir)
     return 0
 
 
@@ -294,11 +294,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--customers", type=int, default=10, help="new customers to insert (default 10)")
     run.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
 
-    _add(commands, "demo", demo, "run the end-to-end demo on the local stack", [state_dir])
-
     warehouse = argparse.ArgumentParser(add_help=False)
     warehouse.add_argument("--warehouse", help="root of the Delta tables, a path or URI (default ./warehouse)")
     warehouse.add_argument("--kafka-secrets-file", type=Path, help="YAML/JSON file of Kafka settings (SASL, SSL)")
+
+    demos = _add(commands, "demo", demo, "run an example pipeline end to end on the local stack", [state_dir])
+    demos.add_argument("--warehouse", help="root of the Delta tables, a path or URI (default ./warehouse)")
+    demos.add_argument("example", nargs="?", choices=["shop", "games"], default="shop",
+                       help="shop: examples/pipelines/shop.yaml over the demo Postgres database (default); "
+                            "games: examples/pipelines/game_events.yaml over generated game events")  # fmt: skip
+    demos.add_argument("--output-dir", type=Path, default=Path(".cdc/demo"),
+                       help="where the pipeline's graph page is written (default .cdc/demo)")
 
     land = _add(commands, "raw", raw, "land Kafka topics as-is in raw Delta tables, exactly once", [warehouse])
     selection = land.add_mutually_exclusive_group(required=True)

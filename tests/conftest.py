@@ -77,10 +77,6 @@ def postgres_connector(stack, stack_config: StackConfig, unique_name: str):
 
     Yields its definition once it runs; then removes it with its replication slot and publication.
     """
-    import time
-
-    import psycopg
-
     from connectors import definitions
     from connectors.client import ConnectClient
     from connectors.definitions import ConnectorDefinition
@@ -94,18 +90,74 @@ def postgres_connector(stack, stack_config: StackConfig, unique_name: str):
     client.register(connector)
     client.wait_running(connector.name)
     yield connector
-    client.delete(connector.name)
+    remove_postgres_connector(stack_config, connector)
+
+
+@pytest.fixture
+def shipped_postgres_connector(stack, stack_config: StackConfig):
+    """The shipped connector (connectors/postgres.json: topics demo.shop.*), for a test that registers it
+    itself (the demo); removed afterwards with its replication slot and publication."""
+    from connectors import definitions
+
+    connector = definitions.load("postgres")
+    yield connector
+    remove_postgres_connector(stack_config, connector)
+
+
+def remove_postgres_connector(stack_config: StackConfig, connector) -> None:
+    """Delete a Postgres connector, then drop its replication slot and publication."""
+    import time
+
+    import psycopg
+
+    from connectors.client import ConnectClient
+
+    client = ConnectClient(stack_config.connect.url)
+    if connector.name in client.connectors():  # a test that failed early may not have registered it
+        client.delete(connector.name)
+    slot, publication = connector.config["slot.name"], connector.config["publication.name"]
     with psycopg.connect(stack_config.postgres.dsn(), autocommit=True) as conn:
         deadline = time.monotonic() + 60
         # The slot stays active until the stopped task lets go of its replication connection.
-        while conn.execute(
-            "SELECT active FROM pg_replication_slots WHERE slot_name = %s", (unique_name,)
-        ).fetchone() == (True,):
-            assert time.monotonic() < deadline, f"replication slot {unique_name} still active"
+        while conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone() == (True,):
+            assert time.monotonic() < deadline, f"replication slot {slot} still active"
             time.sleep(0.2)
-        conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
-                     (unique_name,))
-        conn.execute(f'DROP PUBLICATION IF EXISTS "{unique_name}"')
+        conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+        conn.execute(f'DROP PUBLICATION IF EXISTS "{publication}"')
+
+
+# Each demo table as a query and the Spark schema its refined table has.
+SOURCE_TABLES = {
+    "orders": (
+        "SELECT customer_id, order_no, status::text, amount, ordered_at FROM shop.orders",
+        "customer_id long, order_no int, status string, amount decimal(10,2), ordered_at timestamp_ntz",
+    ),
+    "customers": (
+        "SELECT id, email, full_name, balance, credit_limit, signed_up_at, birth_date, profile::text, tags, "
+        "external_id::text, is_active, notes, avatar FROM shop.customers",
+        "id long, email string, full_name string, balance decimal(12,2), credit_limit decimal(38,18), "
+        "signed_up_at timestamp, birth_date date, profile string, tags array<string>, external_id string, "
+        "is_active boolean, notes string, avatar binary",
+    ),
+    "page_views": (
+        "SELECT customer_id, url, viewed_at FROM shop.page_views",
+        "customer_id long, url string, viewed_at timestamp",
+    ),
+}
+
+
+@pytest.fixture
+def postgres_table(spark, stack, stack_config: StackConfig):
+    """``postgres_table(name)``: the demo table ``shop.<name>`` in Postgres as a Spark DataFrame."""
+
+    import psycopg
+
+    def read(name: str):
+        query, schema = SOURCE_TABLES[name]
+        with psycopg.connect(stack_config.postgres.dsn()) as conn:
+            return spark.createDataFrame(conn.execute(query).fetchall(), schema)
+
+    return read
 
 
 class KafkaTestClient:

@@ -11,7 +11,7 @@ from kafka import KafkaConsumer, TopicPartition
 
 from cdc.errors import StackError
 from cdc.stack.base import KAFKA
-from refine.envelope import TOMBSTONE
+from refine.envelope import TOMBSTONE, Op
 
 
 
@@ -44,9 +44,11 @@ def read_events(
     expected: dict[str, int],
     start: dict[tuple[str, int], int] | None = None,
     timeout_s: float = 60.0,
+    skip_snapshot: bool = False,
 ) -> dict[str, list[ChangeEvent]]:
     """Read at least ``expected[topic]`` records of each topic from ``start`` ((topic, partition) ->
-    offset; default: the beginning).
+    offset; default: the beginning). With ``skip_snapshot``, snapshot reads (op ``r``) are left out:
+    a connector just registered may still be writing its snapshot after ``start``.
 
     Fails naming the topics that fell short when ``timeout_s`` runs out.
     """
@@ -72,12 +74,15 @@ def read_events(
                     consumer.seek(partition, start.get((partition.topic, partition.partition), 0))
                 assigned = wanted
             for partition, records in consumer.poll(timeout_ms=500).items():
-                received[partition.topic].extend(
+                events = (
                     ChangeEvent(
                         record.topic, record.partition, record.offset, _parse(record.key), _parse(record.value),
                         dict(record.headers or []),
                     )
                     for record in records
+                )
+                received[partition.topic].extend(
+                    event for event in events if not (skip_snapshot and event.op == Op.READ.value)
                 )
         return received
     finally:

@@ -1,33 +1,13 @@
-"""Fixtures of the refinement tests: land a topic and refine it; read a Postgres table as Spark does."""
+"""Fixtures of the refinement tests: land a topic and refine it; read a refined table."""
 
 from __future__ import annotations
 
-import psycopg
 import pytest
 
 from cdc.config import validate
 from cdc.raw.config import RawJobConfig
 from cdc.raw.job import run_raw_job
 from refine.job import RefineJobConfig, run_refine_job
-
-# Each demo table as a query and the Spark schema its refined table has.
-SOURCE_TABLES = {
-    "orders": (
-        "SELECT customer_id, order_no, status::text, amount, ordered_at FROM shop.orders",
-        "customer_id long, order_no int, status string, amount decimal(10,2), ordered_at timestamp_ntz",
-    ),
-    "customers": (
-        "SELECT id, email, full_name, balance, credit_limit, signed_up_at, birth_date, profile::text, tags, "
-        "external_id::text, is_active, notes, avatar FROM shop.customers",
-        "id long, email string, full_name string, balance decimal(12,2), credit_limit decimal(38,18), "
-        "signed_up_at timestamp, birth_date date, profile string, tags array<string>, external_id string, "
-        "is_active boolean, notes string, avatar binary",
-    ),
-    "page_views": (
-        "SELECT customer_id, url, viewed_at FROM shop.page_views",
-        "customer_id long, url string, viewed_at timestamp",
-    ),
-}
 
 
 @pytest.fixture
@@ -62,18 +42,6 @@ def land_and_refine(land, refine):
         refine(warehouse, topic, **settings)
 
     return run
-
-
-@pytest.fixture
-def postgres_table(spark, stack_config):
-    """``postgres_table(name)``: the demo table ``shop.<name>`` in Postgres as a Spark DataFrame."""
-
-    def read(name: str):
-        query, schema = SOURCE_TABLES[name]
-        with psycopg.connect(stack_config.postgres.dsn()) as conn:
-            return spark.createDataFrame(conn.execute(query).fetchall(), schema)
-
-    return read
 
 
 @pytest.fixture

@@ -1,0 +1,32 @@
+"""The shop demo on the real stack: examples/pipelines/shop.yaml from Postgres to refined tables equal
+to Postgres, run twice (the rerun adds a workload and lands and refines only its changes)."""
+
+import pytest
+from pyspark.testing import assertDataFrameEqual
+
+from cdc.config import Settings
+from cdc.demo import PIPELINES
+from cdc.demo.shop import shop_demo
+from cdc.pipeline.load import load_pipeline
+from refine.job import refined_table_location
+from refine.merge import METADATA_COLUMNS
+
+pytestmark = pytest.mark.integration
+
+
+def test_the_shop_pipeline_equals_postgres_after_two_runs(
+    spark, stack_config, shipped_postgres_connector, postgres_table, tmp_path
+):
+    settings = Settings(stack=stack_config, warehouse=str(tmp_path / "warehouse"))
+    pipeline = load_pipeline(PIPELINES["shop"])
+    for run in range(2):
+        said: list[str] = []
+        shop_demo(spark, settings, pipeline, tmp_path / "out", said.append, customers=3)
+        for name in ("customers", "orders"):
+            refined = spark.read.format("delta").load(refined_table_location(str(tmp_path / "warehouse"), name))
+            assertDataFrameEqual(refined.drop(*METADATA_COLUMNS), postgres_table(name))
+            rows = refined.count()
+            assert any(line.startswith(f"refined {name}: {rows} rows (Postgres shop.{name}: {rows})") for line in said)
+        assert "business tables declared but not yet materialised: customer_order_totals" in said
+    assert (tmp_path / "out" / "shop.html").read_text().startswith("<!DOCTYPE html>")
+    assert f"the pipeline's graph (topics -> raw -> refined -> business): open {tmp_path / 'out' / 'shop.html'}" in said
