@@ -27,9 +27,10 @@ from cdc.storage import normalize_location
 from cdc.streaming import failure, with_trigger
 from refine.envelope import ConnectSchema, Op
 from refine.latest import latest_per_key
-from refine.merge import merge_changes, refined_rows
+from refine.merge import merge_changes
 from refine.parse import parse_changes, wrapped_schema
 from refine.quarantine import quarantine, quarantine_location
+from refine.rules import TableRules
 
 
 class RefineRun(_Strict):
@@ -52,6 +53,7 @@ class RefineJobConfig(RefineRun):
         default=None, pattern=TOPIC_NAME,
         description="The refined table's name, <warehouse>/refined/<name> (and its checkpoint's); default the topic.",
     )  # fmt: skip
+    rules: TableRules | None = Field(default=None, description="Expectations checked before the MERGE (pipelines).")
 
     @property
     def target(self) -> str:
@@ -86,9 +88,12 @@ class RefineBatch:
         self.config = config
         self.raw = raw_table_location(config.warehouse, config.table)
         self.refined = refined_table_location(config.warehouse, config.target)
+        self.rules = config.rules or TableRules(table=config.target, topic=config.table, warehouse=config.warehouse)
+        self.batch_id = -1
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         spark = batch.sparkSession
+        self.batch_id = batch_id
         # Cached: read from the raw table once (Spark counts a source's rows per read).
         records = batch.where(F.col("_change_type") == "insert").persist()  # raw tables only append
         try:
@@ -139,8 +144,9 @@ class RefineBatch:
         records.unpersist()  # the parsed changes are cached now
         key_columns = [field.field for field in key_schema.fields or ()]
         columns = [field.field for field in value_schema.field_named("after").fields or ()]
-        rows = refined_rows(latest_per_key(changes.where("problem IS NULL"), key_columns, truncated_at), columns)
-        merge_changes(spark, self.refined, rows, key_columns, truncated_at)
+        latest = latest_per_key(changes.where("problem IS NULL"), key_columns, truncated_at)
+        with self.rules.enforced_changes(spark, latest, columns, key_columns, self.batch_id) as rows:
+            merge_changes(spark, self.refined, rows, key_columns, truncated_at)
 
 
 def start_refine_query(
