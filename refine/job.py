@@ -24,7 +24,7 @@ from cdc.errors import StreamError, TableError
 from cdc.raw.config import TOPIC_NAME, Continuous, Trigger
 from cdc.raw.table import raw_table_location, raw_table_topic
 from cdc.storage import normalize_location
-from cdc.streaming import failure, with_trigger
+from cdc.streaming import failure, keeping_typed_errors, typed_failure, with_trigger
 from refine.envelope import ConnectSchema, Op
 from refine.latest import latest_per_key
 from refine.merge import merge_changes
@@ -159,7 +159,7 @@ def start_refine_query(
         raise TableError("no raw table for this topic: run `cdc raw` first", table=raw)
     writer = (
         spark.readStream.format("delta").option("readChangeFeed", "true").option("startingVersion", 0).load(raw)
-        .writeStream.queryName(f"refine {name}").foreachBatch(batch)
+        .writeStream.queryName(f"refine {name}").foreachBatch(keeping_typed_errors(batch))
         .option("checkpointLocation", f"{warehouse}/_cdc/checkpoints/refine/{name}")
     )  # fmt: skip
     return with_trigger(writer, trigger).start()
@@ -192,6 +192,8 @@ def watch_refine_queries(
 
 
 def _raise_failure(name: str, query: StreamingQuery) -> None:
+    if (typed := typed_failure(query)) is not None:
+        raise typed
     if (message := failure(query)) is not None:
         raise StreamError(f"the refine stream stopped: {message.splitlines()[0]}", table=name)
 

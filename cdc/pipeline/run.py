@@ -5,7 +5,7 @@ sources through :mod:`refine.events`, each with its expectations and (events) hi
 (:mod:`refine.rules`). Business tables (:mod:`refine.business`) are refreshed after the refined
 tables when run once, on their own interval when run continuously. What is declared but not run
 yet (MongoDB sources, Avro and Protobuf decoding, SCD type 2 of Debezium tables, exploding Debezium
-tables, expectations on child tables) is refused up front, each named by its key.
+tables) is refused up front, each named by its key.
 """
 
 from __future__ import annotations
@@ -69,9 +69,6 @@ def _not_run_yet(pipeline: Pipeline) -> list[str]:
             problems.append(f"refined.{name}.scd: SCD type 2 needs `keys` (without keys every event is kept anyway)")
         if isinstance(source, DebeziumPostgresSource) and table.explode:
             problems.append(f"refined.{name}.explode: exploding arrays of Debezium tables is not run yet")
-    for name, expectation in pipeline.expectations.items():
-        if expectation.table not in pipeline.refined:
-            problems.append(f"expectations.{name}.table: expectations on child tables are not run yet")
     return problems
 
 
