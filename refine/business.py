@@ -209,7 +209,8 @@ def _register_views(spark: SparkSession, config: BusinessTableConfig) -> str | N
     storage = Storage(spark)
     for view, folder in config.split_views.items():
         folder = normalize_location(folder)
-        tables[view] = [f"{folder}/{name}" for name in storage.list_names(folder) if is_delta_table(spark, f"{folder}/{name}")]
+        locations = [f"{folder}/{name}" for name in storage.list_names(folder)]
+        tables[view] = [location for location in locations if is_delta_table(spark, location)]
         if not tables[view]:
             return folder
     if missing := next((locations[0] for locations in tables.values() if not is_delta_table(spark, locations[0])), None):

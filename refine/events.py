@@ -151,7 +151,7 @@ class EventsBatch:
             good = events.where("problem IS NULL").select(
                 "event.*", F.col("kafka_partition").alias(PARTITION), F.col("kafka_offset").alias(OFFSET)
             )
-            rows = self._flat(good)
+            rows = self.flat_rows(good)
             with self.rules.passing_events(spark, good, rows, expectation_keys(self.config.table), batch_id) as good:
                 split = self.config.table.split_by
                 if split is None:
@@ -168,14 +168,14 @@ class EventsBatch:
         location = refined_table_location(self.config.warehouse, name)
         return f"{location}/{split_value}" if split_value is not None else location
 
-    def _flat(self, events: DataFrame) -> DataFrame:
+    def flat_rows(self, events: DataFrame) -> DataFrame:
         """Events as the refined table's rows (exploded arrays left out)."""
         return flatten(events, tuple(self.config.table.explode), self.config.table.flatten.kept(events.schema))
 
     def _write(self, spark: SparkSession, events: DataFrame, split_value: str | None, app_id: str, batch_id: int) -> None:
         table = self.config.table
         nested = latest_events(events, table.keys, table.ordering) if table.keys else events
-        parents = self._flat(nested).withColumn(REFINED_AT, F.current_timestamp())
+        parents = self.flat_rows(nested).withColumn(REFINED_AT, F.current_timestamp())
         location = self._location(self.config.name, split_value)
         if not table.keys:
             append_rows(spark, location, parents, app_id, batch_id)
@@ -188,7 +188,7 @@ class EventsBatch:
         position = [flat_name(table.ordering), *EVENT_POSITION]
         merge_latest(spark, location, parents, keys, position)
         history = self._location(history_table_name(self.config.name), split_value)
-        self.rules.record_history(spark, history, self._flat(events))  # every event of the batch: a version
+        self.rules.record_history(spark, history, self.flat_rows(events))  # every event of the batch: a version
         if not table.explode:
             return
         # The parents whose event is now the stored one: a replayed older event changes no children.
@@ -212,5 +212,6 @@ def start_events_query(spark: SparkSession, config: EventsRefineJobConfig) -> St
             f"refined.{config.name}.{field}: {reason}" for field, reason in problems
         ), topic=config.topic)  # fmt: skip
     batch = EventsBatch(config, schema)
-    batch.rules.check(spark, batch._flat(spark.createDataFrame([], event_rows_schema(schema))), expectation_keys(config.table))
+    no_rows = spark.createDataFrame([], event_rows_schema(schema))
+    batch.rules.check(spark, batch.flat_rows(no_rows), expectation_keys(config.table))  # before any row is read
     return start_refine_query(spark, config.warehouse, config.topic, config.name, batch, config.trigger)

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.errors import StreamingQueryException
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql import functions as F
 from pydantic import Field, field_validator
@@ -175,7 +176,10 @@ def watch_refine_queries(
     try:
         while any(query.isActive for query in queries.values()) and not stop.is_set():
             for name, query in queries.items():
-                query.awaitTermination(0.5)
+                try:
+                    query.awaitTermination(0.5)
+                except StreamingQueryException:
+                    pass  # raised below, naming the table (or as the typed error the batch raised)
                 for progress in query.recentProgress:
                     if (name, progress.batchId) not in seen and progress.numInputRows:
                         seen.add((name, progress.batchId))
