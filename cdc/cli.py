@@ -150,8 +150,9 @@ def refine(args: argparse.Namespace, settings: Settings) -> int:
                                                  "reinfer_schema": args.reinfer_schema}, "refine job settings")
         run_pipeline_refine(build_spark_session(settings.spark), pipeline, config, stop=_stop_on_signals())
         return 0
-    config = validate(RefineJobConfig, {"table": args.table, "warehouse": settings.warehouse,
-                                        "trigger": _trigger(args)}, "refine job settings")  # fmt: skip
+    columns = dict(column.partition("=")[::2] for column in args.column or ())
+    config = validate(RefineJobConfig, {"table": args.table, "warehouse": settings.warehouse, "columns": columns or None,
+                                        "key": args.key, "trigger": _trigger(args)}, "refine job settings")  # fmt: skip
     run_refine_job(build_spark_session(settings.spark), config, stop=_stop_on_signals())
     return 0
 
@@ -326,6 +327,10 @@ def build_parser() -> argparse.ArgumentParser:
     refine_trigger.add_argument("--available-now", action="store_true", help="refine what is there, then stop")
     refine_trigger.add_argument("--trigger-interval", type=float, metavar="SECONDS",
                                 help="run continuously, a micro-batch every SECONDS (default 2)")  # fmt: skip
+    refining.add_argument("--column", action="append", metavar="NAME=TYPE",
+                          help="a column's Spark type (e.g. amount=decimal(12,2)): the row's schema for values written "
+                          "without one (then --key too), else an override of the decoded type; repeatable")
+    refining.add_argument("--key", action="append", metavar="NAME", help="a primary-key column of a schemaless topic; repeatable")
 
     checking = _add(commands, "validate", validate_pipeline,
                     "check a pipeline file: OK, or one line per problem naming the key and the reason (exit 2)")

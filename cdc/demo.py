@@ -45,7 +45,7 @@ def run_demo(settings: Settings, say: Callable[[str], None] = print) -> dict[str
     say(f"  balance    = {after['balance']!r}  (numeric(12,2): base64 unscaled integer, scale in the schema)")
     say(f"  birth_date = {after['birth_date']!r}  (date: days since 1970-01-01)")
     say(f"  notes      = {after['notes']!r}  (TOASTed column the update left alone)")
-    land_and_refine(settings, [topics["customers"], topics["orders"]], say)
+    land_and_refine(settings, list(topics.values()), say)
     return events
 
 

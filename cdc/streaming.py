@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from pyspark.errors import StreamingQueryException
-from pyspark.sql import DataFrame
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
-from cdc.errors import CdcError
 from cdc.raw.config import AvailableNow, Continuous, Trigger
 from cdc.source import redact
 
@@ -33,26 +29,3 @@ def failure(query: StreamingQuery, secrets: list[str] | None = None) -> str | No
         return None
     message = redact(str(getattr(error, "desc", None) or error), secrets or []).strip()
     return message or type(error).__name__
-
-
-# The typed error a foreachBatch function raised, by query id: Spark hands the query's failure back as
-# text, so the error is kept here (foreachBatch runs in this process) to be raised as it was.
-_RAISED_IN_BATCH: dict[str, CdcError] = {}
-
-
-def keeping_typed_errors(batch: Callable[[DataFrame, int], None]) -> Callable[[DataFrame, int], None]:
-    """``batch`` (a foreachBatch function) keeping the CdcError it raises for :func:`typed_failure`."""
-
-    def run(rows: DataFrame, batch_id: int) -> None:
-        try:
-            batch(rows, batch_id)
-        except CdcError as error:
-            _RAISED_IN_BATCH[rows.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")] = error
-            raise
-
-    return run
-
-
-def typed_failure(query: StreamingQuery) -> CdcError | None:
-    """The CdcError the query's foreachBatch function stopped it with, if that is how it stopped."""
-    return _RAISED_IN_BATCH.pop(str(query.id), None) if failure(query) is not None else None

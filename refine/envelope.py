@@ -140,6 +140,25 @@ class MongoEnvelope(BaseModel):
     ts_ms: int | None = None
 
 
+class FlattenedMetadata(BaseModel):
+    """What ExtractNewRecordState (Postgres) / ExtractNewDocumentState (MongoDB) add to the row they
+    make of a change: ``add.fields=op,lsn,source.ts_ms`` gives ``__op``, ``__lsn``,
+    ``__source_ts_ms``; ``delete.handling.mode=rewrite`` gives ``__deleted`` ("true" on a delete's
+    row). The row's own columns are extra fields. Deletes are otherwise tombstones only; truncates
+    are dropped by the transforms."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    op: Op | None = Field(default=None, alias="__op")
+    lsn: int | None = Field(default=None, alias="__lsn")
+    source_ts_ms: int | None = Field(default=None, alias="__source_ts_ms")
+    deleted: str | None = Field(default=None, alias="__deleted")  # a STRING: "true" / "false"
+
+
+# The fields the transforms add, prefixed as their default ``add.fields.prefix`` says.
+FLATTENED_METADATA_FIELDS = tuple(field.alias for field in FlattenedMetadata.model_fields.values())
+
+
 class SchemaAndPayload(BaseModel):
     """JsonConverter's wrapper with ``schemas.enable=true``."""
 

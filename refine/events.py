@@ -20,17 +20,16 @@ from __future__ import annotations
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
-from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 from pydantic import Field
 
-from cdc.errors import ConfigError
+from cdc.errors import CdcError, ConfigError
 from cdc.pipeline.checks import table_shape_problems
 from cdc.pipeline.config import Name, RefinedTable
 from cdc.raw.config import TOPIC_NAME
 from cdc.raw.table import raw_table_location
 from refine.flatten import child_rows, child_table_name, column, flat_name, flatten
-from refine.job import RefineRun, refined_table_location, start_refine_query
+from refine.job import RefineRun, refined_table_location
 from refine.merge import EVENT_POSITION, OFFSET, PARTITION, REFINED_AT, append_rows, merge_latest, replace_children
 from refine.history import HistorySpec
 from refine.quarantine import quarantine, quarantine_location
@@ -139,8 +138,16 @@ class EventsBatch:
         self.schema = schema
         self.raw = raw_table_location(config.warehouse, config.topic)
         self.rules = config.rules or TableRules(table=config.name, topic=config.topic, warehouse=config.warehouse)
+        self.error: CdcError | None = None
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        try:
+            self._refine(batch, batch_id)
+        except CdcError as error:
+            self.error = error  # raised again by watch_refine_queries: Spark's own message would bury it
+            raise
+
+    def _refine(self, batch: DataFrame, batch_id: int) -> None:
         spark = batch.sparkSession
         app_id = f"cdc-refine-{spark.sparkContext.getLocalProperty('sql.streaming.queryId')}"
         records = batch.where(F.col("_change_type") == "insert")  # raw tables only append
@@ -204,8 +211,8 @@ class EventsBatch:
             applied.unpersist()
 
 
-def start_events_query(spark: SparkSession, config: EventsRefineJobConfig) -> StreamingQuery:
-    """Read (or infer) the schema, check the table's column paths against it, start the stream."""
+def events_batch(spark: SparkSession, config: EventsRefineJobConfig) -> EventsBatch:
+    """Read (or infer) the schema, check the table's column paths and expectations against it."""
     schema = event_schema(spark, config.warehouse, config.topic, config.schema_ddl, config.reinfer_schema)
     if problems := table_shape_problems(schema, config.table):
         raise ConfigError("the events' schema does not fit the refined table: " + "; ".join(
@@ -214,4 +221,4 @@ def start_events_query(spark: SparkSession, config: EventsRefineJobConfig) -> St
     batch = EventsBatch(config, schema)
     no_rows = spark.createDataFrame([], event_rows_schema(schema))
     batch.rules.check(spark, batch.flat_rows(no_rows), expectation_keys(config.table))  # before any row is read
-    return start_refine_query(spark, config.warehouse, config.topic, config.name, batch, config.trigger)
+    return batch

@@ -5,33 +5,60 @@ driver; the records are parsed and decoded with them in Spark; undecodable recor
 quarantine; the last change per key (by LSN, then offset) is MERGEd with position guards, so the
 job can be rerun or replayed any number of times.
 
-Supported so far: Debezium Postgres topics of tables with a primary key (snapshot reads, creates,
-updates with TOAST placeholders, deletes, tombstones, truncates, added columns).
+Supported so far: Debezium Postgres topics (snapshot reads, creates, updates with TOAST placeholders,
+deletes, tombstones, truncates, added columns), with a primary key (primary-key changes:
+:mod:`refine.rekey`; deleted keys stay deleted: :mod:`refine.deleted`) or without one (multisets:
+:mod:`refine.keyless`), with or without the ``{schema, payload}`` wrapper (:mod:`refine.columns`);
+MongoDB topics (:mod:`refine.mongo`); rows flattened by ExtractNewRecordState /
+ExtractNewDocumentState (:mod:`refine.flattened`).
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Annotated
 
-from pyspark.sql import DataFrame, SparkSession
 from pyspark.errors import StreamingQueryException
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql import functions as F
-from pydantic import Field, field_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from cdc.config import _Strict
-from cdc.errors import StreamError, TableError
+from cdc.errors import CdcError, StreamError, TableError
 from cdc.raw.config import TOPIC_NAME, Continuous, Trigger
 from cdc.raw.table import raw_table_location, raw_table_topic
 from cdc.storage import normalize_location
-from cdc.streaming import failure, keeping_typed_errors, typed_failure, with_trigger
+from cdc.streaming import failure, with_trigger
+from refine.columns import connect_type, declared_schemas, declared_types
+from refine.deleted import (
+    deleted_location,
+    record_deletes,
+    record_truncate,
+    with_deleted_images,
+    without_resurrections,
+)
 from refine.envelope import ConnectSchema, Op
+from refine.flattened import (
+    as_envelope, has_lsn, is_flattened, parse_flattened, remember_schema, remembered_schema, with_key_columns,
+)
+from refine.keyless import applied_location, merge_keyless_changes
 from refine.latest import latest_per_key
 from refine.merge import merge_changes
+from refine.mongo import is_mongo, refine_mongo_batch
 from refine.parse import parse_changes, wrapped_schema
 from refine.quarantine import quarantine, quarantine_location
+from refine.rekey import batch_states, fill_from_old_keys, stored_states
 from refine.rules import TableRules
+
+
+def _readable_type(spark_type: str) -> str:
+    connect_type(spark_type)  # ValueError naming the type and the supported ones
+    return spark_type
+
+
+ColumnType = Annotated[str, AfterValidator(_readable_type)]
 
 
 class RefineRun(_Strict):
@@ -46,6 +73,11 @@ class RefineRun(_Strict):
         return normalize_location(warehouse)
 
 
+def _payload_field(path: str) -> Column:
+    """A field of the value's payload, with or without the ``{schema, payload}`` wrapper."""
+    return F.coalesce(F.get_json_object("value", f"$.payload.{path}"), F.get_json_object("value", f"$.{path}"))
+
+
 class RefineJobConfig(RefineRun):
     """One `cdc refine` run of a Debezium topic."""
 
@@ -54,11 +86,25 @@ class RefineJobConfig(RefineRun):
         default=None, pattern=TOPIC_NAME,
         description="The refined table's name, <warehouse>/refined/<name> (and its checkpoint's); default the topic.",
     )  # fmt: skip
+    columns: dict[str, ColumnType] | None = Field(default=None, description=(
+        "Column types in Spark SQL (bigint, decimal(12,2), timestamp...). For values written without a schema "
+        "(schemas.enable=false) they are the row's schema, and `key` is required; with a schema they override "
+        "decoded types (e.g. a decimal.handling.mode=string column declared decimal(12,2)). See refine/columns.py."))
     rules: TableRules | None = Field(default=None, description="Expectations checked before the MERGE (pipelines).")
+    key: list[str] | None = Field(default=None, min_length=1, description=(
+        "The primary-key columns of a topic written without a schema (each one of `columns`)."))
 
     @property
     def target(self) -> str:
         return self.name or self.table
+
+    @model_validator(mode="after")
+    def _key_in_columns(self) -> RefineJobConfig:
+        if self.key is not None:
+            missing = [name for name in self.key if name not in (self.columns or {})]
+            if missing:
+                raise ValueError(f"key: {', '.join(missing)} not among the declared columns")
+        return self
 
 
 def refined_table_location(warehouse: str, topic: str) -> str:
@@ -89,6 +135,9 @@ class RefineBatch:
         self.config = config
         self.raw = raw_table_location(config.warehouse, config.table)
         self.refined = refined_table_location(config.warehouse, config.target)
+        self.deleted = deleted_location(config.warehouse, config.target)
+        self.applied = applied_location(config.warehouse, config.target)
+        self.error: CdcError | None = None
         self.rules = config.rules or TableRules(table=config.target, topic=config.table, warehouse=config.warehouse)
         self.batch_id = -1
 
@@ -99,6 +148,9 @@ class RefineBatch:
         records = batch.where(F.col("_change_type") == "insert").persist()  # raw tables only append
         try:
             self._refine(spark, records)
+        except CdcError as error:
+            self.error = error  # raised again by run_refine_job: Spark's own message would bury it
+            raise
         finally:
             records.unpersist()
 
@@ -110,22 +162,58 @@ class RefineBatch:
                             wrapped_schema(F.col("key")).alias("key_schema"))
             # The text test is cheap and lets the JSON parse run only where a truncate can be.
             .agg(F.max(F.when(F.col("value").contains(f'"op":"{Op.TRUNCATE.value}"') & (
-                F.get_json_object("value", "$.payload.op") == Op.TRUNCATE.value), F.struct(
-                F.get_json_object("value", "$.payload.source.lsn").try_cast("long").alias("lsn"),
+                _payload_field("op") == Op.TRUNCATE.value), F.struct(
+                _payload_field("source.lsn").try_cast("long").alias("lsn"),
                 F.col("offset").alias("offset"),
-            ))).alias("truncate"))
+            ))).alias("truncate"),
+                 # Bare envelopes (no schema wrapper); the JSON parse runs only for unwrapped values.
+                 F.count(F.when(wrapped_schema(F.col("value")).isNull() & F.col("value").isNotNull()
+                                & F.get_json_object("value", "$.op").isNotNull(), 1)).alias("schemaless"))
             .collect()
         )  # fmt: skip
-        schemas = [row for row in summary if row.value_schema]
+        if any(row.schemaless for row in summary):
+            return self._refine_schemaless(spark, records, summary)
+        schemas = [ConnectSchema.model_validate_json(row.value_schema) for row in summary if row.value_schema]
+        if schemas and is_mongo(schemas[-1]):
+            refine_mongo_batch(spark, records, refined=self.refined, raw=self.raw, topic=self.config.table,
+                               quarantine_at=quarantine_location(self.config.warehouse))  # fmt: skip
+            return
+        schemas = schemas or [known for known in [remembered_schema(spark, self.refined)] if known]
         if not schemas:
             return  # only tombstones: their deletes came before them
-        value_schema = merged_schema([ConnectSchema.model_validate_json(row.value_schema) for row in schemas])
-        key_texts = [row.key_schema for row in schemas if row.key_schema]
-        if not key_texts:
-            raise TableError("tables without a primary key are not refined yet", table=self.raw)
-        key_schema = ConnectSchema.model_validate_json(key_texts[-1])
+        flattened = is_flattened(schemas[-1])
+        value_schema = merged_schema([as_envelope(schema) if flattened else schema for schema in schemas])
+        key_texts = [row.key_schema for row in summary if row.key_schema]
+        key_schema = ConnectSchema.model_validate_json(key_texts[-1]) if key_texts else None  # None: no primary key
+        if flattened:
+            if key_schema is None:
+                raise TableError("flattened rows (ExtractNewRecordState) of a table without a primary key cannot "
+                                 "be refined: without `before`, a delete cannot say which row it removes",
+                                 table=self.raw)  # fmt: skip
+            value_schema = with_key_columns(value_schema, key_schema)
         truncates = [tuple(row.truncate) for row in summary if row.truncate]
-        changes = parse_changes(records, key_schema, value_schema).persist()  # parsed once: quarantine and MERGE
+        changes = (
+            parse_flattened(records, key_schema, value_schema, has_lsn(schemas[-1])) if flattened
+            else parse_changes(records, key_schema, value_schema)
+        )
+        changes = declared_types(changes, self.config.columns or {}).persist()  # parsed once: quarantine and MERGE
+        try:
+            self._apply(spark, records, changes, value_schema, key_schema, max(truncates) if truncates else None)
+            if flattened:
+                remember_schema(spark, self.refined, schemas[-1])
+        finally:
+            changes.unpersist()
+
+    def _refine_schemaless(self, spark: SparkSession, records: DataFrame, summary: list) -> None:
+        """Values without the ``{schema, payload}`` wrapper: Postgres envelopes read with the declared columns."""
+        if not self.config.columns or not self.config.key:
+            raise TableError(
+                "the topic's values carry no schema (schemas.enable=false): declare the refined table's `columns` "
+                "(name: Spark type) and its `key` in the refine job's configuration", table=self.raw)  # fmt: skip
+        value_schema, key_schema = declared_schemas(self.config.columns, self.config.key)
+        truncates = [tuple(row.truncate) for row in summary if row.truncate]
+        changes = parse_changes(records, key_schema, value_schema, wrapped=False)
+        changes = declared_types(changes, self.config.columns).persist()
         try:
             self._apply(spark, records, changes, value_schema, key_schema, max(truncates) if truncates else None)
         finally:
@@ -137,17 +225,42 @@ class RefineBatch:
         records: DataFrame,
         changes: DataFrame,
         value_schema: ConnectSchema,
-        key_schema: ConnectSchema,
+        key_schema: ConnectSchema | None,
         truncated_at: tuple[int, int] | None,
     ) -> None:
         quarantine(spark, quarantine_location(self.config.warehouse), self.raw, self.config.table,
                    changes.where("problem IS NOT NULL"))  # fmt: skip
         records.unpersist()  # the parsed changes are cached now
-        key_columns = [field.field for field in key_schema.fields or ()]
         columns = [field.field for field in value_schema.field_named("after").fields or ()]
-        latest = latest_per_key(changes.where("problem IS NULL"), key_columns, truncated_at)
+        if key_schema is None:
+            self.rules.refuse_unchecked("tables without a primary key")
+            merge_keyless_changes(spark, self.refined, self.applied, changes.where("problem IS NULL"), columns)
+        else:
+            self._merge_keyed(spark, changes.where("problem IS NULL"), key_schema, columns, truncated_at)
+
+    def _merge_keyed(
+        self,
+        spark: SparkSession,
+        changes: DataFrame,
+        key_schema: ConnectSchema,
+        columns: list[str],
+        truncated_at: tuple[int, int] | None,
+    ) -> None:
+        key_columns = [field.field for field in key_schema.fields or ()]
+        row_type = changes.schema["after"].dataType
+        stored = stored_states(spark, [self.refined, self.deleted], key_columns, row_type)
+        filled = fill_from_old_keys(changes, key_schema, stored)
+        latest = with_deleted_images(latest_per_key(filled, key_columns, truncated_at), batch_states(filled), stored)
         with self.rules.enforced_changes(spark, latest, columns, key_columns, self.batch_id) as rows:
-            merge_changes(spark, self.refined, rows, key_columns, truncated_at)
+            rows = rows.persist()  # computed once from the tables as they were
+            try:
+                record_deletes(spark, self.deleted, rows, key_columns)
+                if truncated_at is not None:
+                    record_truncate(spark, self.deleted, truncated_at)
+                guarded = without_resurrections(spark, self.deleted, rows, key_columns)
+                merge_changes(spark, self.refined, guarded, key_columns, truncated_at)
+            finally:
+                rows.unpersist()
 
 
 def start_refine_query(
@@ -160,14 +273,17 @@ def start_refine_query(
         raise TableError("no raw table for this topic: run `cdc raw` first", table=raw)
     writer = (
         spark.readStream.format("delta").option("readChangeFeed", "true").option("startingVersion", 0).load(raw)
-        .writeStream.queryName(f"refine {name}").foreachBatch(keeping_typed_errors(batch))
+        .writeStream.queryName(f"refine {name}").foreachBatch(batch)
         .option("checkpointLocation", f"{warehouse}/_cdc/checkpoints/refine/{name}")
     )  # fmt: skip
     return with_trigger(writer, trigger).start()
 
 
 def watch_refine_queries(
-    queries: dict[str, StreamingQuery], say: Callable[[str], None], stop: threading.Event
+    queries: dict[str, StreamingQuery],
+    say: Callable[[str], None],
+    stop: threading.Event,
+    batches: dict[str, object] | None = None,
 ) -> dict[str, int]:
     """Report each query's micro-batches until all have stopped (or ``stop`` is set); return the
     changes each read. A query that failed stops the others and raises, naming its table."""
@@ -179,15 +295,15 @@ def watch_refine_queries(
                 try:
                     query.awaitTermination(0.5)
                 except StreamingQueryException:
-                    pass  # raised below, naming the table (or as the typed error the batch raised)
+                    pass  # reported just below, by _raise_failure
                 for progress in query.recentProgress:
                     if (name, progress.batchId) not in seen and progress.numInputRows:
                         seen.add((name, progress.batchId))
                         changes[name] += progress.numInputRows
                         say(f"refine {name} batch {progress.batchId}: {progress.numInputRows:,} changes")
-                _raise_failure(name, query)
+                _raise_failure(name, query, batches)
         for name, query in queries.items():  # one may have failed while another was awaited
-            _raise_failure(name, query)
+            _raise_failure(name, query, batches)
     finally:
         for query in queries.values():
             if query.isActive:
@@ -195,10 +311,11 @@ def watch_refine_queries(
     return changes
 
 
-def _raise_failure(name: str, query: StreamingQuery) -> None:
-    if (typed := typed_failure(query)) is not None:
-        raise typed
+def _raise_failure(name: str, query: StreamingQuery, batches: dict[str, object] | None) -> None:
     if (message := failure(query)) is not None:
+        # A CdcError raised in a micro-batch reaches the user as itself: Spark's message would bury it.
+        if (error := getattr((batches or {}).get(name), "error", None)) is not None:
+            raise error
         raise StreamError(f"the refine stream stopped: {message.splitlines()[0]}", table=name)
 
 
@@ -206,7 +323,9 @@ def run_refine_job(
     spark: SparkSession, config: RefineJobConfig, say: Callable[[str], None] = print, stop: threading.Event | None = None
 ) -> int:
     """Refine the raw table into ``<warehouse>/refined/<name>``; return the number of changes read."""
-    query = start_refine_query(spark, config.warehouse, config.table, config.target, RefineBatch(config), config.trigger)
-    changes = watch_refine_queries({config.target: query}, say, stop or threading.Event())[config.target]
+    batch = RefineBatch(config)
+    query = start_refine_query(spark, config.warehouse, config.table, config.target, batch, config.trigger)
+    changes = watch_refine_queries({config.target: query}, say, stop or threading.Event(), {config.target: batch})
+    changes = changes[config.target]
     say(f"refine {config.target}: {changes:,} changes -> {refined_table_location(config.warehouse, config.target)}")
     return changes

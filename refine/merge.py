@@ -31,6 +31,7 @@ METADATA_COLUMNS = (LSN, OFFSET, COMMITTED_AT, OP, REFINED_AT)
 # Where an event came from: what keys an appended event (and its child rows) in event tables.
 PARTITION = "_cdc_partition"
 EVENT_POSITION = (PARTITION, OFFSET)
+SOURCE_POSITION = (LSN, OFFSET)  # a Postgres row's source position, compared in this order
 
 
 def refined_rows(latest: DataFrame, columns: list[str]) -> DataFrame:
@@ -53,6 +54,9 @@ def ensure_refined_table(spark: SparkSession, location: str, schema: StructType,
         (
             DeltaTable.createIfNotExists(spark).location(location).addColumns(schema)
             .property("delta.enableChangeDataFeed", "true").property(KIND_PROPERTY, kind)
+            # A MERGE then marks the rows it replaces in a deletion vector instead of rewriting
+            # every file a key of the batch falls in: a batch costs its size, not the table's.
+            .property("delta.enableDeletionVectors", "true")
             .execute()
         )  # fmt: skip
         return
@@ -78,10 +82,13 @@ def merge_changes(
     rows: DataFrame,
     key_columns: list[str],
     truncated_at: tuple[int, int] | None,
+    position: tuple[str, ...] = SOURCE_POSITION,
 ) -> None:
-    """Apply one batch's last change per key (and a truncate, if the batch had one)."""
+    """Apply one batch's last change per key (and a truncate, if the batch had one); a change applies
+    when its ``position`` columns are at or after the row's."""
     ensure_refined_table(spark, location, _schema_of(rows))
-    newer = f"(s.{LSN} > t.{LSN} OR (s.{LSN} = t.{LSN} AND s.{OFFSET} >= t.{OFFSET}))"
+    newer = at_or_after([F.col(f"s.`{c}`") for c in position], [F.col(f"t.`{c}`") for c in position])
+    is_delete = F.col(f"s.{OP}") == Op.DELETE.value
     updates = {}
     for field in rows.schema:
         source = F.col(f"s.`{field.name}`")
@@ -93,9 +100,9 @@ def merge_changes(
     merge = (
         DeltaTable.forPath(spark, location).alias("t")
         .merge(rows.alias("s"), " AND ".join(f"t.`{key}` = s.`{key}`" for key in key_columns))
-        .whenMatchedDelete(f"s.{OP} = '{Op.DELETE.value}' AND {newer}")
-        .whenMatchedUpdate(f"s.{OP} <> '{Op.DELETE.value}' AND {newer}", updates)
-        .whenNotMatchedInsert(f"s.{OP} <> '{Op.DELETE.value}'", {f"`{f.name}`": F.col(f"s.`{f.name}`") for f in rows.schema})
+        .whenMatchedDelete(is_delete & newer)
+        .whenMatchedUpdate(~is_delete & newer, updates)
+        .whenNotMatchedInsert(~is_delete, {f"`{f.name}`": F.col(f"s.`{f.name}`") for f in rows.schema})
     )  # fmt: skip
     if truncated_at is not None:
         lsn, offset = truncated_at

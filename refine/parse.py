@@ -39,7 +39,7 @@ def wrapped_schema(text: Column) -> Column:
     )
 
 
-def _payload(text: Column, schema: ConnectSchema) -> Column:
+def wrapped_payload(text: Column, schema: ConnectSchema) -> Column:
     """The ``payload`` of JsonConverter's ``{schema, payload}`` wrapper, read as ``schema``."""
     payload_type = json_type(schema)
     start = F.length(_schema_part(text)) + len(_PAYLOAD_MARK) + 1
@@ -50,20 +50,35 @@ def _payload(text: Column, schema: ConnectSchema) -> Column:
     )
 
 
-def parse_changes(raw: DataFrame, key_schema: ConnectSchema | None, value_schema: ConnectSchema) -> DataFrame:
+def decoding_problems(problem: Column, raw: str, decoded: str, row_schema: ConnectSchema, label: str = "") -> Column:
+    """``problem`` extended with the first field of struct column ``raw`` that did not decode into ``decoded``."""
+    for field in row_schema.fields or ():
+        problem = problem.when(
+            undecodable(F.col(f"{raw}.`{field.field}`"), F.col(f"{decoded}.`{field.field}`")),
+            F.lit(f"field {label}{field.field}: cannot decode the value as {decoded_type(field).simpleString()}"),
+        )
+    return problem
+
+
+def parse_changes(
+    raw: DataFrame, key_schema: ConnectSchema | None, value_schema: ConnectSchema, wrapped: bool = True
+) -> DataFrame:
     """Typed changes from raw rows (columns of :data:`cdc.raw.table.RAW_SCHEMA`).
 
     ``value_schema`` is the envelope's Connect schema (``before``, ``after``, ``source``, ``op``...),
-    ``key_schema`` the key's (None for a table without a primary key, whose keys are null).
+    ``key_schema`` the key's (None for a table without a primary key, whose keys are null);
+    ``wrapped``: key and value are JsonConverter's ``{schema, payload}`` (else the payload alone).
     """
-    envelope = _payload(F.col("value"), value_schema)
+    read = wrapped_payload if wrapped else lambda text, schema: F.from_json(text, json_type(schema))
+    envelope = read(F.col("value"), value_schema)
     row_schema = value_schema.field_named("after")
     parsed = raw.select(
         F.col("value"),
         F.col("partition").alias("kafka_partition"),
         F.col("offset").alias("kafka_offset"),
+        F.col("headers").alias("kafka_headers"),
         envelope.alias("envelope"),
-        (_payload(F.col("key"), key_schema) if key_schema else F.lit(None)).alias("raw_key"),
+        (read(F.col("key"), key_schema) if key_schema else F.lit(None)).alias("raw_key"),
     )
     op = F.when(F.col("value").isNull(), F.lit(TOMBSTONE)).otherwise(F.col("envelope.op"))
     known_ops = [member.value for member in Op] + [TOMBSTONE]
@@ -78,11 +93,7 @@ def parse_changes(raw: DataFrame, key_schema: ConnectSchema | None, value_schema
         F.col("value").isNotNull() & F.col("envelope").isNull(), F.lit("value is not a Debezium JSON envelope")
     ).when(~F.col("op").isin(*known_ops) | F.col("op").isNull(), F.concat(F.lit("unknown op "), F.coalesce("op", F.lit("null"))))
     for image in ("before", "after"):
-        for field in row_schema.fields or ():
-            problem = problem.when(
-                undecodable(F.col(f"envelope.{image}.`{field.field}`"), F.col(f"{image}.`{field.field}`")),
-                F.lit(f"field {image}.{field.field}: cannot decode the value as {decoded_type(field).simpleString()}"),
-            )
+        problem = decoding_problems(problem, f"envelope.{image}", image, row_schema, f"{image}.")
     return decoded.select(
         "op",
         "key",
@@ -93,6 +104,7 @@ def parse_changes(raw: DataFrame, key_schema: ConnectSchema | None, value_schema
         F.timestamp_millis(F.col("envelope.source.ts_ms")).alias("source_committed_at"),
         "kafka_partition",
         "kafka_offset",
+        "kafka_headers",
         problem.alias("problem"),
         F.col("value").alias("raw_value"),
     )

@@ -33,6 +33,8 @@ def quarantine_location(warehouse: str) -> str:
 
 def quarantine(spark: SparkSession, location: str, source_table: str, topic: str, problems: DataFrame) -> None:
     """Add ``problems`` (parsed changes with a ``problem``) to the quarantine table."""
+    if problems.isEmpty():  # the common case: no table access, no empty commit
+        return
     rows = problems.select(
         F.lit(source_table).alias("source_table"),
         F.lit(topic).alias("topic"),

@@ -20,6 +20,7 @@ from pyspark.sql import functions as F
 from pydantic import Field
 
 from cdc.config import _Strict
+from cdc.errors import ConfigError
 from refine.expectations import Expectation, ExpectationsConfig, check_expectations, enforce_expectations
 from refine.history import ChangeOp, HistorySpec, apply_history
 from refine.envelope import Op
@@ -50,6 +51,11 @@ class TableRules(_Strict):
         """ConfigError naming an expectation that is not a boolean condition over ``rows`` (no data read)."""
         if self.expectations:
             check_expectations(spark, rows.schema, self.expectations_config(key_columns))
+
+    def refuse_unchecked(self, what: str) -> None:
+        """ConfigError when the table has expectations but its rows (``what``) are not checked yet."""
+        if self.expectations:
+            raise ConfigError(f"expectations are not run on {what} yet", table=self.table)
 
     @contextmanager
     def enforced(

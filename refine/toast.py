@@ -46,3 +46,15 @@ def fill_from_earlier_changes(changes: DataFrame, key_columns: list[str], order:
         filled = F.last(known, ignorenulls=True).over(history)
         fields.append(F.when(filled.isNull(), value).otherwise(filled["v"]).alias(field.name))
     return changes.withColumn("after", F.when(F.col("after").isNull(), F.col("after")).otherwise(F.struct(*fields)))
+
+
+def replace_placeholders(row: Column, values: Column, row_type: StructType) -> Column:
+    """``row`` (a struct of ``row_type``) with each placeholder replaced by the same field of
+    ``values`` (a struct of the same type), where ``values`` is not null."""
+    fields = []
+    for field in row_type.fields:
+        value, marker = row[field.name], placeholder(field.dataType)
+        if marker is not None:
+            value = F.when((value == marker) & values.isNotNull(), values[field.name]).otherwise(value)
+        fields.append(value.alias(field.name))
+    return F.when(row.isNull(), row).otherwise(F.struct(*fields))

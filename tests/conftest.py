@@ -137,6 +137,12 @@ class KafkaTestClient:
         finally:
             producer.close()
 
+    def produce_again(self, topic: str, records: list[tuple]) -> None:
+        """Produce copies of ``records`` (as :meth:`records` gives them), as an at-least-once delivery
+        would. Records with neither key nor value (a keyless table's tombstones) cannot be produced."""
+        self.produce(topic, [(key, value, headers) for _, _, _, key, value, headers in records
+                             if key is not None or value is not None])  # fmt: skip
+
     def records(self, topic: str) -> list[tuple]:
         """Every record of ``topic``: (topic, partition, offset, key, value, headers), by partition and offset."""
         from kafka import KafkaConsumer, TopicPartition
@@ -215,3 +221,35 @@ class PipelineRun:
 def pipeline_run(spark, kafka: KafkaTestClient, tmp_path, monkeypatch) -> PipelineRun:
     monkeypatch.setenv("CDC_KAFKA__BOOTSTRAP_SERVERS", kafka.bootstrap_servers)
     return PipelineRun(spark, tmp_path)
+
+
+@pytest.fixture
+def cdc_process(kafka: KafkaTestClient):
+    """``cdc_process(args)``: `cdc` in a process group of its own (Python and its Spark JVM), output to a pipe."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "CDC_KAFKA__BOOTSTRAP_SERVERS": kafka.bootstrap_servers, "CDC_SPARK__DRIVER_MEMORY": "1g",
+           "CDC_SPARK__SHUFFLE_PARTITIONS": "2"}  # fmt: skip
+
+    def start(args: list[str]) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-m", "cdc.cli", *args], env=env, start_new_session=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+
+    return start
+
+
+@pytest.fixture
+def wait_for():
+    """``wait_for(condition, timeout_s, what, interval_s=0.02)``: poll until ``condition()`` holds."""
+    import time
+
+    def wait(condition, timeout_s: float, what: str, interval_s: float = 0.02) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(interval_s)
+
+    return wait

@@ -25,7 +25,7 @@ from cdc.pipeline.config import DebeziumMongoSource, DebeziumPostgresSource, Jso
 from cdc.raw.config import AvailableNow, Continuous, RawJobConfig
 from cdc.pipeline.checks import sql_tables, table_names
 from refine.business import BusinessTableConfig, run_business_tables
-from refine.events import EventsRefineJobConfig, history_spec, start_events_query
+from refine.events import EventsBatch, EventsRefineJobConfig, events_batch, history_spec
 from refine.expectations import Expectation
 from refine.rules import TableRules
 from refine.job import RefineBatch, RefineJobConfig, RefineRun, refined_table_location, start_refine_query, watch_refine_queries
@@ -102,10 +102,10 @@ def refine_jobs(pipeline: Pipeline, config: PipelineRefineConfig) -> list[Refine
     return jobs
 
 
-def _start(spark: SparkSession, job: RefineJob) -> StreamingQuery:
-    if isinstance(job, EventsRefineJobConfig):
-        return start_events_query(spark, job)
-    return start_refine_query(spark, job.warehouse, job.table, job.target, RefineBatch(job), job.trigger)
+def _start(spark: SparkSession, job: RefineJob) -> tuple[StreamingQuery, RefineBatch | EventsBatch]:
+    batch = events_batch(spark, job) if isinstance(job, EventsRefineJobConfig) else RefineBatch(job)
+    topic = job.topic if isinstance(job, EventsRefineJobConfig) else job.table
+    return start_refine_query(spark, job.warehouse, topic, job.target, batch, job.trigger), batch
 
 
 def business_location(warehouse: str, name: str) -> str:
@@ -203,14 +203,15 @@ def run_pipeline_refine(
     try:
         for group in groups:
             queries: dict[str, StreamingQuery] = {}
+            batches: dict[str, RefineBatch | EventsBatch] = {}
             try:
                 for job in group:
-                    queries[job.target] = _start(spark, job)
+                    queries[job.target], batches[job.target] = _start(spark, job)
             except BaseException:
                 for query in queries.values():
                     query.stop()
                 raise
-            counts |= watch_refine_queries(queries, say, stop)
+            counts |= watch_refine_queries(queries, say, stop, batches)
     finally:
         if threads:
             threads.join()

@@ -83,7 +83,8 @@ def test_unparseable_values_are_flagged_not_dropped(spark):
             ('{"payload": {"after": {"id": 2, "price": "D0JA"}, "op": "u"}}', 0, 4),  # 10000.00 > decimal(4,2)
         ],
         "value string, partition int, offset long",
-    ).withColumn("key", F.lit(None).cast("string"))
+    ).withColumn("key", F.lit(None).cast("string")).withColumn(
+        "headers", F.lit(None).cast("array<struct<key:string,value:binary>>"))
     rows = parse_changes(raw, None, schema).orderBy("kafka_offset").collect()
     assert [(row.op, row.problem) for row in rows] == [
         ("c", None), (None, "value is not a Debezium JSON envelope"), ("x", "unknown op x"), (TOMBSTONE, None),

@@ -1,46 +1,24 @@
 """Postgres -> Debezium -> Kafka -> `cdc raw` -> `cdc refine`: refined tables equal the source tables."""
 
+import contextlib
+import os
+import signal
+from pathlib import Path
+
 import psycopg
 import pytest
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from cdc.config import validate
-from cdc.raw.config import RawJobConfig
-from cdc.raw.job import run_raw_job
+from cdc.raw.table import is_delta_table
 from cdc.stack.workload import run_workload
-from refine.job import RefineJobConfig, refined_table_location, run_refine_job
+from refine.job import refined_table_location
 from refine.merge import METADATA_COLUMNS
 
 pytestmark = pytest.mark.integration
 
-ORDERS = (
-    "SELECT customer_id, order_no, status::text, amount, ordered_at FROM shop.orders",
-    "customer_id long, order_no int, status string, amount decimal(10,2), ordered_at timestamp_ntz",
-)
-CUSTOMERS = (
-    "SELECT id, email, full_name, balance, credit_limit, signed_up_at, birth_date, profile::text, tags, "
-    "external_id::text, is_active, notes, avatar FROM shop.customers",
-    "id long, email string, full_name string, balance decimal(12,2), credit_limit decimal(38,18), "
-    "signed_up_at timestamp, birth_date date, profile string, tags array<string>, external_id string, "
-    "is_active boolean, notes string, avatar binary",
-)
-
-
-def postgres_table(spark, dsn: str, query: str, schema: str):
-    with psycopg.connect(dsn) as conn:
-        return spark.createDataFrame(conn.execute(query).fetchall(), schema)
-
-
-def land_and_refine(spark, kafka, warehouse: str, topic: str) -> None:
-    raw = {"topics": {"kind": "topics", "topics": [topic]}, "warehouse": warehouse,
-           "trigger": {"kind": "available_now"}, "kafka": {"bootstrap_servers": kafka.bootstrap_servers}}  # fmt: skip
-    run_raw_job(spark, validate(RawJobConfig, raw, "raw job"), say=lambda line: None)
-    run_refine_job(spark, RefineJobConfig(table=topic, warehouse=warehouse, trigger={"kind": "available_now"}),
-                   say=lambda line: None)  # fmt: skip
-
-
-def test_refined_tables_equal_postgres(spark, kafka, stack_config, postgres_connector, tmp_path):
+def test_refined_tables_equal_postgres(spark, kafka, stack_config, postgres_connector, tmp_path, land_and_refine,
+                                       postgres_table):
     dsn = stack_config.postgres.dsn()
     run_workload(dsn, customers=5, seed=11)  # inserts, TOAST-preserving updates, deletes, NULLs
     with psycopg.connect(dsn) as conn:
@@ -54,18 +32,19 @@ def test_refined_tables_equal_postgres(spark, kafka, stack_config, postgres_conn
     kafka.wait_for_last_value(f"{prefix}.shop.customers", lambda value: b'"full_name":"Renamed"' in (value or b""))
 
     warehouse = str(tmp_path)
-    for table, (query, schema) in {"orders": ORDERS, "customers": CUSTOMERS}.items():
+    for table in ("orders", "customers"):
         topic = f"{prefix}.shop.{table}"
         for _ in range(2):  # a rerun changes nothing
-            land_and_refine(spark, kafka, warehouse, topic)
+            land_and_refine(warehouse, topic)
             refined = spark.read.format("delta").load(refined_table_location(warehouse, topic))
-            assertDataFrameEqual(refined.drop(*METADATA_COLUMNS), postgres_table(spark, dsn, query, schema))
+            assertDataFrameEqual(refined.drop(*METADATA_COLUMNS), postgres_table(table))
     customers = spark.read.format("delta").load(refined_table_location(warehouse, f"{prefix}.shop.customers"))
     assert customers.where(F.col("notes").contains("__debezium_unavailable_value")).count() == 0
     assert customers.where(F.col("_cdc_op") == "u").count() > 0
 
 
-def test_refine_from_the_command_line(spark, kafka, stack_config, postgres_connector, tmp_path, monkeypatch, capsys):
+def test_refine_from_the_command_line(spark, kafka, stack_config, postgres_connector, tmp_path, monkeypatch, capsys,
+                                     postgres_table):
     from cdc.cli import main
 
     run_workload(stack_config.postgres.dsn(), customers=2, seed=12)
@@ -76,14 +55,14 @@ def test_refine_from_the_command_line(spark, kafka, stack_config, postgres_conne
     assert main(["refine", "--table", topic, "--warehouse", str(tmp_path), "--available-now"]) == 0
     assert f"refine {topic}: " in capsys.readouterr().out
     refined = spark.read.format("delta").load(refined_table_location(str(tmp_path), topic))
-    assertDataFrameEqual(refined.drop(*METADATA_COLUMNS), postgres_table(spark, stack_config.postgres.dsn(), *ORDERS))
+    assertDataFrameEqual(refined.drop(*METADATA_COLUMNS), postgres_table("orders"))
 
     assert main(["refine", "--table", "no.such.table", "--warehouse", str(tmp_path), "--available-now"]) == 8
     assert "no raw table for this topic: run `cdc raw` first" in capsys.readouterr().err
 
 
 def test_undecodable_records_go_to_quarantine_and_the_job_goes_on(
-    spark, kafka, stack_config, postgres_connector, tmp_path, monkeypatch, capsys
+    spark, kafka, stack_config, postgres_connector, tmp_path, monkeypatch, capsys, land_and_refine, postgres_table
 ):
     import json
 
@@ -96,7 +75,7 @@ def test_undecodable_records_go_to_quarantine_and_the_job_goes_on(
     kafka.produce(topic, [(b'{"payload":{"customer_id":1,"order_no":1}}', b"{not json")])
     bad_offset = kafka.records(topic)[-1][2]
 
-    land_and_refine(spark, kafka, str(tmp_path), topic)
+    land_and_refine(str(tmp_path), topic)
 
     quarantined = spark.read.format("delta").load(quarantine_location(str(tmp_path)))
     [row] = quarantined.collect()
@@ -104,10 +83,148 @@ def test_undecodable_records_go_to_quarantine_and_the_job_goes_on(
         topic, bad_offset, "{not json", "value is not a Debezium JSON envelope"
     )
     refined = spark.read.format("delta").load(refined_table_location(str(tmp_path), topic))
-    assertDataFrameEqual(refined.drop(*METADATA_COLUMNS), postgres_table(spark, stack_config.postgres.dsn(), *ORDERS))
+    assertDataFrameEqual(refined.drop(*METADATA_COLUMNS), postgres_table("orders"))
 
     monkeypatch.setenv("CDC_KAFKA__BOOTSTRAP_SERVERS", kafka.bootstrap_servers)
     capsys.readouterr()
     assert main(["status", "--warehouse", str(tmp_path), "--json"]) == 0
     [status] = json.loads(capsys.readouterr().out)["raw_tables"]
     assert status["quarantined"] == 1
+
+
+ORDERS_WITH_NOTE = (
+    "SELECT customer_id, order_no, status::text, amount, ordered_at, note FROM shop.orders",
+    "customer_id long, order_no int, status string, amount decimal(10,2), ordered_at timestamp_ntz, note string",
+)
+
+
+def end_phase(conn: psycopg.Connection, phase: int) -> None:
+    """One transaction over the three tables, ending a phase with a row each that the test waits for
+    (:func:`phase_markers`)."""
+    with conn.transaction():
+        conn.execute("INSERT INTO shop.customers (id, email, signed_up_at) "
+                     "VALUES ((SELECT max(id) + 1 FROM shop.customers), %s, '2026-04-01Z')", (f"phase-{phase}@",))
+        conn.execute("INSERT INTO shop.orders (customer_id, order_no, amount, ordered_at) "
+                     "VALUES (%s, 1, 0.5, '2026-04-01')", (-phase,))
+        conn.execute("INSERT INTO shop.page_views VALUES (NULL, %s, '2026-04-01Z')", (f"/phase-{phase}",))
+
+
+def phase_markers(phase: int) -> dict[str, str]:
+    return {"customers": f'"phase-{phase}@"', "orders": f'"customer_id":-{phase},', "page_views": f'"/phase-{phase}"'}
+
+
+def first_phase(dsn: str) -> None:
+    """Every kind of change the refined tables must follow, before the first refinement."""
+    run_workload(dsn, customers=4, seed=61)  # types, NULLs, TOAST-preserving updates, deletes, duplicates
+    with psycopg.connect(dsn) as conn:
+        with conn.transaction():  # a transaction over the three tables
+            new = conn.execute("SELECT max(id) + 1 FROM shop.customers").fetchone()[0]
+            conn.execute("INSERT INTO shop.customers (id, email, signed_up_at, notes, avatar, tags, profile) "
+                         "VALUES (%s, 'tx@example.com', '1969-07-20 20:17:40Z', repeat('toast ', 2000), "
+                         "'\\x00ff'::bytea, ARRAY['a', 'b'], 'null'::jsonb)", (new,))  # fmt: skip
+            conn.execute("INSERT INTO shop.orders VALUES (%s, 1, 'cancelled', 0, '1999-12-31 23:59:59.999999')", (new,))
+            conn.execute("INSERT INTO shop.page_views VALUES (%s, '/tx', '2026-03-01Z'), (%s, '/tx', '2026-03-01Z')",
+                         (new, new))  # fmt: skip
+        conn.execute("UPDATE shop.customers SET email = 'touched@example.com' WHERE id = %s", (new,))  # TOAST left alone
+        conn.execute("UPDATE shop.customers SET id = id + 10000 WHERE id = %s", (new,))  # new key, TOASTed notes
+        conn.execute("UPDATE shop.orders SET order_no = 2 WHERE customer_id = %s", (new,))
+        conn.execute("DELETE FROM shop.page_views WHERE ctid = (SELECT min(ctid) FROM shop.page_views WHERE url = '/tx')")
+        conn.execute("TRUNCATE shop.orders")
+        conn.execute("INSERT INTO shop.orders VALUES (%s, 3, 'paid', 12.30, '2026-03-02 10:00:00')", (new,))
+        end_phase(conn, 1)
+
+
+def second_phase(dsn: str) -> None:
+    """A column added at the source mid-stream, then used."""
+    with psycopg.connect(dsn) as conn:
+        conn.execute("ALTER TABLE shop.orders ADD COLUMN note text")
+        conn.execute("UPDATE shop.orders SET note = 'gift wrap' WHERE order_no = 3")
+        conn.execute("INSERT INTO shop.orders VALUES (0, 100, 'pending', 5, '2026-03-03 00:00:00', NULL)")
+        end_phase(conn, 2)
+
+
+@pytest.fixture
+def orders_note_column(stack_config):
+    """The `note` column the scripted workload adds to shop.orders, dropped again afterwards."""
+    yield
+    with psycopg.connect(stack_config.postgres.dsn()) as conn:
+        conn.execute("ALTER TABLE shop.orders DROP COLUMN IF EXISTS note")
+
+
+def test_scripted_workload_refines_equal_to_postgres(spark, kafka, stack_config, postgres_connector, tmp_path,
+                                                     orders_note_column, land_and_refine, postgres_table,
+                                                     refined_table):  # fmt: skip
+    dsn, warehouse, prefix = stack_config.postgres.dsn(), str(tmp_path), postgres_connector.topic_prefix
+    topics = {table: f"{prefix}.shop.{table}" for table in ("customers", "orders", "page_views")}
+
+    def refine_and_compare(phase: int, expected: dict) -> None:
+        for table, marker in phase_markers(phase).items():
+            kafka.wait_for_last_value(topics[table], lambda value: value is not None and marker.encode() in value)
+        for _ in range(2):  # a rerun over the same input changes nothing
+            for table, topic in topics.items():
+                land_and_refine(warehouse, topic)
+                source = expected[table] if table in expected else postgres_table(table)
+                assertDataFrameEqual(refined_table(warehouse, topic), source)
+
+    first_phase(dsn)
+    refine_and_compare(1, {})
+    second_phase(dsn)
+    with psycopg.connect(dsn) as conn:
+        orders = spark.createDataFrame(conn.execute(ORDERS_WITH_NOTE[0]).fetchall(), ORDERS_WITH_NOTE[1])
+    refine_and_compare(2, {"orders": orders})
+    assert refined_table(warehouse, topics["customers"]).where(F.col("notes").contains("__debezium_unavailable")).count() == 0
+
+
+@pytest.mark.timeout(2400)  # four Spark processes started and killed: slow on a loaded machine
+def test_refine_killed_in_the_middle_then_rerun_gives_the_same_tables(
+    kafka, stack_config, postgres_connector, tmp_path, cdc_process, wait_for, land, refine, postgres_table, refined_table
+):
+    dsn, warehouse, prefix = stack_config.postgres.dsn(), str(tmp_path), postgres_connector.topic_prefix
+    run_workload(dsn, customers=10, seed=71)
+    with psycopg.connect(dsn) as conn:  # a primary-key change of a row with TOASTed values
+        conn.execute("UPDATE shop.customers SET id = id + 10000 WHERE id = (SELECT min(id) FROM shop.customers)")
+    for table in ("customers", "page_views"):
+        topic = f"{prefix}.shop.{table}"
+        marker = (lambda value: value is not None and b'"op":"c"' in value) if table == "customers" else (
+            lambda value: value is None)  # fmt: skip
+        kafka.wait_for_last_value(topic, marker)
+        land(warehouse, topic)
+        log = Path(refined_table_location(warehouse, topic)) / "_delta_log"
+        # The table's creation, then its first MERGE: before the job records that the batch is done.
+        for commits in (1, 2):
+            process = cdc_process(["refine", "--table", topic, "--warehouse", warehouse, "--available-now"])
+            try:
+                wait_for(lambda: len(list(log.glob("*.json"))) >= commits or process.poll() is not None, 900,
+                         f"commit {commits} of {topic}'s refined table", 0.01)  # fmt: skip
+                assert process.poll() is None, f"the job ended before it was killed: {process.stdout.read()}"
+            finally:
+                with contextlib.suppress(ProcessLookupError):  # the group is gone if the job ended by itself
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        for _ in range(2):
+            refine(warehouse, topic)
+            assertDataFrameEqual(refined_table(warehouse, topic), postgres_table(table))
+
+
+def test_continuous_refine_follows_postgres_and_stops_on_sigterm(
+    spark, kafka, stack_config, postgres_connector, tmp_path, cdc_process, wait_for, land, postgres_table, refined_table
+):
+    dsn, warehouse = stack_config.postgres.dsn(), str(tmp_path)
+    topic = f"{postgres_connector.topic_prefix}.shop.customers"
+    run_workload(dsn, customers=2, seed=72)
+    kafka.wait_for_last_value(topic, lambda value: value is None)
+    land(warehouse, topic)
+    process = cdc_process(["refine", "--table", topic, "--warehouse", warehouse, "--trigger-interval", "1"])
+    location = refined_table_location(warehouse, topic)
+    try:
+        with psycopg.connect(dsn) as conn:
+            conn.execute("UPDATE shop.customers SET full_name = 'Streamed' WHERE id = (SELECT max(id) FROM shop.customers)")
+        kafka.wait_for_last_value(topic, lambda value: value is not None and b'"Streamed"' in value)
+        land(warehouse, topic)
+        wait_for(lambda: is_delta_table(spark, location) and refined_table(warehouse, topic).where(
+            "full_name = 'Streamed'").count() == 1, 600, "the change in the refined table", 1.0)  # fmt: skip
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=180)
+    assert process.returncode == 0, output
+    assertDataFrameEqual(refined_table(warehouse, topic), postgres_table("customers"))

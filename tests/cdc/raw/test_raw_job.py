@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -100,24 +98,7 @@ def test_pattern_lands_every_matching_topic(spark, kafka, tmp_path, unique_name)
     assert not (tmp_path / "raw" / f"{unique_name}.other").exists()
 
 
-def cdc_process(args: list[str], bootstrap: str) -> subprocess.Popen:
-    """`cdc` in a process group of its own (Python and its Spark JVM), output to a pipe."""
-    env = {**os.environ, "CDC_KAFKA__BOOTSTRAP_SERVERS": bootstrap, "CDC_SPARK__DRIVER_MEMORY": "1g",
-           "CDC_SPARK__SHUFFLE_PARTITIONS": "2"}  # fmt: skip
-    return subprocess.Popen(
-        [sys.executable, "-m", "cdc.cli", *args], env=env, start_new_session=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-
-
-def wait_for(condition, timeout_s: float, what: str, interval_s: float = 0.02) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(interval_s)
-
-
-def test_kill_9_at_any_moment_loses_and_duplicates_nothing(spark, kafka, tmp_path, unique_name):
+def test_kill_9_at_any_moment_loses_and_duplicates_nothing(spark, kafka, tmp_path, unique_name, cdc_process, wait_for):
     topic = kafka.create_topic(unique_name, partitions=3)
     kafka.produce(topic, [(f"k{i}".encode(), f"value {i} ".encode() * 20) for i in range(30_000)])
     table = Path(raw_table_location(str(tmp_path), topic))
@@ -162,23 +143,23 @@ def test_kill_9_at_any_moment_loses_and_duplicates_nothing(spark, kafka, tmp_pat
         "after several batches": commits_after(3),
     }
     for name, kill_point in kill_points.items():
-        process = cdc_process(args, kafka.bootstrap_servers)
+        process = cdc_process(args)
         reached = kill_point()
         wait_for(lambda: reached() or process.poll() is not None, 180, f"kill point {name!r}", 0.01)
         assert process.poll() is None, f"the job ended before kill point {name!r}: {process.stdout.read()}"
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
 
-    final = cdc_process(args, kafka.bootstrap_servers)
+    final = cdc_process(args)
     output, _ = final.communicate(timeout=300)
     assert final.returncode == 0, output
     assertDataFrameEqual(landed(spark, tmp_path, topic), on_kafka(spark, kafka, topic))
 
 
-def test_continuous_run_lands_as_records_arrive_and_stops_on_sigterm(spark, kafka, tmp_path, unique_name):
+def test_continuous_run_lands_as_records_arrive_and_stops_on_sigterm(spark, kafka, tmp_path, unique_name, cdc_process,
+                                                                     wait_for):
     topic = kafka.create_topic(unique_name)
-    process = cdc_process(["raw", "--topic", topic, "--warehouse", str(tmp_path), "--trigger-interval", "0.5"],
-                          kafka.bootstrap_servers)  # fmt: skip
+    process = cdc_process(["raw", "--topic", topic, "--warehouse", str(tmp_path), "--trigger-interval", "0.5"])
     table = raw_table_location(str(tmp_path), topic)
     try:
         for round_ in range(1, 3):

@@ -1,0 +1,107 @@
+"""Deleted keys: where each deleted row was deleted, so no late or replayed change brings it back.
+
+A MERGE that deletes a row deletes its position guard with it: a replayed create of the key (Debezium
+delivers at least once) would then insert it again. So each refined table of a keyed source has a
+side table, ``<warehouse>/_cdc/deleted/<topic>``, holding every currently deleted key with the
+position of its delete and the row's last image (which a primary-key change's create may need when
+its delete came in an earlier batch: see :mod:`refine.rekey`). It has the refined table's columns,
+``_cdc_op`` being ``d``.
+
+A truncate deletes every row older than it without naming them: its position is kept as the side
+table's property ``cdc.truncated_at``, and changes older than it are dropped too.
+
+Why a side table and not soft-deleted rows in the refined table: readers of the refined table see
+exactly the source table, with no filter to remember and no view to maintain.
+
+Per batch, the side table is MERGEd first (a delete records the key, a later change of the key
+removes it), then changes older than their key's delete are dropped before the refined MERGE. Both
+steps are idempotent, so a crash between them is repaired by the batch's replay.
+"""
+
+from __future__ import annotations
+
+from functools import reduce
+
+from delta.tables import DeltaTable
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructField, StructType
+
+from cdc.raw.table import is_delta_table
+from refine.envelope import Op
+from refine.latest import at_or_after
+from refine.merge import LSN, OFFSET, OP, ensure_refined_table
+from refine.rekey import with_state_before
+
+DELETED_KIND = "deleted"
+TRUNCATED_AT_PROPERTY = "cdc.truncated_at"
+
+
+def deleted_location(warehouse: str, topic: str) -> str:
+    return f"{warehouse}/_cdc/deleted/{topic}"
+
+
+def with_deleted_images(latest: DataFrame, states: DataFrame, stored: DataFrame | None) -> DataFrame:
+    """``latest`` with each delete's ``before`` replaced by the row's last image before it (the
+    delete itself carries only the key), keeping the key from the delete."""
+    is_delete = F.col("op") == Op.DELETE.value
+    with_prior = with_state_before(latest, is_delete, F.col("key"), states, stored)
+    before_type = latest.schema["before"].dataType
+    assert isinstance(before_type, StructType)
+    keys = set(latest.schema["key"].dataType.fieldNames())  # type: ignore[union-attr]
+    image = F.struct(*[
+        (F.col(f"key.`{f.name}`") if f.name in keys else F.col(f"image.`{f.name}`")).alias(f.name)
+        for f in before_type.fields
+    ])  # fmt: skip
+    return with_prior.withColumn("before", F.when(is_delete, image).otherwise(F.col("before"))).drop("image")
+
+
+def _strictly_after(newer: str, older: str) -> Column:
+    return ~at_or_after([F.col(f"{older}.{LSN}"), F.col(f"{older}.{OFFSET}")],
+                        [F.col(f"{newer}.{LSN}"), F.col(f"{newer}.{OFFSET}")])  # fmt: skip
+
+
+def record_deletes(spark: SparkSession, location: str, rows: DataFrame, key_columns: list[str]) -> None:
+    """MERGE a batch's refined rows into the side table: deletes record their key (or move it to a
+    later delete); a later create or update of a deleted key removes it."""
+    ensure_refined_table(spark, location, StructType([StructField(f.name, f.dataType) for f in rows.schema]),
+                         kind=DELETED_KIND)  # fmt: skip
+    is_delete = F.col(f"s.{OP}") == Op.DELETE.value
+    (
+        DeltaTable.forPath(spark, location).alias("t")
+        .merge(rows.alias("s"), " AND ".join(f"t.`{key}` = s.`{key}`" for key in key_columns))
+        .whenMatchedDelete(~is_delete & _strictly_after("s", "t"))
+        .whenMatchedUpdateAll(is_delete & _strictly_after("s", "t"))
+        .whenNotMatchedInsertAll(is_delete)
+        .execute()
+    )  # fmt: skip
+
+
+def record_truncate(spark: SparkSession, location: str, truncated_at: tuple[int, int]) -> None:
+    """Keep the position of the table's last truncate (a property of the side table): every row
+    older than it is deleted, and no change older than it may come back."""
+    if (last := _truncated_at(spark, location)) is None or truncated_at > last:
+        spark.sql(f"ALTER TABLE delta.`{location}` SET TBLPROPERTIES "
+                  f"('{TRUNCATED_AT_PROPERTY}' = '{truncated_at[0]}:{truncated_at[1]}')")  # fmt: skip
+
+
+def _truncated_at(spark: SparkSession, location: str) -> tuple[int, int] | None:
+    properties = DeltaTable.forPath(spark, location).detail().first().properties  # metadata, not data
+    if TRUNCATED_AT_PROPERTY not in properties:
+        return None
+    lsn, offset = properties[TRUNCATED_AT_PROPERTY].split(":")
+    return int(lsn), int(offset)
+
+
+def without_resurrections(spark: SparkSession, location: str, rows: DataFrame, key_columns: list[str]) -> DataFrame:
+    """``rows`` without creates and updates at or before their key's recorded delete or the table's
+    last truncate."""
+    if not is_delta_table(spark, location):
+        return rows
+    if (truncated_at := _truncated_at(spark, location)) is not None:
+        after_truncate = at_or_after([F.col(LSN), F.col(OFFSET)], [F.lit(v) for v in truncated_at])
+        rows = rows.where((F.col(OP) == Op.DELETE.value) | after_truncate)
+    deleted = spark.read.format("delta").load(location).select(*[F.col(f"`{k}`") for k in key_columns], LSN, OFFSET)
+    same_key = [F.col(f"s.`{k}`") == F.col(f"d.`{k}`") for k in key_columns]
+    stale = reduce(Column.__and__, same_key, (F.col(f"s.{OP}") != Op.DELETE.value) & ~_strictly_after("s", "d"))
+    return rows.alias("s").join(deleted.alias("d"), stale, "left_anti")

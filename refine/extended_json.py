@@ -1,0 +1,221 @@
+"""MongoDB Extended JSON, as Debezium writes documents, to typed Spark values (Spark expressions only).
+
+Documents are parsed into Spark's ``variant`` (:func:`to_variant`); their shapes come from
+``schema_of_variant`` (type strings such as ``OBJECT<`$oid`: STRING>``, a handful per batch), which
+:func:`document_type` maps to the column types below, and :func:`decode` turns a variant into a
+value of such a type. Both the strict form of ``after`` and the relaxed form of ``updatedFields``
+are understood:
+
+=================================================  ==========================================
+Extended JSON                                      column type
+=================================================  ==========================================
+``{"$oid": "..."}``                                string (the 24 hex digits)
+``{"$numberLong": "..."}``, ``{"$numberInt"}``,    bigint (int32 and int64 are not told apart:
+plain integers                                     the key loses the distinction too)
+plain fractions, ``{"$numberDouble": "NaN"}``,     double
+bare ``NaN`` / ``Infinity`` tokens
+``{"$numberDecimal": "..."}``                      decimal(38,18)
+``{"$date": millis | "ISO" | {"$numberLong"}}``    timestamp
+``{"$binary": ...}`` (legacy and v2 forms)         binary
+documents / arrays                                 structs / arrays
+arrays of mixed types, other BSON types            string holding the value's JSON text
+(``$timestamp``, ``$regex``, ``$minKey``...)
+=================================================  ==========================================
+
+A field holding integers in some documents and fractions in others is a double column. A field
+that has only been null (or ``[]``) so far has no type yet: its column appears with its first typed
+value.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    BooleanType,
+    DataType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    NullType,
+    ShortType,
+    ByteType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+    VariantType,
+)
+
+from refine.decode import VARIABLE_SCALE_DECIMAL_TYPE
+
+NUMBER_DECIMAL_TYPE = VARIABLE_SCALE_DECIMAL_TYPE  # Decimal128 has 34 digits; 18 of them fractional fit
+
+# BSON types in Extended JSON: an object whose keys are exactly these (``$type`` goes with legacy $binary).
+_WRAPPERS: dict[frozenset[str], DataType] = {
+    frozenset({"$oid"}): StringType(),
+    frozenset({"$numberLong"}): LongType(),
+    frozenset({"$numberInt"}): LongType(),
+    frozenset({"$numberDouble"}): DoubleType(),
+    frozenset({"$numberDecimal"}): NUMBER_DECIMAL_TYPE,
+    frozenset({"$date"}): TimestampType(),
+    frozenset({"$binary", "$type"}): BinaryType(),
+    frozenset({"$binary"}): BinaryType(),
+}
+_INTEGERS = (LongType, IntegerType, ShortType, ByteType)
+_FRACTIONS = (DoubleType, FloatType, DecimalType)
+
+# Java's JSON writer in strict mode writes non-finite doubles as bare tokens, which are not JSON.
+_STRING_OR_NON_FINITE = r'("(?:[^"\\]|\\.)*")|(-?Infinity|NaN)'
+_MARK = "\u0001"  # never raw in JSON text: control characters in strings are escaped
+
+
+def to_variant(text: Column) -> Column:
+    """Extended JSON text as a variant; null when it is not JSON. Bare ``NaN``/``Infinity`` tokens
+    (outside strings) become ``{"$numberDouble": ...}`` first."""
+    # Strings are matched too so that tokens inside them are left alone: a string gets an empty
+    # pair of marks (removed again), a token gets marks around it (then wrapped).
+    marked = F.regexp_replace(text, _STRING_OR_NON_FINITE, f"$1{_MARK}$2{_MARK}")
+    wrapped = F.regexp_replace(marked, f"{_MARK}(-?Infinity|NaN){_MARK}", r'{"\$numberDouble":"$1"}')
+    return F.try_parse_json(F.regexp_replace(wrapped, _MARK * 2, ""))
+
+
+def variant_type(type_string: str) -> DataType:
+    """The Spark type of a ``schema_of_variant`` string (``OBJECT<a: BIGINT>`` -> ``struct<a: bigint>``)."""
+    ddl, quoted, i = [], False, 0
+    while i < len(type_string):
+        if type_string[i] == "`":
+            quoted = not quoted
+        elif not quoted and type_string.startswith("OBJECT<", i):
+            ddl.append("STRUCT<")
+            i += len("OBJECT<")
+            continue
+        ddl.append(type_string[i])
+        i += 1
+    return DataType.fromDDL("".join(ddl))
+
+
+def document_type(shape: DataType) -> DataType:
+    """The column type of a value of variant type ``shape`` (NullType: no type known yet)."""
+    if isinstance(shape, StructType):
+        wrapper = _WRAPPERS.get(frozenset(shape.names))
+        if wrapper is not None:
+            return wrapper
+        if any(name.startswith("$") for name in shape.names):
+            return StringType()  # another BSON type: its JSON text
+        return StructType([StructField(f.name, document_type(f.dataType)) for f in shape.fields])
+    if isinstance(shape, ArrayType):
+        element = document_type(shape.elementType)
+        return StringType() if isinstance(shape.elementType, VariantType) else ArrayType(element)
+    if isinstance(shape, _INTEGERS):
+        return LongType()
+    if isinstance(shape, _FRACTIONS):
+        return DoubleType()
+    if isinstance(shape, VariantType):
+        return StringType()
+    return shape  # string, boolean, null
+
+
+def merge_types(a: DataType, b: DataType) -> DataType | None:
+    """The type holding values of both; None when they conflict."""
+    if isinstance(a, NullType):
+        return b
+    if isinstance(b, NullType) or a == b:
+        return a
+    if {type(a), type(b)} == {LongType, DoubleType}:
+        return DoubleType()
+    if isinstance(a, ArrayType) and isinstance(b, ArrayType):
+        element = merge_types(a.elementType, b.elementType)
+        return None if element is None else ArrayType(element)
+    if isinstance(a, StructType) and isinstance(b, StructType):
+        fields = {f.name: f.dataType for f in a.fields}
+        for field in b.fields:
+            merged = merge_types(fields.get(field.name, NullType()), field.dataType)
+            if merged is None:
+                return None
+            fields[field.name] = merged
+        return StructType([StructField(name, data_type) for name, data_type in fields.items()])
+    return None
+
+
+def fits(value: DataType, column: DataType) -> bool:
+    """A value of type ``value`` decodes into ``column`` without loss."""
+    if isinstance(value, NullType) or value == column:
+        return True
+    if isinstance(value, LongType) and isinstance(column, DoubleType):
+        return True
+    if isinstance(value, ArrayType) and isinstance(column, ArrayType):
+        return fits(value.elementType, column.elementType)
+    if isinstance(value, StructType) and isinstance(column, StructType):
+        names = set(column.names)
+        return all(f.name in names and fits(f.dataType, column[f.name].dataType) for f in value.fields)
+    return False
+
+
+def known(data_type: DataType) -> DataType | None:
+    """``data_type`` without the parts whose type is not known yet (only null or [] so far)."""
+    if isinstance(data_type, NullType):
+        return None
+    if isinstance(data_type, ArrayType):
+        element = known(data_type.elementType)
+        return None if element is None else ArrayType(element)
+    if isinstance(data_type, StructType):
+        fields = [StructField(f.name, t) for f in data_type.fields if (t := known(f.dataType)) is not None]
+        return StructType(fields) if fields else None
+    return data_type
+
+
+def member(value: Column, name: str) -> Column:
+    """The member ``name`` of a variant object (null when absent or not an object)."""
+    escaped = name.replace("\\", "\\\\").replace('"', '\\"')
+    return F.try_variant_get(value, f'$["{escaped}"]', "variant")
+
+
+def is_null(value: Column) -> Column:
+    """Absent or JSON null."""
+    return value.isNull() | F.is_variant_null(value)
+
+
+def _as(value: Column, data_type: str, path: str = "$") -> Column:
+    return F.try_variant_get(value, path, data_type)
+
+
+def decode(value: Column, column: DataType) -> Column:
+    """The variant ``value`` as a value of ``column`` (a :func:`document_type`); null when it does not fit."""
+    decoded: Column
+    if isinstance(column, StructType):
+        decoded = F.struct(*[decode(member(value, f.name), f.dataType).alias(f.name) for f in column.fields])
+    elif isinstance(column, ArrayType):
+        element = column.elementType
+        decoded = F.transform(_as(value, "array<variant>"), lambda item: decode(item, element))
+    elif isinstance(column, TimestampType):
+        date = member(value, "$date")
+        decoded = F.coalesce(
+            F.timestamp_millis(_as(date, "bigint")),
+            F.timestamp_millis(_as(date, "bigint", '$["$numberLong"]')),
+            _as(date, "string").try_cast(TimestampType()),
+        )
+    elif isinstance(column, BinaryType):
+        binary = member(value, "$binary")
+        text = F.coalesce(_as(binary, "string", "$.base64"), _as(binary, "string"))
+        decoded = F.try_to_binary(text, F.lit("base64"))
+    elif isinstance(column, DecimalType):
+        decoded = _as(value, "string", '$["$numberDecimal"]').try_cast(column)
+    elif isinstance(column, LongType):
+        decoded = F.coalesce(*[_as(value, "bigint", f'$["{w}"]') for w in ("$numberLong", "$numberInt")],
+                             _as(value, "bigint"))  # fmt: skip
+    elif isinstance(column, DoubleType):
+        decoded = F.coalesce(*[_as(value, "double", f'$["{w}"]') for w in ("$numberDouble", "$numberLong", "$numberInt")],
+                             _as(value, "double"))  # fmt: skip
+    elif isinstance(column, StringType):
+        # An ObjectId as its hex digits; any other string as itself, anything else as its JSON text.
+        decoded = F.coalesce(_as(value, "string", '$["$oid"]'), _as(value, "string"))
+    elif isinstance(column, BooleanType):
+        decoded = _as(value, "boolean")
+    else:
+        raise ValueError(f"no Extended JSON decoding into {column.simpleString()}")
+    return F.when(~is_null(value), decoded)

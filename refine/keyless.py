@@ -1,0 +1,162 @@
+"""Tables without a primary key (``REPLICA IDENTITY FULL``): refined as multisets of rows.
+
+Such a table may hold equal rows, Debezium sends them with null Kafka keys, and ``before`` holds the
+whole old row. So a row is known only by its image: the refined table holds as many equal rows as
+the source, told apart by ``_cdc_row_hash`` (SHA-256 of the image's JSON) and ``_cdc_copy``
+(1..n among equal rows). A create or snapshot read adds one copy of ``after``; a delete removes one
+copy of ``before``; an update does both. Per batch the changes are summed per image (insert, update,
+delete of equal rows commute), and the MERGE adds copies n+1..n+k or removes the highest ones.
+
+Adding and removing copies is not idempotent by itself, so each change must apply exactly once:
+
+- the side table ``<warehouse>/_cdc/applied/<topic>`` keeps the position (LSN, Kafka offset) of the
+  last change applied and a batch counter; changes at or before it are left out. Every streamed
+  change has an LSN of its own, so a replayed copy (same LSN, later offset) is recognised; snapshot
+  reads share one LSN and are told apart by offset (a copy of a snapshot read is not recognised);
+- the MERGE is committed with Delta's idempotent-DML settings (``txnAppId``/``txnVersion`` = the
+  next batch counter): after a crash between the MERGE and the side table's update, the replayed
+  batch's MERGE is skipped by Delta and only the side table is written.
+"""
+
+from __future__ import annotations
+
+from delta.tables import DeltaTable
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructField, StructType
+
+from cdc.raw.table import is_delta_table
+from refine.envelope import Op
+from refine.latest import POSITION_COLUMNS, at_or_after
+from refine.merge import COMMITTED_AT, LSN, OFFSET, OP, REFINED_AT, ensure_refined_table
+from refine.toast import replace_placeholders
+
+ROW_HASH, COPY = "_cdc_row_hash", "_cdc_copy"
+TXN_APP_ID = "cdc-refine-keyless"
+
+
+def applied_location(warehouse: str, topic: str) -> str:
+    return f"{warehouse}/_cdc/applied/{topic}"
+
+
+def read_applied(spark: SparkSession, location: str) -> tuple[int, int, int] | None:
+    """(LSN, Kafka offset, batch counter) of the last applied change, or None."""
+    if not is_delta_table(spark, location):
+        return None
+    rows = spark.read.format("delta").load(location).collect()  # one row
+    return (rows[0].lsn, rows[0].offset, rows[0].version) if rows else None
+
+
+def write_applied(spark: SparkSession, location: str, lsn: int, offset: int, version: int) -> None:
+    spark.createDataFrame([(lsn, offset, version)], "lsn long, offset long, version long").withColumn(
+        "updated_at", F.current_timestamp()
+    ).write.format("delta").mode("overwrite").save(location)
+
+
+def unapplied(changes: DataFrame, applied: tuple[int, int, int] | None) -> DataFrame:
+    """The batch's changes after ``applied``, each once (copies share an LSN; snapshot reads do not
+    count as copies of each other)."""
+    lsn, offset = (F.col(c) for c in POSITION_COLUMNS)
+    rows = changes.where(F.col("op").isin(Op.READ.value, Op.CREATE.value, Op.UPDATE.value, Op.DELETE.value,
+                                          Op.TRUNCATE.value))  # fmt: skip
+    is_read = F.col("op") == Op.READ.value
+    if applied is not None:
+        last_lsn, last_offset, _ = applied
+        read_after = ~at_or_after([F.lit(last_lsn), F.lit(last_offset)], [lsn, offset])
+        rows = rows.where(F.when(is_read, read_after).otherwise(lsn > last_lsn))
+    change = Window.partitionBy(lsn, F.when(is_read, offset)).orderBy(offset)
+    return rows.withColumn("_copy", F.row_number().over(change)).where("_copy = 1").drop("_copy")
+
+
+def _hashed(image: Column) -> Column:
+    return F.sha2(F.to_json(image), 256)
+
+
+def net_changes(rows: DataFrame, columns: list[str]) -> DataFrame:
+    """Per row image, how many copies the changes add (``net`` < 0: remove), with the image and the
+    metadata of its last addition."""
+    lsn, offset = POSITION_COLUMNS
+    meta = [F.col(lsn).alias(LSN), F.col(offset).alias(OFFSET), F.col("source_committed_at").alias(COMMITTED_AT),
+            F.col("op").alias(OP)]  # fmt: skip
+    added = rows.where(F.col("op").isin(Op.READ.value, Op.CREATE.value, Op.UPDATE.value)).select(
+        # Under REPLICA IDENTITY FULL the old row is whole: it has the values an update left TOASTed.
+        replace_placeholders(F.col("after"), F.col("before"), rows.schema["after"].dataType).alias("image"),
+        F.lit(1).alias("delta"), *meta,
+    )
+    removed = rows.where(F.col("op").isin(Op.UPDATE.value, Op.DELETE.value)).select(
+        F.col("before").alias("image"), F.lit(-1).alias("delta"), *meta
+    )
+    changes = added.unionByName(removed).withColumn(ROW_HASH, _hashed(F.col("image")))
+    position = F.when(F.col("delta") > 0, F.struct(LSN, OFFSET))
+    last_added = F.max_by(F.struct("image", LSN, OFFSET, COMMITTED_AT, OP), position)
+    nets = changes.groupBy(ROW_HASH).agg(F.sum("delta").alias("net"), last_added.alias("last"))
+    return nets.where("net <> 0").select(
+        ROW_HASH, "net",
+        *[F.col(f"last.image.`{column}`").alias(column) for column in columns],
+        *[F.col(f"last.{column}").alias(column) for column in (LSN, OFFSET, COMMITTED_AT, OP)],
+    )  # fmt: skip
+
+
+def copies(nets: DataFrame, existing: DataFrame | None, columns: list[str]) -> DataFrame:
+    """One row per copy to insert (``_action`` insert) or delete: copies n+1..n+k are added, the
+    highest ones removed (n: the copies the table has; 0 without ``existing``, after a truncate)."""
+    if existing is None:
+        counted = nets.withColumn("_have", F.lit(0))
+    else:
+        have = existing.join(nets.select(ROW_HASH), ROW_HASH, "left_semi").groupBy(ROW_HASH).agg(F.max(COPY).alias("_have"))
+        counted = nets.join(have, ROW_HASH, "left").withColumn("_have", F.coalesce("_have", F.lit(0)))
+    adds = F.col("net") > 0
+    low = F.when(adds, F.col("_have") + 1).otherwise(F.greatest(F.col("_have") + F.col("net"), F.lit(0)) + 1)
+    high = F.when(adds, F.col("_have") + F.col("net")).otherwise(F.col("_have"))
+    return counted.where(low <= high).select(
+        *[F.col(f"`{column}`") for column in columns], LSN, OFFSET, COMMITTED_AT, OP,
+        F.current_timestamp().alias(REFINED_AT), ROW_HASH, F.explode(F.sequence(low, high)).alias(COPY),
+        F.when(adds, "insert").otherwise("delete").alias("_action"),
+    )  # fmt: skip
+
+
+def merge_keyless(spark: SparkSession, location: str, rows: DataFrame, truncated: bool, version: int) -> None:
+    """MERGE the copies to add and remove (:func:`copies`) as Delta transaction ``version`` of this
+    job (Delta skips it when the table has it already); with ``truncated``, they replace the table."""
+    stored = [f for f in rows.schema if f.name != "_action"]
+    ensure_refined_table(spark, location, StructType([StructField(f.name, f.dataType) for f in stored]))
+    values = {f"`{f.name}`": F.col(f"s.`{f.name}`") for f in stored}
+    merge = (
+        DeltaTable.forPath(spark, location).alias("t")
+        .merge(rows.alias("s"), f"t.{ROW_HASH} = s.{ROW_HASH} AND t.{COPY} = s.{COPY}")
+        .whenMatchedDelete("s._action = 'delete'")
+        .whenMatchedUpdate("s._action = 'insert'", values)  # only after a truncate: the copy is the batch's now
+        .whenNotMatchedInsert("s._action = 'insert'", values)
+    )  # fmt: skip
+    if truncated:
+        merge = merge.whenNotMatchedBySourceDelete()
+    spark.conf.set("spark.databricks.delta.write.txnAppId", TXN_APP_ID)
+    spark.conf.set("spark.databricks.delta.write.txnVersion", str(version))
+    try:
+        merge.execute()
+    finally:
+        spark.conf.unset("spark.databricks.delta.write.txnAppId")
+        spark.conf.unset("spark.databricks.delta.write.txnVersion")
+
+
+def merge_keyless_changes(spark: SparkSession, location: str, applied_at: str, changes: DataFrame, columns: list[str]) -> None:
+    """Apply a batch's parsed changes to the keyless refined table at ``location``, each exactly once."""
+    applied = read_applied(spark, applied_at)
+    rows = unapplied(changes, applied).persist()
+    try:
+        position = F.struct(*[F.col(c) for c in POSITION_COLUMNS])
+        [mark] = rows.agg(F.max(position).alias("last"),
+                          F.max(F.when(F.col("op") == Op.TRUNCATE.value, position)).alias("truncate")).collect()  # fmt: skip
+        if mark.last is None:
+            return  # nothing new: replayed changes only
+        existing, counted = None, rows
+        if mark.truncate is not None:  # the table's rows go: only the changes after the truncate count
+            counted = rows.where(at_or_after([F.col(c) for c in POSITION_COLUMNS], [F.lit(v) for v in mark.truncate]))
+        elif is_delta_table(spark, location):
+            existing = spark.read.format("delta").load(location)
+        version = (applied[2] if applied else 0) + 1
+        merge_keyless(spark, location, copies(net_changes(counted, columns), existing, columns),
+                      mark.truncate is not None, version)  # fmt: skip
+        write_applied(spark, applied_at, *mark.last, version)
+    finally:
+        rows.unpersist()

@@ -1,0 +1,391 @@
+"""Debezium MongoDB connector topics, refined: documents as typed columns, one row per ``_id``.
+
+The refined table holds ``_id`` (the document id's Extended JSON text as the connector writes it in
+the Kafka key: ``{"$oid": "..."}``, ``"abc"`` with its quotes, ``42``, ``{"a": 1}``; so an ObjectId
+and a string never collide), a column per top-level field of the documents (types as in
+:mod:`refine.extended_json`), and ``_cdc_ts_ms``, ``_cdc_ord``, ``_cdc_offset`` (the source position),
+``_cdc_committed_at``, ``_cdc_op``, ``_cdc_refined_at``.
+
+Per batch (:func:`refine_mongo_batch`):
+
+1. records are parsed (:func:`parse_mongo_changes`); the shapes of their fields, and the paths their
+   ``updateDescription`` touch, are collected (a handful of type strings, not data) and merged with
+   the refined table's schema into the column types (:func:`column_types`): a new field is a new
+   column, a new field of a nested document a new nested column;
+2. the first type a field is seen with fixes its column; a record whose value does not fit its
+   column (a string where the column is bigint), or whose update path cannot apply, is quarantined
+   with the reason. Within one batch, the shape most records have wins;
+3. per ``_id``, changes are ordered by (``source.ts_ms``, ``source.ord``, Kafka offset): the last
+   full document (create, snapshot read, update or replace with ``after``) or delete, then the
+   updates after it that carry only ``updateDescription`` (``capture.mode=change_streams``) applied
+   in order (:mod:`refine.patch`). When the batch holds no full document for the id, the patches
+   apply to the refined table's row, from its position on; when there is none, the patch records
+   are quarantined;
+4. the result is MERGEd with position guards (:func:`refine.merge.merge_changes`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from delta.tables import DeltaTable
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    DataType,
+    IntegerType,
+    LongType,
+    NullType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from cdc.raw.table import is_delta_table
+from refine.envelope import TOMBSTONE, ConnectSchema, Op
+from refine.extended_json import (
+    decode,
+    document_type,
+    fits,
+    is_null,
+    known,
+    member,
+    merge_types,
+    to_variant,
+    variant_type,
+)
+from refine.merge import COMMITTED_AT, LSN, METADATA_COLUMNS, OFFSET, OP, REFINED_AT, merge_changes
+from refine.patch import apply_patch, leaf_type, path_type, resolve
+from refine.quarantine import quarantine
+
+MONGO_SOURCE = "io.debezium.connector.mongo.Source"
+ID = "_id"
+TS_MS, ORD = "_cdc_ts_ms", "_cdc_ord"
+POSITION = (TS_MS, ORD, OFFSET)
+MONGO_METADATA_COLUMNS = (TS_MS, ORD, *[c for c in METADATA_COLUMNS if c != LSN])
+
+# What the job reads of the envelope's payload (the connector's schema has more).
+_ENVELOPE = StructType([
+    StructField("after", StringType()),
+    StructField("updateDescription", StructType([
+        StructField("removedFields", ArrayType(StringType())),
+        StructField("updatedFields", StringType()),
+        StructField("truncatedArrays", ArrayType(StructType([
+            StructField("field", StringType()), StructField("size", IntegerType())]))),
+    ])),
+    StructField("source", StructType([StructField("ts_ms", LongType()), StructField("ord", IntegerType())])),
+    StructField("op", StringType()),
+])  # fmt: skip
+
+
+class Kind:
+    """What a change does to its document."""
+
+    IMAGE = "image"  # the whole document: snapshot read, create, update or replace with `after`
+    DELETE = "delete"
+    PATCH = "patch"  # an update carrying only updateDescription
+    TOMBSTONE = TOMBSTONE
+
+
+def is_mongo(value_schema: ConnectSchema) -> bool:
+    """A MongoDB connector's envelope (told by its ``source`` block's schema name)."""
+    try:
+        return value_schema.field_named("source").name == MONGO_SOURCE
+    except KeyError:
+        return False
+
+
+def parse_mongo_changes(raw: DataFrame) -> DataFrame:
+    """Changes from raw rows of a MongoDB connector topic (pure DataFrame -> DataFrame).
+
+    Columns: ``_id``, ``op``, ``kind`` (:class:`Kind`), ``document`` (``after`` as a variant),
+    ``patch`` (updated variant, removed paths, truncated arrays), ``position`` (ts_ms, ord,
+    offset), ``source_committed_at``, ``kafka_partition``, ``kafka_offset``, ``problem``,
+    ``raw_value``.
+    """
+    envelope = F.from_json("value", StructType([StructField("payload", _ENVELOPE)]))["payload"]
+    parsed = raw.select(
+        F.get_json_object("key", "$.payload.id").alias(ID),
+        F.col("value").alias("raw_value"),
+        F.col("partition").alias("kafka_partition"),
+        F.col("offset").alias("kafka_offset"),
+        envelope.alias("envelope"),
+    )
+    update = F.col("envelope.updateDescription")
+    op = F.when(F.col("raw_value").isNull(), F.lit(TOMBSTONE)).otherwise(F.col("envelope.op"))
+    changes = parsed.select(
+        ID,
+        op.alias("op"),
+        to_variant(F.col("envelope.after")).alias("document"),
+        F.when(update.isNotNull(), F.struct(
+            to_variant(update["updatedFields"]).alias("updated"),
+            update["removedFields"].alias("removed"),
+            update["truncatedArrays"].alias("truncated"),
+        )).alias("patch"),
+        F.struct(F.col("envelope.source.ts_ms").alias("ts_ms"), F.col("envelope.source.ord").alias("ord"),
+                 F.col("kafka_offset").alias("offset")).alias("position"),
+        F.timestamp_millis(F.col("envelope.source.ts_ms")).alias("source_committed_at"),
+        "kafka_partition", "kafka_offset", "raw_value", "envelope",
+    )  # fmt: skip
+    has_document = F.col("envelope.after").isNotNull()
+    kind = (
+        F.when(F.col("op") == TOMBSTONE, F.lit(Kind.TOMBSTONE))
+        .when(F.col("op") == Op.DELETE.value, F.lit(Kind.DELETE))
+        .when(F.col("op").isin(Op.READ.value, Op.CREATE.value) | ((F.col("op") == Op.UPDATE.value) & has_document),
+              F.lit(Kind.IMAGE))
+        .when((F.col("op") == Op.UPDATE.value) & F.col("patch").isNotNull(), F.lit(Kind.PATCH))
+    )  # fmt: skip
+    problem = (
+        F.when(F.col("raw_value").isNotNull() & F.col("envelope").isNull(), F.lit("value is not a Debezium JSON envelope"))
+        .when(F.col(ID).isNull(), F.lit("the key holds no document id (payload.id)"))
+        .when(F.col("op").isNull() | ~F.col("op").isin(Op.READ.value, Op.CREATE.value, Op.UPDATE.value, Op.DELETE.value, TOMBSTONE),
+              F.concat(F.lit("unknown op "), F.coalesce("op", F.lit("null"))))
+        .when(has_document & F.col("document").isNull(), F.lit("after: not Extended JSON"))
+        .when(F.col("patch.updated").isNull() & update["updatedFields"].isNotNull(),
+              F.lit("updateDescription.updatedFields: not Extended JSON"))
+        .when(kind.isNull(), F.lit("an update with neither after nor updateDescription"))
+        .when((kind == Kind.IMAGE) & F.try_variant_get("document", "$", "map<string,variant>").isNull(),
+              F.lit("after: not a document"))
+    )  # fmt: skip
+    return changes.select("*", kind.alias("kind"), problem.alias("problem")).drop("envelope")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One shape (``schema_of_variant`` string) a field or an update path had in a batch."""
+
+    kind: str  # "field": a top-level field of a document; "set", "unset", "truncate": update paths
+    name: str
+    shape: str | None
+    count: int
+
+
+def batch_shapes(changes: DataFrame) -> list[Shape]:
+    """The distinct field shapes and update paths of a batch (metadata: a handful of rows)."""
+    fine = changes.where("problem IS NULL")
+    fields = fine.where(F.col("kind") == Kind.IMAGE).select(
+        F.lit("field").alias("kind"), F.explode(F.try_variant_get("document", "$", "map<string,variant>")))
+    updated = fine.where(F.col("kind") == Kind.PATCH).select(
+        F.lit("set").alias("kind"), F.explode(F.try_variant_get("patch.updated", "$", "map<string,variant>")))
+    removed = fine.select(F.lit("unset").alias("kind"), F.explode("patch.removed").alias("key"), F.lit(None).cast("variant").alias("value"))
+    truncated = fine.select(F.lit("truncate").alias("kind"), F.explode("patch.truncated.field").alias("key"),
+                            F.lit(None).cast("variant").alias("value"))  # fmt: skip
+    rows = (
+        fields.unionByName(updated).unionByName(removed, allowMissingColumns=True).unionByName(truncated, allowMissingColumns=True)
+        .where(F.col("key") != ID)
+        .groupBy("kind", "key", F.schema_of_variant("value").alias("shape")).count()
+        .collect()
+    )  # fmt: skip
+    return [Shape(row.kind, row.key, row.shape, row["count"]) for row in rows]
+
+
+@dataclass
+class Columns:
+    """The column types of a batch, and what in it does not fit them."""
+
+    types: StructType
+    misfits: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)  # (kind, name) -> shape -> reason
+    unsupported: dict[tuple[str, str], str] = field(default_factory=dict)  # (kind, path) -> reason
+
+    def paths(self, kind: str, shapes: list[Shape]) -> list[str]:
+        """The batch's update paths of ``kind`` that change a column."""
+        names = sorted({s.name for s in shapes if s.kind == kind and (kind, s.name) not in self.unsupported})
+        return [n for n in names if leaf_type(self.types, resolve(self.types, n)) is not None]
+
+
+def _implied(types: StructType, shape: Shape) -> tuple[str, DataType]:
+    """The top-level column a shape is about, and the column type it implies (ValueError: cannot apply)."""
+    value = document_type(variant_type(shape.shape)) if shape.shape else NullType()
+    if shape.kind == "field":
+        return shape.name, value
+    return shape.name.split(".")[0], path_type(types, shape.name, value)
+
+
+def _grow(table: DataType, merged: DataType) -> DataType:
+    """``table``'s type with the nested fields ``merged`` adds (a column's other types never change)."""
+    if isinstance(table, StructType) and isinstance(merged, StructType):
+        fields = [StructField(f.name, _grow(f.dataType, merged[f.name].dataType) if f.name in merged.names else f.dataType)
+                  for f in table.fields]  # fmt: skip
+        added = [StructField(f.name, t) for f in merged.fields if f.name not in table.names and (t := known(f.dataType))]
+        return StructType(fields + added)
+    if isinstance(table, ArrayType) and isinstance(merged, ArrayType):
+        return ArrayType(_grow(table.elementType, merged.elementType))
+    return table
+
+
+def column_types(table: StructType, shapes: list[Shape]) -> Columns:
+    """The refined table's data columns (``table``: its current ones) grown by the batch's ``shapes``."""
+    merged: dict[str, DataType] = {f.name: f.dataType for f in table.fields}
+    columns = Columns(StructType(table.fields))
+    for shape in sorted((s for s in shapes if s.kind in ("field", "set")), key=lambda s: (-s.count, s.name, s.shape or "")):
+        try:
+            name, implied = _implied(StructType([StructField(n, t) for n, t in merged.items()]), shape)
+        except ValueError as error:
+            columns.unsupported[(shape.kind, shape.name)] = f"cannot apply update path {shape.name}: {error}"
+            continue
+        combined = merge_types(merged.get(name, NullType()), implied)
+        if combined is not None:
+            merged[name] = combined
+    types = [StructField(f.name, _grow(f.dataType, merged[f.name])) for f in table.fields]
+    types += [StructField(n, t) for n, m in merged.items() if n not in table.names and (t := known(m)) is not None]
+    columns.types = StructType(types)
+    for shape in shapes:
+        if (shape.kind, shape.name) in columns.unsupported:
+            continue
+        try:
+            if shape.kind in ("set", "field"):
+                name, implied = _implied(columns.types, shape)
+                column = columns.types[name].dataType if name in columns.types.names else NullType()
+                if not fits(implied, column):
+                    columns.misfits.setdefault((shape.kind, shape.name), {})[shape.shape or ""] = (
+                        f"{'field' if shape.kind == 'field' else 'update path'} {shape.name}: a value of shape "
+                        f"{shape.shape} does not fit the column {name} {column.simpleString()}"
+                    )
+            else:
+                resolve(columns.types, shape.name)
+        except ValueError as error:
+            columns.unsupported[(shape.kind, shape.name)] = f"cannot apply update path {shape.name}: {error}"
+    return columns
+
+
+def _misfit(changes_value: Column, name: str, reasons: dict[str, str], problem: Column) -> Column:
+    shape = F.schema_of_variant(member(changes_value, name))
+    for text, reason in reasons.items():
+        problem = problem.when(shape == text, F.lit(reason))
+    return problem
+
+
+def flag_misfits(changes: DataFrame, columns: Columns) -> DataFrame:
+    """``changes`` with ``state`` (the document decoded to the columns) and problems for the values
+    that do not fit them, the update paths that cannot apply and the values that do not decode."""
+    state = F.when(F.col("kind") == Kind.IMAGE, decode(F.col("document"), columns.types))
+    changes = changes.withColumn("state", state)
+    problem = F.when(F.col("problem").isNotNull(), F.col("problem"))
+    for (kind, name), reasons in sorted(columns.misfits.items()):
+        value = F.col("document") if kind == "field" else F.col("patch.updated")
+        problem = _misfit(F.when(F.col("kind") == (Kind.IMAGE if kind == "field" else Kind.PATCH), value), name, reasons, problem)
+    for (kind, path), reason in sorted(columns.unsupported.items()):
+        touched = {
+            "set": member(F.col("patch.updated"), path).isNotNull(),
+            "unset": F.array_contains(F.col("patch.removed"), path),
+            "truncate": F.exists(F.col("patch.truncated"), lambda t, p=path: t["field"] == p),
+        }[kind]
+        problem = problem.when(F.coalesce(touched, F.lit(False)), F.lit(reason))
+    for column in columns.types.fields:
+        raw = member(F.col("document"), column.name)
+        problem = problem.when(
+            (F.col("kind") == Kind.IMAGE) & ~is_null(raw) & F.col(f"state.`{column.name}`").isNull(),
+            F.lit(f"field {column.name}: cannot decode the value as {column.dataType.simpleString()}"),
+        )
+    return changes.withColumn("problem", problem)
+
+
+def latest_documents(changes: DataFrame, columns: Columns, shapes: list[Shape], table: DataFrame | None) -> DataFrame:
+    """Per ``_id``: its latest state (the last full document or delete, then the updates after it;
+    without one in the batch, the refined ``table``'s row and the updates after its position),
+    with ``orphan`` set where updates have no document to apply to."""
+    order = Window.partitionBy(ID).orderBy("position")
+    history = order.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    image = F.last(F.when(F.col("kind").isin(Kind.IMAGE, Kind.DELETE), F.struct("position", "op", "state")),
+                   ignorenulls=True).over(history)  # fmt: skip
+    patches = F.collect_list(F.when(F.col("kind") == Kind.PATCH, F.struct("position", "patch"))).over(history)
+    rows = (
+        changes.where(F.col("problem").isNull() & (F.col("kind") != Kind.TOMBSTONE))
+        .select(ID, "position", "source_committed_at", image.alias("image"), patches.alias("patches"),
+                F.row_number().over(Window.partitionBy(ID).orderBy(F.col("position").desc())).alias("rank"))
+        .where("rank = 1")
+    )  # fmt: skip
+    if table is not None:
+        current = table.select(
+            F.col(ID).alias("current_id"),
+            F.struct(*[(F.col(f"`{f.name}`") if f.name in table.columns else F.lit(None).cast(f.dataType)).alias(f.name)
+                       for f in columns.types.fields]).alias("current_state"),  # a new column is null so far
+            F.struct(F.col(TS_MS).alias("ts_ms"), F.col(ORD).alias("ord"), F.col(OFFSET).alias("offset")).alias("current_position"),
+        )  # fmt: skip
+        rows = rows.join(current, rows[ID] == current["current_id"], "left")
+    else:
+        rows = rows.select("*", F.lit(None).alias("current_state"), F.lit(None).alias("current_position"))
+    base_state = F.when(F.col("image").isNotNull(), F.col("image.state")).otherwise(F.col("current_state"))
+    base_position = F.when(F.col("image").isNotNull(), F.col("image.position")).otherwise(F.col("current_position"))
+    pending = F.filter("patches", lambda p: base_position.isNull() | (p["position"] > base_position))
+    updated, removed, truncated = (columns.paths(kind, shapes) for kind in ("set", "unset", "truncate"))
+    state = F.aggregate(pending, base_state.cast(columns.types), lambda s, p: apply_patch(
+        s, columns.types, p["patch"], updated, removed, truncated))  # fmt: skip
+    patched = F.size(pending) > 0
+    return rows.select(
+        ID, "position", "source_committed_at",
+        F.when(patched, F.lit(Op.UPDATE.value)).otherwise(F.col("image.op")).alias("op"),
+        state.cast(columns.types).alias("state"),
+        (patched & (base_state.isNull() | F.coalesce(F.col("image.op") == Op.DELETE.value, F.lit(False)))).alias("orphan"),
+    )  # fmt: skip
+
+
+def refined_documents(latest: DataFrame, columns: Columns) -> DataFrame:
+    """Rows as the refined table stores them."""
+    return latest.where("NOT orphan AND op IS NOT NULL").select(
+        ID,
+        *[F.col(f"state.`{c}`").alias(c) for c in columns.types.names],
+        F.col("position.ts_ms").alias(TS_MS),
+        F.col("position.ord").alias(ORD),
+        F.col("position.offset").alias(OFFSET),
+        F.col("source_committed_at").alias(COMMITTED_AT),
+        F.col("op").alias(OP),
+        F.current_timestamp().alias(REFINED_AT),
+    )
+
+
+def add_nested_columns(spark: SparkSession, location: str, table: StructType, types: StructType) -> None:
+    """Add the nested fields ``types`` has and the refined table does not (top-level columns are
+    added by :func:`refine.merge.ensure_refined_table`)."""
+
+    def added(current: DataType, wanted: DataType, path: str) -> list[str]:
+        if isinstance(current, StructType) and isinstance(wanted, StructType):
+            found = []
+            for f in wanted.fields:
+                inner = f"{path}.`{f.name.replace('`', '``')}`"
+                if f.name in current.names:
+                    found += added(current[f.name].dataType, f.dataType, inner)
+                else:
+                    found.append(f"{inner} {f.dataType.simpleString()}")
+            return found
+        if isinstance(current, ArrayType) and isinstance(wanted, ArrayType):
+            return added(current.elementType, wanted.elementType, f"{path}.element")
+        return []
+
+    nested = [a for f in table.fields if f.name in types.names
+              for a in added(f.dataType, types[f.name].dataType, f"`{f.name.replace('`', '``')}`")]  # fmt: skip
+    if nested:
+        spark.sql(f"ALTER TABLE delta.`{location}` ADD COLUMNS ({', '.join(nested)})")
+
+
+def refine_mongo_batch(spark: SparkSession, records: DataFrame, *, refined: str, quarantine_at: str, raw: str,
+                       topic: str) -> None:  # fmt: skip
+    """Refine one batch of raw MongoDB connector records into the ``refined`` table."""
+    exists = is_delta_table(spark, refined)
+    table = DeltaTable.forPath(spark, refined).toDF() if exists else None
+    data_columns = StructType([f for f in table.schema.fields if f.name != ID and f.name not in MONGO_METADATA_COLUMNS]) if table is not None else StructType()
+    changes = parse_mongo_changes(records).persist()
+    try:
+        shapes = batch_shapes(changes)
+        columns = column_types(data_columns, shapes)
+        flagged = flag_misfits(changes, columns).persist()
+        try:
+            if exists:
+                add_nested_columns(spark, refined, data_columns, columns.types)
+                table = DeltaTable.forPath(spark, refined).toDF()
+            latest = latest_documents(flagged, columns, shapes, table).persist()
+            try:
+                orphans = flagged.join(latest.where("orphan").select(ID), ID, "left_semi").where(
+                    F.col("kind") == Kind.PATCH).withColumn(
+                    "problem", F.lit("an update carrying only updateDescription, for a document the refined table does not hold"))  # fmt: skip
+                problems = [df.select("kafka_partition", "kafka_offset", "raw_value", "problem")
+                            for df in (flagged.where("problem IS NOT NULL"), orphans)]
+                quarantine(spark, quarantine_at, raw, topic, problems[0].unionByName(problems[1]))
+                merge_changes(spark, refined, refined_documents(latest, columns), [ID], None, POSITION)
+            finally:
+                latest.unpersist()
+        finally:
+            flagged.unpersist()
+    finally:
+        changes.unpersist()

@@ -1,0 +1,94 @@
+"""Primary-key changes: the new key's create takes the TOASTed values the old row had (pure transforms).
+
+Debezium turns an UPDATE of a primary key into a delete of the old key, its tombstone, and a create
+of the new key at the same LSN; the create carries TOAST placeholders for the large values the update
+left alone, and the header ``__debezium.oldkey`` (the old key as JSON) links it to the old row. That
+row's values are the old key's state just before the create: an earlier change in the batch, else a
+stored row (the refined table's current row or, when the delete came in an earlier batch, its
+image kept by :mod:`refine.deleted`).
+"""
+
+from __future__ import annotations
+
+from functools import reduce
+
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
+
+from cdc.raw.table import is_delta_table
+from refine.decode import decode, json_type
+from refine.envelope import ConnectSchema, Op
+from refine.latest import POSITION_COLUMNS, at_or_after
+from refine.merge import LSN, OFFSET
+from refine.toast import fill_from_earlier_changes, replace_placeholders
+
+OLD_KEY_HEADER = "__debezium.oldkey"
+
+
+def old_key(headers: Column, key_schema: ConnectSchema) -> Column:
+    """The key a create's row had before a primary-key change (null for any other record)."""
+    text = F.try_element_at(F.filter(headers, lambda header: header["key"] == OLD_KEY_HEADER), F.lit(1))["value"]
+    return decode(F.from_json(text.cast("string"), json_type(key_schema)), key_schema)
+
+
+def stored_states(spark: SparkSession, locations: list[str], key_columns: list[str], row_type: StructType) -> DataFrame | None:
+    """The rows of the refined-shaped tables at ``locations`` (those that exist) as states: ``key``
+    and ``image`` structs and the position; None when there is none."""
+    states = []
+    for location in locations:
+        if not is_delta_table(spark, location):
+            continue
+        stored = spark.read.format("delta").load(location)
+        present = set(stored.columns)
+        image = F.struct(*[
+            (F.col(f"`{f.name}`") if f.name in present else F.lit(None).cast(f.dataType)).alias(f.name)
+            for f in row_type.fields
+        ])  # fmt: skip
+        states.append(stored.select(
+            F.struct(*[F.col(f"`{k}`") for k in key_columns]).alias("key"),
+            F.col(LSN).alias("state_lsn"), F.col(OFFSET).alias("state_offset"), image.alias("image"),
+        ))  # fmt: skip
+    return reduce(DataFrame.unionByName, states) if states else None
+
+
+def batch_states(changes: DataFrame) -> DataFrame:
+    """The row states a batch's changes leave (deletes and truncates leave none)."""
+    lsn, offset = POSITION_COLUMNS
+    return changes.where(F.col("after").isNotNull()).select(
+        "key", F.col(lsn).alias("state_lsn"), F.col(offset).alias("state_offset"), F.col("after").alias("image")
+    )
+
+
+def with_state_before(rows: DataFrame, looks_up: Column, key: Column, states: DataFrame,
+                      stored: DataFrame | None) -> DataFrame:
+    """``rows`` with ``image``: for the rows where ``looks_up`` holds, the state of ``key`` just before
+    the row's position, from ``states`` or ``stored`` (null if there is none)."""
+    lsn, offset = POSITION_COLUMNS
+    rows = rows.withColumn("lookup_id", F.struct("kafka_partition", "kafka_offset"))
+    lookups = rows.where(looks_up).select(
+        "lookup_id", key.alias("key"), F.col(lsn).alias("lookup_lsn"), F.col(offset).alias("lookup_offset")
+    )
+    if stored is not None:  # only the stored rows of the keys looked up, never the whole table
+        states = states.unionByName(stored.join(lookups.select("key").distinct(), "key", "left_semi"))
+    before = ~at_or_after([F.col("s.state_lsn"), F.col("s.state_offset")],
+                          [F.col("l.lookup_lsn"), F.col("l.lookup_offset")])  # fmt: skip
+    found = lookups.alias("l").join(states.alias("s"), (F.col("l.key") == F.col("s.key")) & before)
+    latest = Window.partitionBy("l.lookup_id").orderBy(F.col("s.state_lsn").desc(), F.col("s.state_offset").desc())
+    prior = (
+        found.withColumn("_rank", F.row_number().over(latest)).where("_rank = 1")
+        .select(F.col("l.lookup_id").alias("lookup_id"), F.col("s.image").alias("image"))
+    )  # fmt: skip
+    return rows.join(prior, "lookup_id", "left").drop("lookup_id")
+
+
+def fill_from_old_keys(changes: DataFrame, key_schema: ConnectSchema, stored: DataFrame | None) -> DataFrame:
+    """``changes`` with each key's placeholders filled from its earlier changes, and a primary-key
+    change's create filled from the old key's state (see the module's doc)."""
+    key_columns = [field.field for field in key_schema.fields or ()]
+    changes = changes.withColumn("old_key", old_key(F.col("kafka_headers"), key_schema))
+    filled = fill_from_earlier_changes(changes, key_columns, [F.col(c) for c in POSITION_COLUMNS])
+    rekeyed = (F.col("op") == Op.CREATE.value) & F.col("old_key").isNotNull()
+    with_prior = with_state_before(filled, rekeyed, F.col("old_key"), batch_states(filled), stored)
+    after = replace_placeholders(F.col("after"), F.col("image"), changes.schema["after"].dataType)
+    return with_prior.withColumn("after", after).drop("image", "old_key")

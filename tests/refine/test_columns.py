@@ -1,0 +1,105 @@
+"""Declared column types: values without a schema, and string-mode decimals, through real Kafka."""
+
+from __future__ import annotations
+
+import json
+from datetime import date, datetime, timezone
+from decimal import Decimal
+
+import pytest
+from pyspark.testing import assertDataFrameEqual
+
+from cdc.config import validate
+from cdc.errors import ConfigError, TableError
+from refine.job import RefineJobConfig, refined_table_location
+from refine.quarantine import quarantine_location
+
+pytestmark = pytest.mark.integration
+
+COLUMNS = {"id": "bigint", "name": "string", "amount": "decimal(12,2)", "day": "date", "at": "timestamp"}
+EXPECTED_SCHEMA = "id long, name string, amount decimal(12,2), day date, at timestamp"
+T0 = 1_763_700_000_000
+
+
+def envelope(op: str, lsn: int, before: dict | None = None, after: dict | None = None) -> dict:
+    return {"before": before, "after": after, "op": op, "ts_ms": T0 + lsn,
+            "source": {"version": "3.6.3.Final", "connector": "postgresql", "name": "demo", "ts_ms": T0 + lsn,
+                       "snapshot": "false", "db": "demo", "schema": "shop", "table": "items", "txId": lsn, "lsn": lsn}}  # fmt: skip
+
+
+def item(item_id: int, name: str, amount: str | None, day: int = 20000, at: str = "2026-11-21T05:53:15.094926Z") -> dict:
+    return {"id": item_id, "name": name, "amount": amount, "day": day, "at": at}
+
+
+def changes() -> list[tuple[dict, dict | None]]:
+    """(key, value) payloads: creates, an update, a delete and its tombstone, a bad decimal."""
+    return [
+        ({"id": 1}, envelope("c", 100, after=item(1, "a", "12.50"))),
+        ({"id": 2}, envelope("c", 200, after=item(2, "b", "0.05", day=-1))),
+        ({"id": 1}, envelope("u", 300, before=item(1, "a", "12.50"), after=item(1, "a2", "-7.25"))),
+        ({"id": 3}, envelope("c", 400, after=item(3, "c", "1.00"))),
+        ({"id": 3}, envelope("d", 500, before=item(3, "c", "1.00"))),
+        ({"id": 3}, None),
+        ({"id": 4}, envelope("c", 600, after=item(4, "d", "twelve"))),
+    ]
+
+
+EXPECTED = [
+    (1, "a2", Decimal("-7.25"), date(2024, 10, 4), datetime(2026, 11, 21, 5, 53, 15, 94926, tzinfo=timezone.utc)),
+    (2, "b", Decimal("0.05"), date(1969, 12, 31), datetime(2026, 11, 21, 5, 53, 15, 94926, tzinfo=timezone.utc)),
+]
+
+
+def test_schemaless_values_are_read_with_the_declared_columns(spark, kafka, land_and_refine, unique_name, tmp_path):
+    topic = kafka.create_topic(f"{unique_name}.shop.items")
+    kafka.produce(topic, [(json.dumps(k).encode(), v and json.dumps(v).encode()) for k, v in changes()])
+    warehouse = str(tmp_path)
+
+    with pytest.raises(TableError, match="declare the refined table's `columns`"):
+        land_and_refine(warehouse, topic)
+
+    for _ in range(2):  # a rerun changes nothing
+        land_and_refine(warehouse, topic, columns=COLUMNS, key=["id"])
+        refined = spark.read.format("delta").load(refined_table_location(warehouse, topic))
+        assertDataFrameEqual(refined.select(*COLUMNS), spark.createDataFrame(EXPECTED, EXPECTED_SCHEMA))
+    [bad] = spark.read.format("delta").load(quarantine_location(warehouse)).collect()
+    assert (bad.offset, bad.reason) == (6, "field after.amount: cannot convert the value to the declared type decimal(12,2)")
+
+
+def test_string_mode_decimals_become_the_declared_decimal(spark, kafka, land_and_refine, unique_name, tmp_path):
+    topic = kafka.create_topic(f"{unique_name}.shop.items")
+    row = {"type": "struct", "optional": True, "fields": [
+        {"type": "int64", "optional": False, "field": "id"}, {"type": "string", "optional": True, "field": "name"},
+        {"type": "string", "optional": True, "field": "amount"},  # decimal.handling.mode=string
+        {"type": "int32", "optional": True, "name": "io.debezium.time.Date", "version": 1, "field": "day"},
+        {"type": "string", "optional": True, "name": "io.debezium.time.ZonedTimestamp", "version": 1, "field": "at"},
+    ]}  # fmt: skip
+    source = {"type": "struct", "field": "source", "fields": [
+        {"type": "int64", "optional": True, "field": "lsn"}, {"type": "int64", "optional": True, "field": "txId"},
+        {"type": "int64", "field": "ts_ms"}]}  # fmt: skip
+    value_schema = {"type": "struct", "fields": [{**row, "field": "before"}, {**row, "field": "after"}, source,
+                                                 {"type": "string", "field": "op"}]}  # fmt: skip
+    key_schema = {"type": "struct", "fields": [{"type": "int64", "optional": False, "field": "id"}]}
+    kafka.produce(topic, [
+        (json.dumps({"schema": key_schema, "payload": k}).encode(),
+         v and json.dumps({"schema": value_schema, "payload": v}).encode())
+        for k, v in changes()
+    ])  # fmt: skip
+    warehouse = str(tmp_path)
+
+    land_and_refine(warehouse, topic, columns={"amount": "decimal(12,2)"})
+
+    refined = spark.read.format("delta").load(refined_table_location(warehouse, topic))
+    assertDataFrameEqual(refined.select(*COLUMNS), spark.createDataFrame(EXPECTED, EXPECTED_SCHEMA))
+    [bad] = spark.read.format("delta").load(quarantine_location(warehouse)).collect()
+    assert bad.reason == "field after.amount: cannot convert the value to the declared type decimal(12,2)"
+
+
+def test_declared_columns_are_validated_up_front():
+    settings = {"table": "demo.shop.items", "warehouse": "/tmp/w"}
+    with pytest.raises(ConfigError, match=r"columns\.amount: .*unsupported column type 'money'"):
+        validate(RefineJobConfig, {**settings, "columns": {"id": "bigint", "amount": "money"}}, "refine job")
+    with pytest.raises(ConfigError, match="key: name not among the declared columns"):
+        validate(RefineJobConfig, {**settings, "columns": {"id": "bigint"}, "key": ["name"]}, "refine job")
+    with pytest.raises(ConfigError, match="precision must be 1-38"):
+        validate(RefineJobConfig, {**settings, "columns": {"amount": "decimal(40,2)"}}, "refine job")

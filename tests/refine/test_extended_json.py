@@ -1,0 +1,95 @@
+"""Extended JSON (strict, as in ``after``; relaxed, as in ``updatedFields``) to typed Spark values."""
+
+import math
+from datetime import datetime, timezone
+from decimal import Decimal
+
+import pytest
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    DecimalType,
+    DoubleType,
+    LongType,
+    NullType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from refine.extended_json import decode, document_type, fits, known, merge_types, to_variant, variant_type
+
+DOCUMENT = (
+    '{"_id": {"$oid": "64b7f0c2a1b2c3d4e5f60718"},"n": {"$numberLong": "9007199254740993"},"i": 7,'
+    '"d": {"$date": -86400000},"m": {"$numberDecimal": "-12345678901234567890.123456789"},"f": 0.25,'
+    '"b": {"$binary": "AQI=","$type": "00"},"nan": NaN,"inf": -Infinity,"text": "NaN, Infinity",'
+    '"nested": {"a": [1, 2],"when": {"$date": "2024-01-02T03:04:05.678Z"}},"mixed": [1, "x"],'
+    '"ts": {"$timestamp": {"t": 1, "i": 2}},"none": null,"empty": []}'
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def document(spark):
+    return spark.createDataFrame([(DOCUMENT,)], "text string").select(to_variant(F.col("text")).alias("v"))
+
+
+def shape_of(document, field: str):
+    [row] = document.select(F.schema_of_variant(F.try_variant_get("v", f'$["{field}"]', "variant"))).collect()
+    return document_type(variant_type(row[0]))
+
+
+def test_bson_types_map_to_column_types(document):
+    expected = {
+        "_id": StringType(), "n": LongType(), "i": LongType(), "d": TimestampType(), "m": DecimalType(38, 18),
+        "f": DoubleType(), "b": BinaryType(), "nan": DoubleType(), "inf": DoubleType(), "text": StringType(),
+        "nested": StructType([StructField("a", ArrayType(LongType())), StructField("when", TimestampType())]),
+        "mixed": StringType(), "ts": StringType(), "none": NullType(), "empty": ArrayType(NullType()),
+    }  # fmt: skip
+    assert {field: shape_of(document, field) for field in expected} == expected
+
+
+def test_values_decode_exactly(document):
+    columns = StructType([StructField(name, data_type) for name, data_type in [
+        ("_id", StringType()), ("n", LongType()), ("i", LongType()), ("d", TimestampType()), ("m", DecimalType(38, 18)),
+        ("f", DoubleType()), ("b", BinaryType()), ("nan", DoubleType()), ("inf", DoubleType()), ("text", StringType()),
+        ("nested", StructType([StructField("a", ArrayType(LongType())), StructField("when", TimestampType())])),
+        ("mixed", StringType()), ("ts", StringType()), ("none", StringType()), ("absent", LongType()),
+    ]])  # fmt: skip
+    [row] = document.select(decode(F.col("v"), columns).alias("row")).select("row.*").collect()
+    assert row._id == "64b7f0c2a1b2c3d4e5f60718"
+    assert row.n == 9007199254740993 and row.i == 7
+    assert row.d.astimezone(timezone.utc) == datetime(1969, 12, 31, tzinfo=timezone.utc)
+    assert row.m == Decimal("-12345678901234567890.123456789")
+    assert row.f == 0.25 and bytes(row.b) == b"\x01\x02"
+    assert math.isnan(row.nan) and row.inf == -math.inf and row.text == "NaN, Infinity"
+    assert row.nested.a == [1, 2]
+    assert row.nested.when.astimezone(timezone.utc) == datetime(2024, 1, 2, 3, 4, 5, 678000, tzinfo=timezone.utc)
+    assert row.mixed == '[1,"x"]' and row.ts == '{"$timestamp":{"i":2,"t":1}}'
+    assert row.none is None and row.absent is None
+
+
+def test_values_that_do_not_fit_decode_to_null(spark):
+    rows = spark.createDataFrame([('{"n": "abc", "d": {"$date": "yesterday"}, "b": {"$binary": "%%%"}}',)], "t string")
+    columns = StructType([StructField("n", LongType()), StructField("d", TimestampType()), StructField("b", BinaryType())])
+    [row] = rows.select(decode(to_variant(F.col("t")), columns).alias("r")).select("r.*").collect()
+    assert tuple(row) == (None, None, None)
+
+
+def test_not_json_is_null(spark):
+    [row] = spark.createDataFrame([("{not json",)], "t string").select(to_variant(F.col("t"))).collect()
+    assert row[0] is None
+
+
+def test_types_merge_widen_and_conflict():
+    address = StructType([StructField("city", StringType())])
+    with_zip = StructType([StructField("zip", StringType())])
+    assert merge_types(address, with_zip) == StructType([*address.fields, *with_zip.fields])
+    assert merge_types(LongType(), DoubleType()) == DoubleType()
+    assert merge_types(ArrayType(NullType()), ArrayType(LongType())) == ArrayType(LongType())
+    assert merge_types(LongType(), StringType()) is None
+    assert merge_types(address, StructType([StructField("city", LongType())])) is None
+    assert fits(LongType(), DoubleType()) and not fits(DoubleType(), LongType())
+    assert fits(with_zip, merge_types(address, with_zip)) and not fits(with_zip, address)
+    assert known(StructType([StructField("a", NullType()), StructField("b", ArrayType(NullType()))])) is None
