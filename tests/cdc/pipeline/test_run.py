@@ -11,7 +11,7 @@ from pyspark.testing import assertDataFrameEqual
 from cdc.cli import main
 from cdc.errors import ConfigError, ExpectationError
 from cdc.pipeline.config import Pipeline
-from cdc.pipeline.run import PipelineRefineConfig, raw_job_config, refine_jobs
+from cdc.pipeline.run import PipelineRefineConfig, business_tables, raw_job_config, refine_jobs
 from cdc.raw.config import GapPolicy
 from cdc.raw.table import is_delta_table
 from cdc.stack.workload import run_workload
@@ -199,3 +199,23 @@ def test_a_bad_or_failed_expectation_stops_the_refine_naming_it(spark, kafka, pi
         error = capsys.readouterr().err
         assert "rows broke a fail expectation" in error and "expectation=no_negative" in error, error
         assert not is_delta_table(spark, f"{pipeline_run.warehouse}/refined/scores")
+
+
+def test_business_tables_read_pipeline_tables_as_views_in_dependency_order(tmp_path):
+    document = {
+        **SHOP,
+        "sources": {**SHOP["sources"], "game": {"kind": "events", "format": "json", "topic": "game"}},
+        "refined": {**SHOP["refined"], "events": {"source": "game", "split_by": "game", "explode": ["items"]}},
+        "business": {"top": {"sql": "SELECT * FROM per_user ORDER BY n DESC LIMIT 3"},
+                     "per_user": {"sql": "SELECT user, count(*) AS n FROM clicks JOIN shop_orders ON true GROUP BY user"},
+                     "items": {"sql": "SELECT * FROM events__items JOIN events USING (pos)"}},
+    }  # fmt: skip
+    warehouse = str(tmp_path)
+    tables = {table.name: table for table in business_tables(Pipeline.model_validate(document), warehouse)}
+    assert list(tables) == ["per_user", "top", "items"]  # per_user before top, which reads it
+    assert (tables["per_user"].views, tables["per_user"].split_views) == (
+        {"clicks": f"{warehouse}/refined/clicks", "shop_orders": f"{warehouse}/refined/shop_orders"}, {})
+    assert tables["top"].views == {"per_user": f"{warehouse}/business/per_user"}
+    assert (tables["items"].views, tables["items"].split_views) == (
+        {}, {"events": f"{warehouse}/refined/events", "events__items": f"{warehouse}/refined/events__items"})
+    assert tables["items"].location == f"{warehouse}/business/items"
