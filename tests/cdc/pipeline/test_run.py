@@ -219,3 +219,23 @@ def test_business_tables_read_pipeline_tables_as_views_in_dependency_order(tmp_p
     assert (tables["items"].views, tables["items"].split_views) == (
         {}, {"events": f"{warehouse}/refined/events", "events__items": f"{warehouse}/refined/events__items"})
     assert tables["items"].location == f"{warehouse}/business/items"
+
+
+@pytest.mark.integration
+def test_an_expectation_on_a_debezium_table_drops_its_rows_but_never_its_deletes(
+    spark, kafka, stack_config, postgres_connector, pipeline_run
+):
+    run_workload(stack_config.postgres.dsn(), customers=3, seed=22)
+    topic = f"{postgres_connector.topic_prefix}.shop.orders"
+    kafka.wait_for_last_value(topic, lambda value: value is None)  # the workload ends with a delete
+    pipeline = {"name": "shop", "sources": {"orders": {"kind": "debezium_postgres", "topic": topic}},
+                "refined": {"shop_orders": {"source": "orders"}},
+                "expectations": {"no_orders": {"table": "shop_orders", "constraint": "order_no < 0", "action": "drop"}}}
+    for _ in range(2):  # a rerun changes nothing
+        assert pipeline_run(pipeline) == 0
+        assert pipeline_run.table("shop_orders").count() == 0  # every row dropped; deletes of absent keys add none
+        quarantined = spark.read.format("delta").load(quarantine_location(pipeline_run.warehouse))
+        dropped = quarantined.where("source_table = 'shop_orders'")
+        assert {row.reason for row in dropped.collect()} == {"failed expectations: no_orders"}
+        counts = spark.read.format("delta").load(expectations_location(pipeline_run.warehouse)).collect()
+        assert dropped.count() == sum(row.failed for row in counts) > 0 and sum(row.passed for row in counts) == 0
