@@ -28,6 +28,7 @@ not Spark Connect.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import threading
@@ -47,7 +48,7 @@ from cdc.config import _Strict
 from cdc.errors import ConfigError, TableError
 from cdc.raw.config import AvailableNow, Continuous, Trigger
 from cdc.raw.table import KIND_PROPERTY, is_delta_table
-from cdc.storage import normalize_location
+from cdc.storage import Storage, normalize_location
 
 BUSINESS_KIND = "business"
 QUERY_PROPERTY, SOURCES_PROPERTY = "cdc.business.query_sha256", "cdc.business.sources"
@@ -64,6 +65,11 @@ class BusinessTableConfig(_Strict):
     location: str = Field(description="Where the Delta table is written: a path or an object-store URI.")
     views: dict[str, str] = Field(
         default_factory=dict, description="Temp views registered before the query runs: view name -> Delta location."
+    )
+    split_views: dict[str, str] = Field(
+        default_factory=dict,
+        description="Temp views over split tables: view name -> a folder whose sub-folders each hold a Delta table "
+        "(one per split value); the view is their union by column name, listed again at each refresh.",
     )
 
     @field_validator("location")
@@ -174,7 +180,8 @@ def grouped_aggregate(plan: Any) -> GroupedAggregate | str:
 
 
 def _query_sha256(config: BusinessTableConfig) -> str:
-    return hashlib.sha256(json.dumps([config.query, config.views], sort_keys=True).encode()).hexdigest()
+    views = [config.views, config.split_views] if config.split_views else config.views  # unchanged hash without
+    return hashlib.sha256(json.dumps([config.query, views], sort_keys=True).encode()).hexdigest()
 
 
 def _sql_string(text: str) -> str:
@@ -196,10 +203,28 @@ def _state(spark: SparkSession, location: str) -> dict[str, str] | None:
     return properties
 
 
+def _register_views(spark: SparkSession, config: BusinessTableConfig) -> str | None:
+    """Register the query's views; return the location of one that has no table yet (nothing registered then)."""
+    tables: dict[str, list[str]] = {view: [normalize_location(location)] for view, location in config.views.items()}
+    storage = Storage(spark)
+    for view, folder in config.split_views.items():
+        folder = normalize_location(folder)
+        locations = [f"{folder}/{name}" for name in storage.list_names(folder)]
+        tables[view] = [location for location in locations if is_delta_table(spark, location)]
+        if not tables[view]:
+            return folder
+    if missing := next((locations[0] for locations in tables.values() if not is_delta_table(spark, locations[0])), None):
+        return missing
+    for view, locations in tables.items():
+        frames = [spark.read.format("delta").load(location) for location in locations]
+        functools.reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), frames).createOrReplaceTempView(view)
+    return None
+
+
 def refresh_business_table(spark: SparkSession, config: BusinessTableConfig) -> RefreshResult:
     """Bring the business table up to date with its query: unchanged, incrementally, or fully."""
-    for view, location in config.views.items():
-        spark.read.format("delta").load(normalize_location(location)).createOrReplaceTempView(view)
+    if (missing := _register_views(spark, config)) is not None:
+        return RefreshResult(RefreshMode.UNCHANGED, f"{missing} has no table yet")
     try:
         result = spark.sql(config.query)
         plan = result._jdf.queryExecution().analyzed()

@@ -20,19 +20,20 @@ from __future__ import annotations
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
-from pyspark.sql.streaming import StreamingQuery
-from pyspark.sql.types import StringType, StructField, StructType
+from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 from pydantic import Field
 
-from cdc.errors import ConfigError
+from cdc.errors import CdcError, ConfigError
 from cdc.pipeline.checks import table_shape_problems
 from cdc.pipeline.config import Name, RefinedTable
 from cdc.raw.config import TOPIC_NAME
 from cdc.raw.table import raw_table_location
 from refine.flatten import child_rows, child_table_name, column, flat_name, flatten
-from refine.job import RefineRun, refined_table_location, start_refine_query
+from refine.job import RefineRun, refined_table_location
 from refine.merge import EVENT_POSITION, OFFSET, PARTITION, REFINED_AT, append_rows, merge_latest, replace_children
+from refine.history import HistorySpec
 from refine.quarantine import quarantine, quarantine_location
+from refine.rules import TableRules, history_table_name
 from refine.schemas import event_schema
 
 CORRUPT = "_cdc_corrupt_record"
@@ -48,6 +49,7 @@ class EventsRefineJobConfig(RefineRun):
     table: RefinedTable = Field(description="Keys, ordering, flatten and explode rules, split column.")
     schema_ddl: str | None = Field(default=None, description="The events' schema (Spark DDL); None: inferred, kept.")
     reinfer_schema: bool = Field(default=False, description="Infer the kept schema again from the raw table first.")
+    rules: TableRules | None = Field(default=None, description="Expectations and history (SCD type 2) of the table.")
 
     @property
     def target(self) -> str:
@@ -112,6 +114,22 @@ def latest_events(events: DataFrame, key_paths: list[str], ordering: str) -> Dat
     return events.withColumn("_rank", F.row_number().over(order)).where("_rank = 1").drop("_rank")
 
 
+def expectation_keys(table: RefinedTable) -> list[str]:
+    """The columns naming an offending row: the keys, or the Kafka record of an appended event."""
+    return [flat_name(path) for path in table.keys] or list(EVENT_POSITION)
+
+
+def history_spec(table: RefinedTable) -> HistorySpec:
+    """An event table's versions: by key, ordered (and dated) by the ordering column, then the Kafka record."""
+    return HistorySpec(key_columns=[flat_name(path) for path in table.keys],
+                       position_columns=[flat_name(table.ordering), *EVENT_POSITION])  # fmt: skip
+
+
+def event_rows_schema(schema: StructType) -> StructType:
+    """The good events' columns: the event's fields and where it came from."""
+    return StructType([*schema.fields, StructField(PARTITION, IntegerType()), StructField(OFFSET, LongType())])
+
+
 class EventsBatch:
     """The foreachBatch function refining an event topic."""
 
@@ -119,8 +137,17 @@ class EventsBatch:
         self.config = config
         self.schema = schema
         self.raw = raw_table_location(config.warehouse, config.topic)
+        self.rules = config.rules or TableRules(table=config.name, topic=config.topic, warehouse=config.warehouse)
+        self.error: CdcError | None = None
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        try:
+            self._refine(batch, batch_id)
+        except CdcError as error:
+            self.error = error  # raised again by watch_refine_queries: Spark's own message would bury it
+            raise
+
+    def _refine(self, batch: DataFrame, batch_id: int) -> None:
         spark = batch.sparkSession
         app_id = f"cdc-refine-{spark.sparkContext.getLocalProperty('sql.streaming.queryId')}"
         records = batch.where(F.col("_change_type") == "insert")  # raw tables only append
@@ -131,14 +158,16 @@ class EventsBatch:
             good = events.where("problem IS NULL").select(
                 "event.*", F.col("kafka_partition").alias(PARTITION), F.col("kafka_offset").alias(OFFSET)
             )
-            split = self.config.table.split_by
-            if split is None:
-                self._write(spark, good, None, app_id, batch_id)
-                return
-            value = column(split).cast("string")
-            # The batch's distinct split values: a handful of names, not data.
-            for (name,) in good.select(value).distinct().orderBy(value).collect():
-                self._write(spark, good.where(value == name), name, app_id, batch_id)
+            rows = self.flat_rows(good)
+            with self.rules.passing_events(spark, good, rows, expectation_keys(self.config.table), batch_id) as good:
+                split = self.config.table.split_by
+                if split is None:
+                    self._write(spark, good, None, app_id, batch_id)
+                    return
+                value = column(split).cast("string")
+                # The batch's distinct split values: a handful of names, not data.
+                for (name,) in good.select(value).distinct().orderBy(value).collect():
+                    self._write(spark, good.where(value == name), name, app_id, batch_id)
         finally:
             events.unpersist()
 
@@ -146,11 +175,14 @@ class EventsBatch:
         location = refined_table_location(self.config.warehouse, name)
         return f"{location}/{split_value}" if split_value is not None else location
 
+    def flat_rows(self, events: DataFrame) -> DataFrame:
+        """Events as the refined table's rows (exploded arrays left out)."""
+        return flatten(events, tuple(self.config.table.explode), self.config.table.flatten.kept(events.schema))
+
     def _write(self, spark: SparkSession, events: DataFrame, split_value: str | None, app_id: str, batch_id: int) -> None:
         table = self.config.table
         nested = latest_events(events, table.keys, table.ordering) if table.keys else events
-        parents = flatten(nested, tuple(table.explode), table.flatten.kept(events.schema))
-        parents = parents.withColumn(REFINED_AT, F.current_timestamp())
+        parents = self.flat_rows(nested).withColumn(REFINED_AT, F.current_timestamp())
         location = self._location(self.config.name, split_value)
         if not table.keys:
             append_rows(spark, location, parents, app_id, batch_id)
@@ -162,6 +194,8 @@ class EventsBatch:
         keys = [flat_name(path) for path in table.keys]
         position = [flat_name(table.ordering), *EVENT_POSITION]
         merge_latest(spark, location, parents, keys, position)
+        history = self._location(history_table_name(self.config.name), split_value)
+        self.rules.record_history(spark, history, self.flat_rows(events))  # every event of the batch: a version
         if not table.explode:
             return
         # The parents whose event is now the stored one: a replayed older event changes no children.
@@ -177,12 +211,14 @@ class EventsBatch:
             applied.unpersist()
 
 
-def start_events_query(spark: SparkSession, config: EventsRefineJobConfig) -> StreamingQuery:
-    """Read (or infer) the schema, check the table's column paths against it, start the stream."""
+def events_batch(spark: SparkSession, config: EventsRefineJobConfig) -> EventsBatch:
+    """Read (or infer) the schema, check the table's column paths and expectations against it."""
     schema = event_schema(spark, config.warehouse, config.topic, config.schema_ddl, config.reinfer_schema)
     if problems := table_shape_problems(schema, config.table):
         raise ConfigError("the events' schema does not fit the refined table: " + "; ".join(
             f"refined.{config.name}.{field}: {reason}" for field, reason in problems
         ), topic=config.topic)  # fmt: skip
     batch = EventsBatch(config, schema)
-    return start_refine_query(spark, config.warehouse, config.topic, config.name, batch, config.trigger)
+    no_rows = spark.createDataFrame([], event_rows_schema(schema))
+    batch.rules.check(spark, batch.flat_rows(no_rows), expectation_keys(config.table))  # before any row is read
+    return batch

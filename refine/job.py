@@ -45,11 +45,12 @@ from refine.flattened import (
 )
 from refine.keyless import applied_location, merge_keyless_changes
 from refine.latest import latest_per_key
-from refine.merge import merge_changes, refined_rows
+from refine.merge import merge_changes
 from refine.mongo import is_mongo, refine_mongo_batch
 from refine.parse import parse_changes, wrapped_schema
 from refine.quarantine import quarantine, quarantine_location
 from refine.rekey import batch_states, fill_from_old_keys, has_key_changes, stored_states
+from refine.rules import TableRules
 
 
 def _readable_type(spark_type: str) -> str:
@@ -89,6 +90,7 @@ class RefineJobConfig(RefineRun):
         "Column types in Spark SQL (bigint, decimal(12,2), timestamp...). For values written without a schema "
         "(schemas.enable=false) they are the row's schema, and `key` is required; with a schema they override "
         "decoded types (e.g. a decimal.handling.mode=string column declared decimal(12,2)). See refine/columns.py."))
+    rules: TableRules | None = Field(default=None, description="Expectations checked before the MERGE (pipelines).")
     key: list[str] | None = Field(default=None, min_length=1, description=(
         "The primary-key columns of a topic written without a schema (each one of `columns`)."))
 
@@ -136,9 +138,12 @@ class RefineBatch:
         self.deleted = deleted_location(config.warehouse, config.target)
         self.applied = applied_location(config.warehouse, config.target)
         self.error: CdcError | None = None
+        self.rules = config.rules or TableRules(table=config.target, topic=config.table, warehouse=config.warehouse)
+        self.batch_id = -1
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         spark = batch.sparkSession
+        self.batch_id = batch_id
         # Cached: read from the raw table once (Spark counts a source's rows per read).
         records = batch.where(F.col("_change_type") == "insert").persist()  # raw tables only append
         try:
@@ -228,6 +233,7 @@ class RefineBatch:
         records.unpersist()  # the parsed changes are cached now
         columns = [field.field for field in value_schema.field_named("after").fields or ()]
         if key_schema is None:
+            self.rules.refuse_unchecked("tables without a primary key")
             merge_keyless_changes(spark, self.refined, self.applied, changes.where("problem IS NULL"), columns)
         else:
             self._merge_keyed(spark, changes.where("problem IS NULL"), key_schema, columns, truncated_at)
@@ -246,15 +252,16 @@ class RefineBatch:
             changes) else None  # fmt: skip
         filled = fill_from_old_keys(changes, key_schema, stored)
         latest = with_deleted_images(latest_per_key(filled, key_columns, truncated_at), batch_states(filled), stored)
-        rows = refined_rows(latest, columns).persist()  # computed once from the tables as they were
-        try:
-            record_deletes(spark, self.deleted, rows, key_columns)
-            if truncated_at is not None:
-                record_truncate(spark, self.deleted, truncated_at)
-            guarded = without_resurrections(spark, self.deleted, rows, key_columns)
-            merge_changes(spark, self.refined, guarded, key_columns, truncated_at)
-        finally:
-            rows.unpersist()
+        with self.rules.enforced_changes(spark, latest, columns, key_columns, self.batch_id) as rows:
+            rows = rows.persist()  # computed once from the tables as they were
+            try:
+                record_deletes(spark, self.deleted, rows, key_columns)
+                if truncated_at is not None:
+                    record_truncate(spark, self.deleted, truncated_at)
+                guarded = without_resurrections(spark, self.deleted, rows, key_columns)
+                merge_changes(spark, self.refined, guarded, key_columns, truncated_at)
+            finally:
+                rows.unpersist()
 
 
 def start_refine_query(

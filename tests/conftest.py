@@ -244,6 +244,37 @@ def kafka(stack, stack_config: StackConfig) -> KafkaTestClient:
     return KafkaTestClient(stack_config.kafka.bootstrap_servers)
 
 
+class PipelineRun:
+    """A pipeline file under a test's folder, landed and refined on the test stack (`cdc raw` and
+    `cdc refine`, both `--pipeline ... --available-now`), and its tables read back."""
+
+    def __init__(self, spark, folder) -> None:
+        self.spark = spark
+        self.file = folder / "pipeline.yaml"
+        self.warehouse = str(folder / "warehouse")
+
+    def __call__(self, pipeline: dict, *refine_options: str) -> int:
+        """Land and refine; return the exit code of `cdc refine` (`cdc raw` must succeed)."""
+        import yaml
+
+        from cdc.cli import main
+
+        self.file.write_text(yaml.safe_dump(pipeline, sort_keys=False))
+        options = ["--pipeline", str(self.file), "--warehouse", self.warehouse, "--available-now"]
+        assert main(["raw", *options]) == 0
+        return main(["refine", *options, *refine_options])
+
+    def table(self, name: str, folder: str = "refined"):
+        """A table of the warehouse: ``<warehouse>/<folder>/<name>``."""
+        return self.spark.read.format("delta").load(f"{self.warehouse}/{folder}/{name}")
+
+
+@pytest.fixture
+def pipeline_run(spark, kafka: KafkaTestClient, tmp_path, monkeypatch) -> PipelineRun:
+    monkeypatch.setenv("CDC_KAFKA__BOOTSTRAP_SERVERS", kafka.bootstrap_servers)
+    return PipelineRun(spark, tmp_path)
+
+
 @pytest.fixture
 def cdc_process(kafka: KafkaTestClient):
     """``cdc_process(args)``: `cdc` in a process group of its own (Python and its Spark JVM), output to a pipe."""

@@ -1,10 +1,11 @@
 """Running what a pipeline file declares: `cdc raw --pipeline` and `cdc refine --pipeline`.
 
 Refined tables of Debezium Postgres sources go through :mod:`refine.job`, those of JSON event
-sources through :mod:`refine.events`. What is declared but not run yet (MongoDB sources, Avro and
-Protobuf decoding, SCD type 2, exploding Debezium tables) is refused up front, each named by its key.
-Business tables and expectations are declared, checked and drawn; running them is not part of
-these commands.
+sources through :mod:`refine.events`, each with its expectations and (events) history
+(:mod:`refine.rules`). Business tables (:mod:`refine.business`) are refreshed after the refined
+tables when run once, on their own interval when run continuously. What is declared but not run
+yet (MongoDB sources, Avro and Protobuf decoding, SCD type 2 of Debezium tables, exploding Debezium
+tables) is refused up front, each named by its key.
 """
 
 from __future__ import annotations
@@ -21,8 +22,12 @@ from pydantic import Field
 from cdc.config import validate
 from cdc.errors import ConfigError
 from cdc.pipeline.config import DebeziumMongoSource, DebeziumPostgresSource, JsonEvents, Pipeline, ScdType
-from cdc.raw.config import AvailableNow, RawJobConfig
-from refine.events import EventsRefineJobConfig, start_events_query
+from cdc.raw.config import AvailableNow, Continuous, RawJobConfig
+from cdc.pipeline.checks import sql_tables, table_names
+from refine.business import BusinessTableConfig, run_business_tables
+from refine.events import EventsBatch, EventsRefineJobConfig, events_batch, history_spec
+from refine.expectations import Expectation
+from refine.rules import TableRules
 from refine.job import RefineBatch, RefineJobConfig, RefineRun, refined_table_location, start_refine_query, watch_refine_queries
 
 RefineJob = RefineJobConfig | EventsRefineJobConfig
@@ -58,11 +63,26 @@ def _not_run_yet(pipeline: Pipeline) -> list[str]:
         source = pipeline.sources[table.source]
         if isinstance(source, DebeziumMongoSource):
             problems.append(f"refined.{name}.source: MongoDB topics are not refined yet")
-        if table.scd is ScdType.HISTORY:
-            problems.append(f"refined.{name}.scd: SCD type 2 tables are not run by `cdc refine` yet")
+        if table.scd is ScdType.HISTORY and not isinstance(source, JsonEvents):
+            problems.append(f"refined.{name}.scd: SCD type 2 of Debezium tables is not run by `cdc refine` yet")
+        elif table.scd is ScdType.HISTORY and not table.keys:
+            problems.append(f"refined.{name}.scd: SCD type 2 needs `keys` (without keys every event is kept anyway)")
         if isinstance(source, DebeziumPostgresSource) and table.explode:
             problems.append(f"refined.{name}.explode: exploding arrays of Debezium tables is not run yet")
     return problems
+
+
+def table_rules(pipeline: Pipeline, name: str, warehouse: str) -> TableRules:
+    """The expectations (and, for SCD type 2, the history) of refined table ``name``."""
+    table = pipeline.refined[name]
+    expectations = [
+        Expectation(name=key, condition=expectation.constraint, action=expectation.action.value)
+        for key, expectation in pipeline.expectations.items()
+        if expectation.table == name
+    ]  # fmt: skip
+    history = history_spec(table) if table.scd is ScdType.HISTORY else None
+    return TableRules(table=name, topic=pipeline.sources[table.source].topic, warehouse=warehouse,
+                      expectations=expectations, history=history)  # fmt: skip
 
 
 def refine_jobs(pipeline: Pipeline, config: PipelineRefineConfig) -> list[RefineJob]:
@@ -72,7 +92,8 @@ def refine_jobs(pipeline: Pipeline, config: PipelineRefineConfig) -> list[Refine
     jobs: list[RefineJob] = []
     for name, table in pipeline.refined.items():
         source = pipeline.sources[table.source]
-        common = {"warehouse": config.warehouse, "trigger": config.trigger}
+        common = {"warehouse": config.warehouse, "trigger": config.trigger,
+                  "rules": table_rules(pipeline, name, config.warehouse)}  # fmt: skip
         if isinstance(source, JsonEvents):
             jobs.append(EventsRefineJobConfig(name=name, topic=source.topic, table=table, schema_ddl=source.schema_,
                                               reinfer_schema=config.reinfer_schema, **common))  # fmt: skip
@@ -81,10 +102,81 @@ def refine_jobs(pipeline: Pipeline, config: PipelineRefineConfig) -> list[Refine
     return jobs
 
 
-def _start(spark: SparkSession, job: RefineJob) -> StreamingQuery:
-    if isinstance(job, EventsRefineJobConfig):
-        return start_events_query(spark, job)
-    return start_refine_query(spark, job.warehouse, job.table, job.target, RefineBatch(job), job.trigger)
+def _start(spark: SparkSession, job: RefineJob) -> tuple[StreamingQuery, RefineBatch | EventsBatch]:
+    batch = events_batch(spark, job) if isinstance(job, EventsRefineJobConfig) else RefineBatch(job)
+    topic = job.topic if isinstance(job, EventsRefineJobConfig) else job.table
+    return start_refine_query(spark, job.warehouse, topic, job.target, batch, job.trigger), batch
+
+
+def business_location(warehouse: str, name: str) -> str:
+    return f"{warehouse}/business/{name}"
+
+
+def _table_location(pipeline: Pipeline, warehouse: str, name: str) -> str:
+    if name in pipeline.business:
+        return business_location(warehouse, name)
+    return refined_table_location(warehouse, name)
+
+
+def _split(pipeline: Pipeline, name: str) -> bool:
+    """A refined (or child) table written per value of a column: a folder of tables."""
+    parent = pipeline.refined.get(name.split("__")[0])
+    return parent is not None and parent.split_by is not None
+
+
+def business_tables(pipeline: Pipeline, warehouse: str) -> list[BusinessTableConfig]:
+    """The business tables, each after those it reads; the tables a query names become temp views."""
+    known = table_names(pipeline)
+    ordered: list[str] = []
+
+    def visit(name: str) -> None:  # the file is checked: no cycles
+        for used in sorted(sql_tables(pipeline.business[name].sql) & pipeline.business.keys()):
+            visit(used)
+        if name not in ordered:
+            ordered.append(name)
+
+    for name in pipeline.business:
+        visit(name)
+    configs = []
+    for name in ordered:
+        used = sorted(sql_tables(pipeline.business[name].sql) & known.keys())
+        configs.append(BusinessTableConfig(
+            name=name, query=pipeline.business[name].sql, location=business_location(warehouse, name),
+            views={t: _table_location(pipeline, warehouse, t) for t in used if not _split(pipeline, t)},
+            split_views={t: _table_location(pipeline, warehouse, t) for t in used if _split(pipeline, t)},
+        ))  # fmt: skip
+    return configs
+
+
+class _BusinessThreads:
+    """Continuous runs: each business table refreshed on its own interval, in a thread, until ``stop``;
+    the first failure sets ``stop`` (ending the refine streams too) and is raised by :meth:`join`."""
+
+    def __init__(self, spark: SparkSession, pipeline: Pipeline, tables: list[BusinessTableConfig],
+                 say: Callable[[str], None], stop: threading.Event) -> None:  # fmt: skip
+        self.stop = stop
+        self.errors: list[BaseException] = []
+        self.threads = [
+            threading.Thread(target=self._run, name=f"business {table.name}", daemon=True, args=(
+                spark, table, Continuous(interval_s=pipeline.business[table.name].trigger_interval_s), say))
+            for table in tables
+        ]  # fmt: skip
+        for thread in self.threads:
+            thread.start()
+
+    def _run(self, spark: SparkSession, table: BusinessTableConfig, trigger: Continuous, say: Callable[[str], None]) -> None:
+        try:
+            run_business_tables(spark, [table], trigger, self.stop, say)
+        except BaseException as error:  # raised in the main thread by join()
+            self.errors.append(error)
+            self.stop.set()
+
+    def join(self) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join()
+        if self.errors:
+            raise self.errors[0]
 
 
 def run_pipeline_refine(
@@ -94,24 +186,37 @@ def run_pipeline_refine(
     say: Callable[[str], None] = print,
     stop: threading.Event | None = None,
 ) -> dict[str, int]:
-    """Refine every refined table of the pipeline; return the records each read.
+    """Refine every refined table of the pipeline and refresh its business tables; return the
+    records each refined table read.
 
-    Run once (available now), the tables are refined one after the other; continuously, all at once.
+    Run once (available now), the tables are refined one after the other, then the business tables
+    are refreshed in dependency order; continuously, all refined tables at once and each business
+    table on its own ``trigger_interval_s``.
     """
     stop = stop or threading.Event()
     jobs = refine_jobs(pipeline, config)
-    groups = [[job] for job in jobs] if isinstance(config.trigger, AvailableNow) else [jobs]
+    business = business_tables(pipeline, config.warehouse)
+    once = isinstance(config.trigger, AvailableNow)
+    groups = [[job] for job in jobs] if once else [jobs]
+    threads = None if once or not business else _BusinessThreads(spark, pipeline, business, say, stop)
     counts: dict[str, int] = {}
-    for group in groups:
-        queries: dict[str, StreamingQuery] = {}
-        try:
-            for job in group:
-                queries[job.target] = _start(spark, job)
-        except BaseException:
-            for query in queries.values():
-                query.stop()
-            raise
-        counts |= watch_refine_queries(queries, say, stop)
+    try:
+        for group in groups:
+            queries: dict[str, StreamingQuery] = {}
+            batches: dict[str, RefineBatch | EventsBatch] = {}
+            try:
+                for job in group:
+                    queries[job.target], batches[job.target] = _start(spark, job)
+            except BaseException:
+                for query in queries.values():
+                    query.stop()
+                raise
+            counts |= watch_refine_queries(queries, say, stop, batches)
+    finally:
+        if threads:
+            threads.join()
     for name, count in counts.items():
         say(f"refine {name}: {count:,} records -> {refined_table_location(config.warehouse, name)}")
+    if once and not stop.is_set():
+        run_business_tables(spark, business, config.trigger, stop, say)
     return counts

@@ -5,14 +5,11 @@ the quarantine, and reruns."""
 import json
 
 import pytest
-import yaml
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from cdc.cli import main
 from cdc.pipeline.config import RefinedTable
 from refine.events import parse_events
-from refine.job import refined_table_location
 from refine.quarantine import quarantine_location
 from refine.schemas import schema_location
 
@@ -62,23 +59,9 @@ def event(**fields) -> tuple[bytes, bytes]:
     return (str(fields.get("device_id") or fields.get("player")).encode(), json.dumps(fields).encode())
 
 
-def run(tmp_path, pipeline: dict, *refine_options: str) -> None:
-    file = tmp_path / "pipeline.yaml"
-    file.write_text(yaml.safe_dump(pipeline, sort_keys=False))
-    warehouse = ["--warehouse", str(tmp_path / "warehouse")]
-    assert main(["raw", "--pipeline", str(file), *warehouse, "--available-now"]) == 0
-    assert main(["refine", "--pipeline", str(file), *warehouse, "--available-now", *refine_options]) == 0
-
-
-def table(spark, tmp_path, name: str):
-    return spark.read.format("delta").load(refined_table_location(str(tmp_path / "warehouse"), name))
-
-
-
 
 @pytest.mark.integration
-def test_fitness_events_with_a_given_schema(spark, kafka, tmp_path, unique_name, monkeypatch):
-    monkeypatch.setenv("CDC_KAFKA__BOOTSTRAP_SERVERS", kafka.bootstrap_servers)
+def test_fitness_events_with_a_given_schema(spark, kafka, pipeline_run, unique_name):
     topic = kafka.create_topic(f"{unique_name}.fitness", partitions=2)
     pipeline = {
         "name": "fitness",
@@ -105,12 +88,12 @@ def test_fitness_events_with_a_given_schema(spark, kafka, tmp_path, unique_name,
     ], readings_schema.replace("time timestamp", "time string")).withColumn("time", F.to_timestamp("time"))  # fmt: skip
     expected_readings = expected_readings.select(*[c.split()[0] for c in readings_schema.split(", ")])
     for _ in range(2):  # a rerun changes nothing
-        run(tmp_path, pipeline)
-        assertDataFrameEqual(table(spark, tmp_path, "readings").drop("_cdc_refined_at"), expected_readings)
-        devices = table(spark, tmp_path, "devices").select("device_id", "heart_rate", "_cdc_offset")
+        assert pipeline_run(pipeline) == 0
+        assertDataFrameEqual(pipeline_run.table("readings").drop("_cdc_refined_at"), expected_readings)
+        devices = pipeline_run.table("devices").select("device_id", "heart_rate", "_cdc_offset")
         assertDataFrameEqual(devices, spark.createDataFrame([("w1", 95, 1), ("w2", 60, 3)], devices.schema))
 
-    quarantined = spark.read.format("delta").load(quarantine_location(str(tmp_path / "warehouse")))
+    quarantined = spark.read.format("delta").load(quarantine_location(pipeline_run.warehouse))
     assert sorted((row.offset, row.reason) for row in quarantined.collect()) == [
         (4, "the value is not valid JSON"), (5, 'field heart_rate: cannot read "fast" as int')
     ]
@@ -119,10 +102,10 @@ def test_fitness_events_with_a_given_schema(spark, kafka, tmp_path, unique_name,
     kafka.produce(topic, [event(device_id="w1", time="2026-01-01T10:02:00Z", model="fenix", heart_rate=99),
                           event(device_id="w2", time="2026-01-01T09:30:00Z", model="forerunner", heart_rate=65)],
                   partition=1)  # fmt: skip
-    run(tmp_path, pipeline)
-    devices = table(spark, tmp_path, "devices").select("device_id", "heart_rate", "_cdc_partition", "_cdc_offset")
+    assert pipeline_run(pipeline) == 0
+    devices = pipeline_run.table("devices").select("device_id", "heart_rate", "_cdc_partition", "_cdc_offset")
     assertDataFrameEqual(devices, spark.createDataFrame([("w1", 95, 0, 1), ("w2", 65, 1, 1)], devices.schema))
-    assert table(spark, tmp_path, "readings").count() == 6
+    assert pipeline_run.table("readings").count() == 6
 
 
 GAME_EVENTS = [
@@ -137,8 +120,7 @@ GAME_EVENTS = [
 
 
 @pytest.mark.integration
-def test_game_events_with_an_inferred_schema_split_by_game(spark, kafka, tmp_path, unique_name, monkeypatch):
-    monkeypatch.setenv("CDC_KAFKA__BOOTSTRAP_SERVERS", kafka.bootstrap_servers)
+def test_game_events_with_an_inferred_schema_split_by_game(spark, kafka, pipeline_run, unique_name):
     topic = kafka.create_topic(f"{unique_name}.game-events")
     pipeline = {
         "name": "games",
@@ -150,17 +132,17 @@ def test_game_events_with_an_inferred_schema_split_by_game(spark, kafka, tmp_pat
     }
     kafka.produce(topic, [event(**fields) for fields in GAME_EVENTS])
     for _ in range(2):
-        run(tmp_path, pipeline)
-        chess = table(spark, tmp_path, "events/chess")
+        assert pipeline_run(pipeline) == 0
+        chess = pipeline_run.table("events/chess")
         assert chess.columns[:7] == ["device_model", "device_os", "event_type", "game", "player", "time", "_cdc_partition"]
         assert sorted(row.event_type for row in chess.collect()) == ["move", "session_start"]
-        assert [row.player for row in table(spark, tmp_path, "events/go").collect()] == ["bob"]
-        assert table(spark, tmp_path, "events__items/chess").count() == 5
-        items = table(spark, tmp_path, "players__items").select("player", "pos", "item_id", "qty")
+        assert [row.player for row in pipeline_run.table("events/go").collect()] == ["bob"]
+        assert pipeline_run.table("events__items/chess").count() == 5
+        items = pipeline_run.table("players__items").select("player", "pos", "item_id", "qty")
         assertDataFrameEqual(items, spark.createDataFrame(
             [("ann", 0, "clock", 1), ("ann", 1, "pawn", 7), ("ann", 2, "queen", 1), ("bob", 0, "stone", 181)],
             items.schema))  # fmt: skip
-    kept = spark.read.text(schema_location(str(tmp_path / "warehouse"), topic), wholetext=True).head()[0]
+    kept = spark.read.text(schema_location(pipeline_run.warehouse, topic), wholetext=True).head()[0]
     assert json.loads(kept)["fields"][0]["name"] == "device"
 
     # A new game appears (a new table, no restart of anything); ann's items shrink; an older event is ignored.
@@ -172,17 +154,17 @@ def test_game_events_with_an_inferred_schema_split_by_game(spark, kafka, tmp_pat
         event(player="bob", game="go", event_type="move", time="2026-01-01T09:00:00Z",
               device={"os": "android", "model": "Pixel 9"}, items=[]),
     ])  # fmt: skip
-    run(tmp_path, pipeline)
-    assert [row.player for row in table(spark, tmp_path, "events/poker").collect()] == ["cy"]
-    items = table(spark, tmp_path, "players__items").select("player", "pos", "item_id", "qty")
+    assert pipeline_run(pipeline) == 0
+    assert [row.player for row in pipeline_run.table("events/poker").collect()] == ["cy"]
+    items = pipeline_run.table("players__items").select("player", "pos", "item_id", "qty")
     assertDataFrameEqual(items, spark.createDataFrame([("ann", 0, "clock", 1), ("bob", 0, "stone", 181)], items.schema))
-    players = table(spark, tmp_path, "players").select("player", "game", "event_type")
+    players = pipeline_run.table("players").select("player", "game", "event_type")
     assertDataFrameEqual(players, spark.createDataFrame(
         [("ann", "chess", "move"), ("bob", "go", "session_start"), ("cy", "poker", "session_start")], players.schema))
 
     # A field that appears later is picked up when the schema is inferred again (on request).
     kafka.produce(topic, [event(player="dee", game="go", event_type="session_start", time="2026-01-01T12:00:00Z",
                                 device={"os": "ios", "model": "iPad"}, items=[], score=3)])  # fmt: skip
-    run(tmp_path, pipeline, "--reinfer-schema")
-    dee = table(spark, tmp_path, "events/go").where("player = 'dee'").select("score").collect()
+    assert pipeline_run(pipeline, "--reinfer-schema") == 0
+    dee = pipeline_run.table("events/go").where("player = 'dee'").select("score").collect()
     assert [row.score for row in dee] == [3]

@@ -1,19 +1,25 @@
 """`cdc raw --pipeline` and `cdc refine --pipeline`: what a file declares becomes the jobs' settings;
 what is declared but not run yet is refused up front, naming the key."""
 
+import json
+
 import pytest
 import yaml
+from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from cdc.cli import main
-from cdc.errors import ConfigError
+from cdc.errors import ConfigError, ExpectationError
 from cdc.pipeline.config import Pipeline
-from cdc.pipeline.run import PipelineRefineConfig, raw_job_config, refine_jobs
+from cdc.pipeline.run import PipelineRefineConfig, business_tables, raw_job_config, refine_jobs
 from cdc.raw.config import GapPolicy
+from cdc.raw.table import is_delta_table
 from cdc.stack.workload import run_workload
 from refine.events import EventsRefineJobConfig
 from refine.job import RefineJobConfig, refined_table_location
+from refine.expectations import expectations_location
 from refine.merge import METADATA_COLUMNS
+from refine.quarantine import quarantine_location
 
 SHOP = {
     "name": "shop",
@@ -48,8 +54,8 @@ def test_what_is_not_run_yet_is_refused_naming_the_key(tmp_path):
         "sources": {**SHOP["sources"], "people": {"kind": "debezium_mongodb", "topic": "m.db.people"},
                     "scores": {"kind": "events", "format": "avro", "topic": "scores",
                                "schema": {"kind": "registry", "url": "http://registry:8081"}}},
-        "refined": {"shop_orders": {"source": "orders", "explode": ["items"]}, "people": {"source": "people"},
-                    "clicks": {"source": "clicks", "keys": ["user"], "ordering": "at", "scd": 2}},
+        "refined": {"shop_orders": {"source": "orders", "explode": ["items"], "scd": 2}, "people": {"source": "people"},
+                    "clicks": {"source": "clicks", "scd": 2}},
     }  # fmt: skip
     with pytest.raises(ConfigError) as refused:
         refine_jobs(Pipeline.model_validate(document), PipelineRefineConfig(warehouse=str(tmp_path)))
@@ -57,9 +63,10 @@ def test_what_is_not_run_yet_is_refused_naming_the_key(tmp_path):
         "the pipeline declares what `cdc refine` does not run yet: "
         "sources.scores.format: decoding avro events is not implemented yet (the schema settings are validated; "
         "the refine job reads json only); "
+        "refined.shop_orders.scd: SCD type 2 of Debezium tables is not run by `cdc refine` yet; "
         "refined.shop_orders.explode: exploding arrays of Debezium tables is not run yet; "
         "refined.people.source: MongoDB topics are not refined yet; "
-        "refined.clicks.scd: SCD type 2 tables are not run by `cdc refine` yet"
+        "refined.clicks.scd: SCD type 2 needs `keys` (without keys every event is kept anyway)"
     )
 
 
@@ -95,3 +102,140 @@ def test_a_debezium_table_through_the_pipeline_equals_cdc_refine_table(
         by_name = spark.read.format("delta").load(refined_table_location(str(tmp_path / "warehouse"), "shop_orders"))
         assert by_name.count() > 0
         assertDataFrameEqual(by_name.drop(*METADATA_COLUMNS), by_topic.drop(*METADATA_COLUMNS))
+
+
+# --- expectations, SCD type 2 history and business tables, on the real stack --------------------
+
+
+def produce_scores(kafka, topic: str, events: list[tuple]) -> None:
+    """(player, time, score) events, keyed by player, into partition 0."""
+    kafka.produce(topic, [(player.encode(), json.dumps({"player": player, "time": time, "score": score}).encode())
+                          for player, time, score in events], partition=0)  # fmt: skip
+
+
+def scores_pipeline(topic: str, expectations: dict) -> dict:
+    return {
+        "name": "scores",
+        "sources": {"game": {"kind": "events", "format": "json", "topic": topic,
+                             "schema": "player string, time timestamp, score int"}},
+        "refined": {"scores": {"source": "game"},  # every event
+                    "players": {"source": "game", "keys": ["player"], "ordering": "time", "scd": 2}},
+        "business": {"activity": {"sql": ACTIVITY}},
+        "expectations": expectations,
+    }  # fmt: skip
+
+
+ACTIVITY = "SELECT player, count(*) AS events, min(time) AS first_time, max(time) AS last_time FROM scores GROUP BY player"
+T = "2026-01-01T10:0{}:00Z".format
+
+
+@pytest.mark.integration
+def test_expectations_history_and_business_tables_of_an_events_pipeline(spark, kafka, pipeline_run, unique_name):
+    topic = kafka.create_topic(f"{unique_name}.scores")
+    pipeline = scores_pipeline(topic, {
+        "score_known": {"table": "scores", "constraint": "score IS NOT NULL", "action": "warn"},
+        "no_test_players": {"table": "players", "constraint": "player <> 'test'", "action": "drop"},
+    })  # fmt: skip
+    produce_scores(kafka, topic, [("ann", T(1), 10), ("bob", T(1), 5), ("ann", T(2), None), ("ann", T(4), 40),
+                                  ("test", T(1), 1)])  # fmt: skip
+    history_columns = ["player", "score", "_cdc_valid_from", "_cdc_valid_to", "_cdc_is_current", "_cdc_is_deleted"]
+
+    def history(rows: list[tuple]):
+        return spark.createDataFrame(rows, "player string, score int, valid_from string, valid_to string, "
+                                           "is_current boolean, is_deleted boolean").select(
+            "player", "score", F.to_timestamp("valid_from").alias("_cdc_valid_from"),
+            F.to_timestamp("valid_to").alias("_cdc_valid_to"), F.col("is_current").alias("_cdc_is_current"),
+            F.col("is_deleted").alias("_cdc_is_deleted"))  # fmt: skip
+
+    for _ in range(2):  # a rerun changes nothing
+        assert pipeline_run(pipeline) == 0
+        players = pipeline_run.table("players").select("player", "score")
+        assertDataFrameEqual(players, spark.createDataFrame([("ann", 40), ("bob", 5)], players.schema))
+        assertDataFrameEqual(pipeline_run.table("players__history").select(*history_columns), history([
+            ("ann", 10, T(1), T(2), False, False), ("ann", None, T(2), T(4), False, False),
+            ("ann", 40, T(4), None, True, False), ("bob", 5, T(1), None, True, False),
+        ]))  # fmt: skip
+        assert pipeline_run.table("scores").count() == 5  # the warned row is kept
+        assertDataFrameEqual(pipeline_run.table("activity", "business"), spark.sql(ACTIVITY.replace(
+            "FROM scores", f"FROM delta.`{pipeline_run.warehouse}/refined/scores`")))  # fmt: skip
+
+    quarantined = spark.read.format("delta").load(quarantine_location(pipeline_run.warehouse))
+    assert [(row.source_table, row.offset, row.reason) for row in quarantined.collect()] == [
+        ("players", 4, "failed expectations: no_test_players")
+    ]
+    counts = spark.read.format("delta").load(expectations_location(pipeline_run.warehouse))
+    totals = counts.groupBy("table", "expectation").agg(F.sum("passed").alias("passed"), F.sum("failed").alias("failed"))
+    assertDataFrameEqual(totals, spark.createDataFrame(
+        [("scores", "score_known", 4, 1), ("players", "no_test_players", 4, 1)], totals.schema))  # fmt: skip
+
+    # A second batch: a late event lands in its place in the history; the business table follows.
+    produce_scores(kafka, topic, [("ann", T(3), 30), ("carl", T(5), 7), ("ann", T(6), 60)])
+    for _ in range(2):
+        assert pipeline_run(pipeline) == 0
+        assertDataFrameEqual(pipeline_run.table("players__history").select(*history_columns), history([
+            ("ann", 10, T(1), T(2), False, False), ("ann", None, T(2), T(3), False, False),
+            ("ann", 30, T(3), T(4), False, False), ("ann", 40, T(4), T(6), False, False),
+            ("ann", 60, T(6), None, True, False), ("bob", 5, T(1), None, True, False),
+            ("carl", 7, T(5), None, True, False),
+        ]))  # fmt: skip
+        activity = pipeline_run.table("activity", "business")
+        assert activity.count() == 4  # ann, bob, carl, test (scores keeps every event)
+        assertDataFrameEqual(activity, spark.sql(ACTIVITY.replace(
+            "FROM scores", f"FROM delta.`{pipeline_run.warehouse}/refined/scores`")))  # fmt: skip
+
+
+@pytest.mark.integration
+def test_a_bad_or_failed_expectation_stops_the_refine_naming_it(spark, kafka, pipeline_run, unique_name, capsys):
+    topic = kafka.create_topic(f"{unique_name}.scores")
+    produce_scores(kafka, topic, [("ann", T(1), 10), ("bob", T(2), -5)])
+    bad = scores_pipeline(topic, {"typo": {"table": "scores", "constraint": "scroe >= 0", "action": "fail"}})
+    assert pipeline_run(bad) == 2
+    assert "expectation 'typo' is not valid SQL over the table" in capsys.readouterr().err
+    assert not is_delta_table(spark, f"{pipeline_run.warehouse}/refined/scores")  # stopped before any row was read
+
+    failing = scores_pipeline(topic, {"no_negative": {"table": "scores", "constraint": "score >= 0", "action": "fail"}})
+    for _ in range(2):  # the batch is not committed: a rerun fails the same way
+        assert pipeline_run(failing) == ExpectationError.exit_code
+        error = capsys.readouterr().err
+        assert "rows broke a fail expectation" in error and "expectation=no_negative" in error, error
+        assert not is_delta_table(spark, f"{pipeline_run.warehouse}/refined/scores")
+
+
+def test_business_tables_read_pipeline_tables_as_views_in_dependency_order(tmp_path):
+    document = {
+        **SHOP,
+        "sources": {**SHOP["sources"], "game": {"kind": "events", "format": "json", "topic": "game"}},
+        "refined": {**SHOP["refined"], "events": {"source": "game", "split_by": "game", "explode": ["items"]}},
+        "business": {"top": {"sql": "SELECT * FROM per_user ORDER BY n DESC LIMIT 3"},
+                     "per_user": {"sql": "SELECT user, count(*) AS n FROM clicks JOIN shop_orders ON true GROUP BY user"},
+                     "items": {"sql": "SELECT * FROM events__items JOIN events USING (pos)"}},
+    }  # fmt: skip
+    warehouse = str(tmp_path)
+    tables = {table.name: table for table in business_tables(Pipeline.model_validate(document), warehouse)}
+    assert list(tables) == ["per_user", "top", "items"]  # per_user before top, which reads it
+    assert (tables["per_user"].views, tables["per_user"].split_views) == (
+        {"clicks": f"{warehouse}/refined/clicks", "shop_orders": f"{warehouse}/refined/shop_orders"}, {})
+    assert tables["top"].views == {"per_user": f"{warehouse}/business/per_user"}
+    assert (tables["items"].views, tables["items"].split_views) == (
+        {}, {"events": f"{warehouse}/refined/events", "events__items": f"{warehouse}/refined/events__items"})
+    assert tables["items"].location == f"{warehouse}/business/items"
+
+
+@pytest.mark.integration
+def test_an_expectation_on_a_debezium_table_drops_its_rows_but_never_its_deletes(
+    spark, kafka, stack_config, postgres_connector, pipeline_run
+):
+    run_workload(stack_config.postgres.dsn(), customers=3, seed=22)
+    topic = f"{postgres_connector.topic_prefix}.shop.orders"
+    kafka.wait_for_last_value(topic, lambda value: value is None)  # the workload ends with a delete
+    pipeline = {"name": "shop", "sources": {"orders": {"kind": "debezium_postgres", "topic": topic}},
+                "refined": {"shop_orders": {"source": "orders"}},
+                "expectations": {"no_orders": {"table": "shop_orders", "constraint": "order_no < 0", "action": "drop"}}}
+    for _ in range(2):  # a rerun changes nothing
+        assert pipeline_run(pipeline) == 0
+        assert pipeline_run.table("shop_orders").count() == 0  # every row dropped; deletes of absent keys add none
+        quarantined = spark.read.format("delta").load(quarantine_location(pipeline_run.warehouse))
+        dropped = quarantined.where("source_table = 'shop_orders'")
+        assert {row.reason for row in dropped.collect()} == {"failed expectations: no_orders"}
+        counts = spark.read.format("delta").load(expectations_location(pipeline_run.warehouse)).collect()
+        assert dropped.count() == sum(row.failed for row in counts) > 0 and sum(row.passed for row in counts) == 0
