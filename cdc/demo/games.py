@@ -51,7 +51,7 @@ def games_demo(
         f"{quarantine_location(warehouse)}")  # fmt: skip
     for line in preview(quarantined.groupBy("reason").count(), rows=10, order_by=["reason"], cell=100):
         say(line)
-    show_business_tables(pipeline.business, say)
+    show_business_tables(spark, warehouse, pipeline.business, say)
     write_pipeline_graph(pipeline, output_dir, say)
     return events
 

@@ -60,7 +60,7 @@ def shop_demo(
 
     land_and_refine(spark, settings, pipeline, say)
     show_refined_tables(spark, settings, pipeline, say)
-    show_business_tables(pipeline.business, say)
+    show_business_tables(spark, normalize_location(settings.warehouse), pipeline.business, say)
     write_pipeline_graph(pipeline, output_dir, say)
     return events
 

@@ -16,8 +16,9 @@ from pyspark.sql import DataFrame, SparkSession
 from cdc.config import Settings, validate
 from cdc.pipeline.config import BusinessTable, Pipeline
 from cdc.pipeline.graph import write_graph
-from cdc.pipeline.run import PipelineRefineConfig, raw_job_config, run_pipeline_refine
+from cdc.pipeline.run import PipelineRefineConfig, business_location, raw_job_config, run_pipeline_refine
 from cdc.raw.job import run_raw_job
+from cdc.raw.table import is_delta_table
 
 Say = Callable[[str], None]
 CELL = 24  # characters a cell shows at most (an ISO time with milliseconds)
@@ -42,15 +43,17 @@ def write_pipeline_graph(pipeline: Pipeline, output_dir: Path, say: Say) -> Path
     return page
 
 
-def show_business_tables(business: Mapping[str, BusinessTable], say: Say) -> None:
-    """Where the demos show the pipeline's business tables.
-
-    Business tables are declared, validated and drawn, but no runner materialises them yet: until
-    it exists this says so, and shows nothing it did not compute. Once it does, read each table
-    (``<warehouse>/business/<name>``) and show its rows with :func:`preview` like the refined ones.
-    """
-    if business:
-        say(f"business tables declared but not yet materialised: {', '.join(business)}")
+def show_business_tables(spark: SparkSession, warehouse: str, business: Mapping[str, BusinessTable], say: Say) -> None:
+    """Each business table the pipeline run refreshed (``<warehouse>/business/<name>``): rows and a preview."""
+    for name in business:
+        location = business_location(warehouse, name)
+        if not is_delta_table(spark, location):
+            say(f"business {name}: not materialised (a table it reads does not exist yet)")
+            continue
+        table = spark.read.format("delta").load(location)
+        say(f"business {name}: {table.count()} rows  {location}")
+        for line in preview(table):
+            say(line)
 
 
 def _cell(value: Any, most: int) -> str:
