@@ -36,7 +36,7 @@ from cdc.config import load_settings  # noqa: E402
 from cdc.raw.rows import raw_rows  # noqa: E402
 from cdc.raw.table import create_raw_table, raw_table_location  # noqa: E402
 from cdc.spark import build_spark_session  # noqa: E402
-from refine.envelope import ConnectSchema  # noqa: E402
+from refine.envelope import COMMON_SOURCE_FIELDS, ConnectSchema  # noqa: E402
 from refine.job import RefineJobConfig, refined_table_location, run_refine_job  # noqa: E402
 from refine.latest import latest_per_key  # noqa: E402
 from refine.merge import LSN, OP, ensure_refined_table, refined_rows  # noqa: E402
@@ -55,17 +55,7 @@ ROW_FIELDS = [
     {"type": "string", "optional": True, "field": "status"},
 ]  # fmt: skip
 SOURCE_FIELDS = [
-    {"type": "string", "optional": False, "field": "version"},
-    {"type": "string", "optional": False, "field": "connector"},
-    {"type": "string", "optional": False, "field": "name"},
-    {"type": "int64", "optional": False, "field": "ts_ms"},
-    {"type": "string", "optional": True, "name": "io.debezium.data.Enum", "version": 1,
-     "parameters": {"allowed": "true,first,first_in_data_collection,last_in_data_collection,last,false,incremental"},
-     "default": "false", "field": "snapshot"},
-    {"type": "string", "optional": False, "field": "db"},
-    {"type": "string", "optional": True, "field": "sequence"},
-    {"type": "int64", "optional": True, "field": "ts_us"},
-    {"type": "int64", "optional": True, "field": "ts_ns"},
+    *COMMON_SOURCE_FIELDS,
     {"type": "string", "optional": False, "field": "schema"},
     {"type": "string", "optional": False, "field": "table"},
     {"type": "int64", "optional": True, "field": "txId"},

@@ -69,6 +69,23 @@ class ConnectSchema(BaseModel):
         raise KeyError(name)
 
 
+# The Connect schema of the fields every Debezium connector's ``source`` block starts with (as
+# JsonConverter writes it); the Postgres and MongoDB connectors add their own after these.
+COMMON_SOURCE_FIELDS: tuple[dict, ...] = (
+    {"type": "string", "optional": False, "field": "version"},
+    {"type": "string", "optional": False, "field": "connector"},
+    {"type": "string", "optional": False, "field": "name"},
+    {"type": "int64", "optional": False, "field": "ts_ms"},
+    {"type": "string", "optional": True, "name": "io.debezium.data.Enum", "version": 1,
+     "parameters": {"allowed": "true,first,first_in_data_collection,last_in_data_collection,last,false,incremental"},
+     "default": "false", "field": "snapshot"},
+    {"type": "string", "optional": False, "field": "db"},
+    {"type": "string", "optional": True, "field": "sequence"},
+    {"type": "int64", "optional": True, "field": "ts_us"},
+    {"type": "int64", "optional": True, "field": "ts_ns"},
+)  # fmt: skip
+
+
 class PostgresSource(BaseModel):
     """``source`` of the Postgres connector: where and when the change happened."""
 

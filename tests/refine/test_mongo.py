@@ -17,6 +17,7 @@ import pytest
 from delta.tables import DeltaTable
 from pyspark.testing import assertDataFrameEqual
 
+from refine.envelope import COMMON_SOURCE_FIELDS
 from refine.job import refined_table_location
 from refine.quarantine import quarantine_location
 
@@ -27,17 +28,7 @@ _JSON = {"type": "string", "optional": True, "name": "io.debezium.data.Json", "v
 _SOURCE = {
     "type": "struct", "optional": False, "name": "io.debezium.connector.mongo.Source", "field": "source",
     "fields": [
-        {"type": "string", "optional": False, "field": "version"},
-        {"type": "string", "optional": False, "field": "connector"},
-        {"type": "string", "optional": False, "field": "name"},
-        {"type": "int64", "optional": False, "field": "ts_ms"},
-        {"type": "string", "optional": True, "name": "io.debezium.data.Enum", "version": 1,
-         "parameters": {"allowed": "true,first,first_in_data_collection,last_in_data_collection,last,false,incremental"},
-         "default": "false", "field": "snapshot"},
-        {"type": "string", "optional": False, "field": "db"},
-        {"type": "string", "optional": True, "field": "sequence"},
-        {"type": "int64", "optional": True, "field": "ts_us"},
-        {"type": "int64", "optional": True, "field": "ts_ns"},
+        *COMMON_SOURCE_FIELDS,
         {"type": "string", "optional": False, "field": "collection"},
         {"type": "int32", "optional": False, "field": "ord"},
         {"type": "string", "optional": True, "field": "lsid"},
