@@ -128,6 +128,7 @@ def envelopes(changes: DataFrame) -> DataFrame:
     return changes.select(
         key.alias("key"), value.alias("value"), F.lit(TOPIC).alias("topic"), F.lit(0).alias("partition"),
         F.col("kafka_offset").alias("offset"), F.col("source_committed_at").alias("timestamp"),
+        F.lit(None).cast("array<struct<key:string,value:binary>>").alias("headers"),
     )  # fmt: skip
 
 
@@ -146,8 +147,7 @@ def append_raw_changes(spark: SparkSession, location: str, size: int, first: int
     )  # fmt: skip
     records = envelopes(changes).select(
         F.encode("key", "UTF-8").alias("key"), F.encode("value", "UTF-8").alias("value"), "topic", "partition",
-        "offset", "timestamp", F.lit(0).alias("timestampType"),
-        F.lit(None).cast("array<struct<key:string,value:binary>>").alias("headers"),
+        "offset", "timestamp", F.lit(0).alias("timestampType"), "headers",
     )  # fmt: skip
     raw_rows(records, 0).write.format("delta").mode("append").save(location)
 
