@@ -75,6 +75,7 @@ def parse_flattened(raw: DataFrame, key_schema: ConnectSchema, value_schema: Con
         F.col("value"),
         F.col("partition").alias("kafka_partition"),
         F.col("offset").alias("kafka_offset"),
+        F.col("headers").alias("kafka_headers"),
         wrapped_payload(F.col("value"), row_schema).alias("row"),
         F.from_json("value", StructType([StructField("payload", _METADATA)]))["payload"].alias("metadata"),
         decode(wrapped_payload(F.col("key"), key_schema), key_schema).alias("key"),
@@ -111,6 +112,7 @@ def parse_flattened(raw: DataFrame, key_schema: ConnectSchema, value_schema: Con
         F.timestamp_millis(F.col("metadata.__source_ts_ms")).alias("source_committed_at"),
         "kafka_partition",
         "kafka_offset",
+        "kafka_headers",
         problem.alias("problem"),
         F.col("value").alias("raw_value"),
     )
