@@ -114,7 +114,8 @@ def test_wrapped_values_parse_the_same_by_position_as_by_json(spark):
     values.append(json.dumps({"schema": schema, "payload": payloads[0]}))  # with spaces: parsed as JSON
     values.append('{"schema":' + schema_text + ',"payload":{"after":{"id":3')  # cut short: flagged
     raw = spark.createDataFrame([(v, 0, i) for i, v in enumerate(values)], "value string, partition int, offset long")
-    raw = raw.withColumn("key", F.lit(None).cast("string"))
+    raw = raw.withColumn("key", F.lit(None).cast("string")).withColumn(
+        "headers", F.lit(None).cast("array<struct<key:string,value:binary>>"))
 
     rows = parse_changes(raw, None, ConnectSchema.model_validate(schema)).orderBy("kafka_offset").collect()
     assert [(row.op, row.after.id if row.after else None, row.after.note if row.after else None) for row in rows] == [
