@@ -26,7 +26,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from cdc.raw.table import is_delta_table
 from refine.decode import decode
 from refine.envelope import FLATTENED_METADATA_FIELDS, ConnectSchema, Op
-from refine.parse import decoding_problems, wrapped_payload
+from refine.parse import decoding_problems, record_columns, wrapped_payload
 
 ENVELOPE_FIELDS = ("op", "source")
 SCHEMA_PROPERTY = "cdc.flattened.schema"  # the refined table's last row schema (Connect JSON)
@@ -72,10 +72,7 @@ def parse_flattened(raw: DataFrame, key_schema: ConnectSchema, value_schema: Con
     ``with_lsn``: the transform adds ``__lsn``."""
     row_schema = value_schema.field_named("after")
     parsed = raw.select(
-        F.col("value"),
-        F.col("partition").alias("kafka_partition"),
-        F.col("offset").alias("kafka_offset"),
-        F.col("headers").alias("kafka_headers"),
+        *record_columns(),
         wrapped_payload(F.col("value"), row_schema).alias("row"),
         F.from_json("value", StructType([StructField("payload", _METADATA)]))["payload"].alias("metadata"),
         decode(wrapped_payload(F.col("key"), key_schema), key_schema).alias("key"),

@@ -50,6 +50,16 @@ def wrapped_payload(text: Column, schema: ConnectSchema) -> Column:
     )
 
 
+def record_columns() -> list[Column]:
+    """A raw record's value and Kafka coordinates, as every parsed change keeps them."""
+    return [
+        F.col("value"),
+        F.col("partition").alias("kafka_partition"),
+        F.col("offset").alias("kafka_offset"),
+        F.col("headers").alias("kafka_headers"),
+    ]
+
+
 def decoding_problems(problem: Column, raw: str, decoded: str, row_schema: ConnectSchema, label: str = "") -> Column:
     """``problem`` extended with the first field of struct column ``raw`` that did not decode into ``decoded``."""
     for field in row_schema.fields or ():
@@ -73,10 +83,7 @@ def parse_changes(
     envelope = read(F.col("value"), value_schema)
     row_schema = value_schema.field_named("after")
     parsed = raw.select(
-        F.col("value"),
-        F.col("partition").alias("kafka_partition"),
-        F.col("offset").alias("kafka_offset"),
-        F.col("headers").alias("kafka_headers"),
+        *record_columns(),
         envelope.alias("envelope"),
         (read(F.col("key"), key_schema) if key_schema else F.lit(None)).alias("raw_key"),
     )
