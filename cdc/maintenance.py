@@ -21,6 +21,7 @@ from cdc.storage import normalize_location
 
 SAFE_RETENTION_HOURS = 168.0
 OVERRIDE_FLAG = "--i-know-vacuum-below-retention-loses-time-travel"
+_LISTING_PARALLELISM = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
 _RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
 
 
@@ -71,7 +72,7 @@ def vacuum_table(
         raise ConfigError("the retention cannot be negative", table=location, retain_hours=retain_hours)
     table = DeltaTable.forPath(spark, location)
     if retain_hours is None or retain_hours >= SAFE_RETENTION_HOURS:
-        table.vacuum(retain_hours)
+        _vacuum(spark, table, retain_hours)
         return
     if table.detail().select("properties").head()[0].get(KIND_PROPERTY) == RAW_KIND:
         raise ConfigError(f"refusing to vacuum a raw table with a retention below {SAFE_RETENTION_HOURS:g} hours: "
@@ -84,6 +85,20 @@ def vacuum_table(
     previous = spark.conf.get(_RETENTION_CHECK, "true")
     spark.conf.set(_RETENTION_CHECK, "false")  # Delta's own guard, lifted for this call only
     try:
-        table.vacuum(retain_hours)
+        _vacuum(spark, table, retain_hours)
     finally:
         spark.conf.set(_RETENTION_CHECK, previous)
+
+
+def _vacuum(spark: SparkSession, table: DeltaTable, retain_hours: float | None) -> None:
+    # VACUUM lists the table's directories in as many tasks as this setting (Spark's default:
+    # 10,000, a minute of empty tasks on a small machine); as many as the cluster has cores suffice.
+    previous = spark.conf.get(_LISTING_PARALLELISM, None)
+    spark.conf.set(_LISTING_PARALLELISM, str(spark.sparkContext.defaultParallelism))
+    try:
+        table.vacuum(retain_hours)
+    finally:
+        if previous is None:
+            spark.conf.unset(_LISTING_PARALLELISM)
+        else:
+            spark.conf.set(_LISTING_PARALLELISM, previous)
