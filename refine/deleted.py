@@ -2,10 +2,10 @@
 
 A MERGE that deletes a row deletes its position guard with it: a replayed create of the key (Debezium
 delivers at least once) would then insert it again. So each refined table of a keyed source has a
-side table, ``<warehouse>/_cdc/deleted/<topic>``, holding every currently deleted key with the
-position of its delete and the row's last image (which a primary-key change's create may need when
-its delete came in an earlier batch: see :mod:`refine.rekey`). It has the refined table's columns,
-``_cdc_op`` being ``d``.
+side table, ``<warehouse>/_cdc/deleted/<topic>``, holding each deleted key with the position of its
+delete and the row's last image (which a primary-key change's create may need when its delete came
+in an earlier batch: see :mod:`refine.rekey`). It has the refined table's columns, ``_cdc_op`` being
+``d``.
 
 A truncate deletes every row older than it without naming them: its position is kept as the side
 table's property ``cdc.truncated_at``, and changes older than it are dropped too.
@@ -13,9 +13,12 @@ table's property ``cdc.truncated_at``, and changes older than it are dropped too
 Why a side table and not soft-deleted rows in the refined table: readers of the refined table see
 exactly the source table, with no filter to remember and no view to maintain.
 
-Per batch, the side table is MERGEd first (a delete records the key, a later change of the key
-removes it), then changes older than their key's delete are dropped before the refined MERGE. Both
-steps are idempotent, so a crash between them is repaired by the batch's replay.
+A batch with deletes MERGEs the side table first (a delete records the key or moves it to a later
+delete; a later change of a deleted key in the batch removes it). A batch without deletes leaves
+it alone: a key recreated then keeps its entry, which is harmless, as the entry only drops changes
+at or before its delete, and the recreated row's position is after it. Then changes older than
+their key's delete are dropped before the refined MERGE. Both steps are idempotent, so a crash
+between them is repaired by the batch's replay.
 """
 
 from __future__ import annotations

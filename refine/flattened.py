@@ -19,6 +19,8 @@ job (last change per key, MERGE with position guards) is the same as for envelop
 from __future__ import annotations
 
 from delta.tables import DeltaTable
+from collections.abc import Sequence
+
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
@@ -67,16 +69,29 @@ def with_key_columns(value_schema: ConnectSchema, key_schema: ConnectSchema) -> 
     return ConnectSchema.model_validate({"type": "struct", "fields": [{**grown, "field": "before"}, {**grown, "field": "after"}]})
 
 
-def parse_flattened(raw: DataFrame, key_schema: ConnectSchema, value_schema: ConnectSchema, with_lsn: bool) -> DataFrame:
+def parse_flattened(
+    raw: DataFrame,
+    key_schema: ConnectSchema,
+    value_schema: ConnectSchema,
+    with_lsn: bool,
+    schema_texts: dict[str, Sequence[str]] | None = None,
+) -> DataFrame:
     """Typed changes from raw rows of a flattened topic; ``value_schema`` from :func:`as_envelope`,
-    ``with_lsn``: the transform adds ``__lsn``."""
+    ``with_lsn``: the transform adds ``__lsn``; ``schema_texts`` as for :func:`refine.parse.parse_changes`."""
     row_schema = value_schema.field_named("after")
+    texts = schema_texts or {}
+    # The row and the transform's fields, parsed together (and split below).
+    value_type = ConnectSchema.model_validate({
+        **row_schema.model_dump(exclude_none=True),
+        "fields": [f.model_dump(exclude_none=True) for f in row_schema.fields or ()] + [
+            {"type": "string" if f.dataType == StringType() else "int64", "optional": True, "field": f.name}
+            for f in _METADATA.fields],
+    })  # fmt: skip
     parsed = raw.select(
         *record_columns(),
-        wrapped_payload(F.col("value"), row_schema).alias("row"),
-        F.from_json("value", StructType([StructField("payload", _METADATA)]))["payload"].alias("metadata"),
-        decode(wrapped_payload(F.col("key"), key_schema), key_schema).alias("key"),
-    )
+        wrapped_payload(F.col("value"), value_type, texts.get("value", ())).alias("row"),
+        decode(wrapped_payload(F.col("key"), key_schema, texts.get("key", ())), key_schema).alias("key"),
+    ).withColumn("metadata", F.struct(*[F.col(f"row.`{f.name}`").cast(f.dataType).alias(f.name) for f in _METADATA]))
     deleted = (F.col("metadata.__deleted") == "true") | (F.col("metadata.__op") == Op.DELETE.value)
     op = (
         F.when(F.col("value").isNull() | F.coalesce(deleted, F.lit(False)), F.lit(Op.DELETE.value))

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Annotated
+from typing import Annotated, NamedTuple
 
 from pyspark.errors import StreamingQueryException
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql import functions as F
 from pydantic import AfterValidator, Field, field_validator, model_validator
@@ -47,9 +47,9 @@ from refine.keyless import applied_location, merge_keyless_changes
 from refine.latest import latest_per_key
 from refine.merge import merge_changes
 from refine.mongo import is_mongo, refine_mongo_batch
-from refine.parse import parse_changes, wrapped_schema
+from refine.parse import parse_changes, record_columns, wrapper_schemas
 from refine.quarantine import quarantine, quarantine_location
-from refine.rekey import batch_states, fill_from_old_keys, has_key_changes, stored_states
+from refine.rekey import NEW_KEY_HEADER, OLD_KEY_HEADER, batch_states, fill_from_old_keys, stored_states
 from refine.rules import TableRules
 
 
@@ -59,6 +59,7 @@ def _readable_type(spark_type: str) -> str:
 
 
 ColumnType = Annotated[str, AfterValidator(_readable_type)]
+_KNOWN = 16  # wrapper schemas a job remembers per column
 
 
 class RefineRun(_Strict):
@@ -71,11 +72,6 @@ class RefineRun(_Strict):
     @classmethod
     def _location(cls, warehouse: str) -> str:
         return normalize_location(warehouse)
-
-
-def _payload_field(path: str) -> Column:
-    """A field of the value's payload, with or without the ``{schema, payload}`` wrapper."""
-    return F.coalesce(F.get_json_object("value", f"$.payload.{path}"), F.get_json_object("value", f"$.{path}"))
 
 
 class RefineJobConfig(RefineRun):
@@ -128,6 +124,32 @@ def merged_schema(schemas: list[ConnectSchema]) -> ConnectSchema:
     return ConnectSchema.model_validate(envelope)
 
 
+class BatchFacts(NamedTuple):
+    """What a batch's parsed changes hold, read in one pass: which steps it needs."""
+
+    problems: int  # records that did not decode
+    truncated_at: tuple[int, int] | None  # source position of the last truncate
+    key_changes: bool  # a primary-key change (Debezium's key headers)
+    deletes: bool
+
+
+def batch_facts(changes: DataFrame) -> BatchFacts:
+    linked = F.exists(F.col("kafka_headers"), lambda header: header["key"].isin(OLD_KEY_HEADER, NEW_KEY_HEADER))
+    row = changes.agg(
+        F.count(F.when(F.col("problem").isNotNull(), 1)).alias("problems"),
+        F.max(F.when(F.col("op") == Op.TRUNCATE.value, F.struct("source_lsn", "kafka_offset"))).alias("truncate"),
+        F.coalesce(F.max(linked), F.lit(False)).alias("key_changes"),
+        F.coalesce(F.max(F.col("op") == Op.DELETE.value), F.lit(False)).alias("deletes"),
+    ).first()  # fmt: skip
+    truncate = tuple(row.truncate) if row.truncate else None
+    return BatchFacts(row.problems, truncate, row.key_changes, row.deletes)
+
+
+def _has_bare_envelopes(records: DataFrame) -> bool:
+    """Values that are Debezium envelopes without the ``{schema, payload}`` wrapper."""
+    return not records.where(F.get_json_object("value", "$.op").isNotNull()).isEmpty()
+
+
 class RefineBatch:
     """The foreachBatch function of `cdc refine`."""
 
@@ -140,6 +162,7 @@ class RefineBatch:
         self.error: CdcError | None = None
         self.rules = config.rules or TableRules(table=config.target, topic=config.table, warehouse=config.warehouse)
         self.batch_id = -1
+        self.known_schemas: dict[str, list[str]] = {}  # wrapper schemas seen, by column: the next batch's start
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         spark = batch.sparkSession
@@ -155,69 +178,49 @@ class RefineBatch:
             records.unpersist()
 
     def _refine(self, spark: SparkSession, records: DataFrame) -> None:
-        # One pass over the raw text: the batch's distinct schemas (a handful of strings, not data)
-        # and the source position of its last truncate.
-        summary = (
-            records.groupBy(wrapped_schema(F.col("value")).alias("value_schema"),
-                            wrapped_schema(F.col("key")).alias("key_schema"))
-            # The text test is cheap and lets the JSON parse run only where a truncate can be.
-            .agg(F.max(F.when(F.col("value").contains(f'"op":"{Op.TRUNCATE.value}"') & (
-                _payload_field("op") == Op.TRUNCATE.value), F.struct(
-                _payload_field("source.lsn").try_cast("long").alias("lsn"),
-                F.col("offset").alias("offset"),
-            ))).alias("truncate"),
-                 # Bare envelopes (no schema wrapper); the JSON parse runs only for unwrapped values.
-                 F.count(F.when(wrapped_schema(F.col("value")).isNull() & F.col("value").isNotNull()
-                                & F.get_json_object("value", "$.op").isNotNull(), 1)).alias("schemaless"))
-            .collect()
-        )  # fmt: skip
-        if any(row.schemaless for row in summary):
-            return self._refine_schemaless(spark, records, summary)
-        schemas = [ConnectSchema.model_validate_json(row.value_schema) for row in summary if row.value_schema]
+        # The batch's distinct schemas (a handful of strings, not data), found from those seen before.
+        texts = wrapper_schemas(records, {column: self.known_schemas.get(column, []) for column in ("value", "key")})
+        for column, found in texts.items():
+            self.known_schemas[column] = list(dict.fromkeys([*found, *self.known_schemas.get(column, ())]))[:_KNOWN]
+        if not texts["value"] and _has_bare_envelopes(records):
+            return self._refine_schemaless(spark, records)
+        schemas = [ConnectSchema.model_validate_json(text) for text in texts["value"]]
         if schemas and is_mongo(schemas[-1]):
             refine_mongo_batch(spark, records, refined=self.refined, raw=self.raw, topic=self.config.table,
                                quarantine_at=quarantine_location(self.config.warehouse))  # fmt: skip
             return
         schemas = schemas or [known for known in [remembered_schema(spark, self.refined)] if known]
-        if not schemas:
-            return  # only tombstones: their deletes came before them
+        if not schemas:  # tombstones (their deletes came before them), and values that are no envelope
+            quarantine(spark, quarantine_location(self.config.warehouse), self.raw, self.config.table, records.where(
+                F.col("value").isNotNull()).select(*record_columns(), F.col("value").alias("raw_value"),
+                F.lit("value is not a Debezium JSON envelope").alias("problem")))  # fmt: skip
+            return
         flattened = is_flattened(schemas[-1])
         value_schema = merged_schema([as_envelope(schema) if flattened else schema for schema in schemas])
-        key_texts = [row.key_schema for row in summary if row.key_schema]
-        key_schema = ConnectSchema.model_validate_json(key_texts[-1]) if key_texts else None  # None: no primary key
+        key_schema = ConnectSchema.model_validate_json(texts["key"][-1]) if texts["key"] else None  # None: no primary key
         if flattened:
             if key_schema is None:
                 raise TableError("flattened rows (ExtractNewRecordState) of a table without a primary key cannot "
                                  "be refined: without `before`, a delete cannot say which row it removes",
                                  table=self.raw)  # fmt: skip
             value_schema = with_key_columns(value_schema, key_schema)
-        truncates = [tuple(row.truncate) for row in summary if row.truncate]
         changes = (
-            parse_flattened(records, key_schema, value_schema, has_lsn(schemas[-1])) if flattened
-            else parse_changes(records, key_schema, value_schema)
+            parse_flattened(records, key_schema, value_schema, has_lsn(schemas[-1]), texts) if flattened
+            else parse_changes(records, key_schema, value_schema, schema_texts=texts)
         )
-        changes = declared_types(changes, self.config.columns or {}).persist()  # parsed once: quarantine and MERGE
-        try:
-            self._apply(spark, records, changes, value_schema, key_schema, max(truncates) if truncates else None)
-            if flattened:
-                remember_schema(spark, self.refined, schemas[-1])
-        finally:
-            changes.unpersist()
+        self._apply(spark, records, declared_types(changes, self.config.columns or {}), value_schema, key_schema)
+        if flattened:
+            remember_schema(spark, self.refined, schemas[-1])
 
-    def _refine_schemaless(self, spark: SparkSession, records: DataFrame, summary: list) -> None:
+    def _refine_schemaless(self, spark: SparkSession, records: DataFrame) -> None:
         """Values without the ``{schema, payload}`` wrapper: Postgres envelopes read with the declared columns."""
         if not self.config.columns or not self.config.key:
             raise TableError(
                 "the topic's values carry no schema (schemas.enable=false): declare the refined table's `columns` "
                 "(name: Spark type) and its `key` in the refine job's configuration", table=self.raw)  # fmt: skip
         value_schema, key_schema = declared_schemas(self.config.columns, self.config.key)
-        truncates = [tuple(row.truncate) for row in summary if row.truncate]
         changes = parse_changes(records, key_schema, value_schema, wrapped=False)
-        changes = declared_types(changes, self.config.columns).persist()
-        try:
-            self._apply(spark, records, changes, value_schema, key_schema, max(truncates) if truncates else None)
-        finally:
-            changes.unpersist()
+        self._apply(spark, records, declared_types(changes, self.config.columns), value_schema, key_schema)
 
     def _apply(
         self,
@@ -226,36 +229,42 @@ class RefineBatch:
         changes: DataFrame,
         value_schema: ConnectSchema,
         key_schema: ConnectSchema | None,
-        truncated_at: tuple[int, int] | None,
     ) -> None:
-        quarantine(spark, quarantine_location(self.config.warehouse), self.raw, self.config.table,
-                   changes.where("problem IS NOT NULL"))  # fmt: skip
-        records.unpersist()  # the parsed changes are cached now
-        columns = [field.field for field in value_schema.field_named("after").fields or ()]
-        if key_schema is None:
-            self.rules.refuse_unchecked("tables without a primary key")
-            merge_keyless_changes(spark, self.refined, self.applied, changes.where("problem IS NULL"), columns)
-        else:
-            self._merge_keyed(spark, changes.where("problem IS NULL"), key_schema, columns, truncated_at)
+        # Parsed once, for the facts below and the MERGEs; the raw value only where a problem needs it.
+        parsed = changes.drop("raw_value").persist()
+        try:
+            facts = batch_facts(parsed)
+            if facts.problems:
+                quarantine(spark, quarantine_location(self.config.warehouse), self.raw, self.config.table,
+                           changes.where("problem IS NOT NULL"))  # fmt: skip
+            records.unpersist()  # the parsed changes are cached now
+            valid = parsed.where("problem IS NULL") if facts.problems else parsed
+            columns = [field.field for field in value_schema.field_named("after").fields or ()]
+            if key_schema is None:
+                self.rules.refuse_unchecked("tables without a primary key")
+                merge_keyless_changes(spark, self.refined, self.applied, valid, columns)
+            else:
+                self._merge_keyed(spark, valid, key_schema, columns, facts)
+        finally:
+            parsed.unpersist()
 
     def _merge_keyed(
-        self,
-        spark: SparkSession,
-        changes: DataFrame,
-        key_schema: ConnectSchema,
-        columns: list[str],
-        truncated_at: tuple[int, int] | None,
+        self, spark: SparkSession, changes: DataFrame, key_schema: ConnectSchema, columns: list[str], facts: BatchFacts
     ) -> None:
         key_columns = [field.field for field in key_schema.fields or ()]
-        row_type = changes.schema["after"].dataType
-        stored = stored_states(spark, [self.refined, self.deleted], key_columns, row_type) if has_key_changes(
-            changes) else None  # fmt: skip
-        filled = fill_from_old_keys(changes, key_schema, stored)
-        latest = with_deleted_images(latest_per_key(filled, key_columns, truncated_at), batch_states(filled), stored)
+        truncated_at = facts.truncated_at
+        filled, stored = changes, None
+        if facts.key_changes:  # only then are stored rows read (a scan of the refined table)
+            stored = stored_states(spark, [self.refined, self.deleted], key_columns, changes.schema["after"].dataType)
+            filled = fill_from_old_keys(changes, key_schema, stored)
+        latest = latest_per_key(filled, key_columns, truncated_at)
+        if facts.deletes:
+            latest = with_deleted_images(latest, batch_states(filled), stored)
         with self.rules.enforced_changes(spark, latest, columns, key_columns, self.batch_id) as rows:
             rows = rows.persist()  # computed once from the tables as they were
             try:
-                record_deletes(spark, self.deleted, rows, key_columns)
+                if facts.deletes:
+                    record_deletes(spark, self.deleted, rows, key_columns)
                 if truncated_at is not None:
                     record_truncate(spark, self.deleted, truncated_at)
                 guarded = without_resurrections(spark, self.deleted, rows, key_columns)

@@ -8,6 +8,9 @@ naming the field and the reason, for the quarantine, instead of being dropped.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from functools import reduce
+
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
@@ -16,36 +19,94 @@ from refine.decode import decode, decoded_type, json_type, undecodable
 from refine.envelope import TOMBSTONE, ConnectSchema, Op
 
 # JsonConverter writes its wrapper as {"schema":<schema>,"payload":<payload>}, in this order and
-# without spaces. The schema is most of a record's bytes: cutting the text at the payload mark
-# spares tokenizing it as JSON, the costliest step of a refine otherwise. A value written any other
-# way falls back to a JSON parse. (A schema cannot contain the mark: quotes inside its strings are
-# escaped, and no schema key is named "payload".)
+# without spaces. The schema is most of a record's bytes and the same in record after record: once a
+# batch's schema texts are known (:func:`wrapper_schemas`), a value that starts with one of them is
+# cut there, and only its payload is parsed as JSON. Finding the payload by searching the text for
+# its mark would cost more than the parse (Spark's string search is byte by byte); comparing a known
+# prefix is a memory compare. A value written any other way (spaces, another key order) is parsed
+# whole. (A schema cannot contain the payload mark: quotes inside its strings are escaped.)
 _WRAPPER_START, _PAYLOAD_MARK = '{"schema":', ',"payload":'
+# Passes that each find one new schema, before the rest are grouped in one (slower) pass.
+_DISCOVERY_PASSES = 4
 
 
-def _schema_part(text: Column) -> Column:
-    return F.substring_index(text, _PAYLOAD_MARK, 1)
-
-
-def _is_wrapped(text: Column) -> Column:
-    return text.startswith(_WRAPPER_START) & (F.length(_schema_part(text)) < F.length(text)) & text.endswith("}")
+def _wrapper_prefix(schema_text: str) -> str:
+    return f"{_WRAPPER_START}{schema_text}{_PAYLOAD_MARK}"
 
 
 def wrapped_schema(text: Column) -> Column:
-    """The ``schema`` of JsonConverter's ``{schema, payload}`` wrapper, as JSON text."""
-    head = _schema_part(text)
-    return F.when(_is_wrapped(text), head.substr(F.lit(len(_WRAPPER_START) + 1), F.length(head))).otherwise(
+    """The ``schema`` of JsonConverter's ``{schema, payload}`` wrapper, as JSON text (found by
+    searching: for the few records whose schema is not known yet)."""
+    head = F.substring_index(text, _PAYLOAD_MARK, 1)
+    compact = text.startswith(_WRAPPER_START) & (F.length(head) < F.length(text)) & text.endswith("}")
+    return F.when(compact, head.substr(F.lit(len(_WRAPPER_START) + 1), F.length(head))).otherwise(
         F.get_json_object(text, "$.schema")
     )
 
 
-def wrapped_payload(text: Column, schema: ConnectSchema) -> Column:
-    """The ``payload`` of JsonConverter's ``{schema, payload}`` wrapper, read as ``schema``."""
+def wrapper_schemas(records: DataFrame, known: dict[str, Sequence[str]]) -> dict[str, list[str]]:
+    """The distinct wrapper schemas (JSON texts) of each column of ``known`` (``key``, ``value``) in
+    ``records``, ordered by where each first appears (Kafka partition, offset). ``known``: the
+    schemas seen before (earlier batches).
+
+    A pass over the records tells which known schemas they hold and where the first value of
+    none of them is; that one value's schema is read, and the pass repeated. Values that are no
+    compact wrapper (spaces, another key order, not JSON) are grouped by their schema in a last pass.
+    """
+    position = F.struct("partition", "offset")
+    candidates = {column: list(dict.fromkeys(schemas)) for column, schemas in known.items()}
+    found: dict[str, list[str]] = {}
+    for _ in range(_DISCOVERY_PASSES):
+        unmatched, firsts = {}, []
+        for column, schemas in candidates.items():
+            text = F.col(column)
+            matches = [text.startswith(_wrapper_prefix(schema)) for schema in schemas]
+            unmatched[column] = text.isNotNull() & ~reduce(Column.__or__, matches, F.lit(False))
+            firsts.append(F.struct(F.min(F.when(unmatched[column], position)).alias("unmatched"),
+                                   F.array(*[F.min(F.when(match, position)) for match in matches]).alias("known"),
+                                   ).alias(column))  # fmt: skip
+        row = records.agg(*firsts).first()
+        searching = {}
+        for column, schemas in candidates.items():
+            at = {schema: first for schema, first in zip(schemas, row[column].known) if first is not None}
+            if (first := row[column].unmatched) is None:
+                found[column] = sorted(at, key=at.__getitem__)
+            else:
+                searching[column] = (first, at)
+        if not searching:
+            return found
+        stuck = False
+        for column, (first, _) in searching.items():
+            at_first = (F.col("partition") == first.partition) & (F.col("offset") == first.offset)
+            schema = records.where(at_first).select(wrapped_schema(F.col(column))).first()[0]
+            if schema is None or schema in candidates[column]:
+                stuck = True  # not a compact wrapper
+            else:
+                candidates[column].append(schema)
+        if stuck:
+            break
+    for column, (_, at) in searching.items():  # the values left, grouped by their schema
+        grouped = records.where(unmatched[column]).groupBy(wrapped_schema(F.col(column)).alias("schema"))
+        for group in grouped.agg(F.min(position).alias("at")).where("schema IS NOT NULL").collect():
+            at[group.schema] = min(group.at, at.get(group.schema, group.at))
+        found[column] = sorted(at, key=at.__getitem__)
+    return found
+
+
+def wrapped_payload(text: Column, schema: ConnectSchema, schema_texts: Sequence[str] = ()) -> Column:
+    """The ``payload`` of JsonConverter's ``{schema, payload}`` wrapper, read as ``schema``;
+    ``schema_texts``: the batch's wrapper schemas (:func:`wrapper_schemas`), whose values are cut
+    after them instead of being parsed whole."""
     payload_type = json_type(schema)
-    start = F.length(_schema_part(text)) + len(_PAYLOAD_MARK) + 1
-    payload_text = text.substr(start, F.length(text) - start)  # up to the wrapper's closing brace
+    payload_text = F.lit(None).cast("string")
+    for schema_text in schema_texts:
+        prefix = _wrapper_prefix(schema_text)
+        # Cut as bytes: a string's substring counts characters from its start, a cost per record.
+        payload = text.cast("binary").substr(len(prefix.encode()) + 1, 2**31 - 1).cast("string")
+        payload_text = F.when(text.startswith(prefix), payload).otherwise(payload_text)
     wrapper = StructType([StructField("payload", payload_type)])
-    return F.when(_is_wrapped(text), F.from_json(payload_text, payload_type)).otherwise(
+    # from_json stops at the end of the payload's object: the wrapper's closing brace is not read.
+    return F.when(payload_text.isNotNull() & text.endswith("}"), F.from_json(payload_text, payload_type)).otherwise(
         F.from_json(text, wrapper)["payload"]
     )
 
@@ -71,21 +132,31 @@ def decoding_problems(problem: Column, raw: str, decoded: str, row_schema: Conne
 
 
 def parse_changes(
-    raw: DataFrame, key_schema: ConnectSchema | None, value_schema: ConnectSchema, wrapped: bool = True
+    raw: DataFrame,
+    key_schema: ConnectSchema | None,
+    value_schema: ConnectSchema,
+    wrapped: bool = True,
+    schema_texts: dict[str, Sequence[str]] | None = None,
 ) -> DataFrame:
     """Typed changes from raw rows (columns of :data:`cdc.raw.table.RAW_SCHEMA`).
 
     ``value_schema`` is the envelope's Connect schema (``before``, ``after``, ``source``, ``op``...),
     ``key_schema`` the key's (None for a table without a primary key, whose keys are null);
-    ``wrapped``: key and value are JsonConverter's ``{schema, payload}`` (else the payload alone).
+    ``wrapped``: key and value are JsonConverter's ``{schema, payload}`` (else the payload alone);
+    ``schema_texts``: the batch's wrapper schemas by column (``key``, ``value``), see :func:`wrapped_payload`.
     """
-    read = wrapped_payload if wrapped else lambda text, schema: F.from_json(text, json_type(schema))
-    envelope = read(F.col("value"), value_schema)
+    texts = schema_texts or {}
+
+    def read(column: str, schema: ConnectSchema) -> Column:
+        if not wrapped:
+            return F.from_json(F.col(column), json_type(schema))
+        return wrapped_payload(F.col(column), schema, texts.get(column, ()))
+
     row_schema = value_schema.field_named("after")
     parsed = raw.select(
         *record_columns(),
-        envelope.alias("envelope"),
-        (read(F.col("key"), key_schema) if key_schema else F.lit(None)).alias("raw_key"),
+        read("value", value_schema).alias("envelope"),
+        (read("key", key_schema) if key_schema else F.lit(None)).alias("raw_key"),
     )
     op = F.when(F.col("value").isNull(), F.lit(TOMBSTONE)).otherwise(F.col("envelope.op"))
     known_ops = [member.value for member in Op] + [TOMBSTONE]

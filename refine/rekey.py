@@ -32,13 +32,6 @@ def old_key(headers: Column, key_schema: ConnectSchema) -> Column:
     return decode(F.from_json(text.cast("string"), json_type(key_schema)), key_schema)
 
 
-def has_key_changes(changes: DataFrame) -> bool:
-    """Whether a batch holds a primary-key change: only then are the stored rows looked up (reading
-    them costs a scan of the refined table, whatever the batch's size)."""
-    linked = F.exists(F.col("kafka_headers"), lambda header: header["key"].isin(OLD_KEY_HEADER, NEW_KEY_HEADER))
-    return not changes.where(linked).isEmpty()
-
-
 def stored_states(spark: SparkSession, locations: list[str], key_columns: list[str], row_type: StructType) -> DataFrame | None:
     """The rows of the refined-shaped tables at ``locations`` (those that exist) as states: ``key``
     and ``image`` structs and the position; None when there is none."""

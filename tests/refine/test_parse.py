@@ -93,8 +93,8 @@ def test_unparseable_values_are_flagged_not_dropped(spark):
     assert rows[1].raw_value == "not json"
 
 
-def test_wrapped_values_parse_the_same_by_position_as_by_json(spark):
-    from refine.parse import wrapped_schema
+def test_wrapped_values_parse_the_same_cut_after_their_schema_as_whole(spark):
+    from refine.parse import wrapped_schema, wrapper_schemas
 
     row = {"type": "struct", "optional": True, "fields": [
         {"type": "int64", "field": "id"}, {"type": "string", "optional": True, "field": "note"}]}
@@ -117,11 +117,35 @@ def test_wrapped_values_parse_the_same_by_position_as_by_json(spark):
     raw = raw.withColumn("key", F.lit(None).cast("string")).withColumn(
         "headers", F.lit(None).cast("array<struct<key:string,value:binary>>"))
 
-    rows = parse_changes(raw, None, ConnectSchema.model_validate(schema)).orderBy("kafka_offset").collect()
-    assert [(row.op, row.after.id if row.after else None, row.after.note if row.after else None) for row in rows] == [
-        ("c", 1, 'a "quoted" ,"payload": inside'), ("u", 2, "}"), ("d", None, None),
-        ("c", 1, 'a "quoted" ,"payload": inside'), (None, None, None),
-    ]  # fmt: skip
-    assert rows[-1].problem == "value is not a Debezium JSON envelope"
+    texts = wrapper_schemas(raw, {"value": []})
+    assert texts == {"value": [schema_text]}
+    for schema_texts in (texts, None):  # cut after the known schema, and parsed whole
+        rows = parse_changes(raw, None, ConnectSchema.model_validate(schema), schema_texts=schema_texts).orderBy(
+            "kafka_offset").collect()  # fmt: skip
+        assert [(row.op, row.after.id if row.after else None, row.after.note if row.after else None) for row in rows] == [
+            ("c", 1, 'a "quoted" ,"payload": inside'), ("u", 2, "}"), ("d", None, None),
+            ("c", 1, 'a "quoted" ,"payload": inside'), (None, None, None),
+        ]  # fmt: skip
+        assert rows[-1].problem == "value is not a Debezium JSON envelope"
     schemas = raw.select(wrapped_schema(F.col("value")).alias("s")).collect()
     assert [json.loads(row.s) if row.s else None for row in schemas] == [schema] * 4 + [None]
+
+
+def test_wrapper_schemas_are_the_batchs_own_in_order_of_appearance(spark):
+    from refine.parse import wrapper_schemas
+
+    def value(name: str) -> str:
+        schema = {"type": "struct", "fields": [{"type": "int64", "field": name}]}
+        return json.dumps({"schema": schema, "payload": {name: 1}}, separators=(",", ":"))
+
+    def text(name: str) -> str:
+        return json.dumps({"type": "struct", "fields": [{"type": "int64", "field": name}]}, separators=(",", ":"))
+
+    values = [value("b"), value("a"), None, value("b"), "not json", value("c")]
+    raw = spark.createDataFrame([(v, 0, i) for i, v in enumerate(values)], "value string, partition int, offset long")
+    raw = raw.withColumn("key", F.when(F.col("offset") == 1, F.lit(value("k"))))
+    expected = {"value": [text("b"), text("a"), text("c")], "key": [text("k")]}
+    assert wrapper_schemas(raw, {"value": [], "key": []}) == expected
+    # Known schemas are matched by prefix; one the batch lacks is not among its own.
+    assert wrapper_schemas(raw, {"value": [text("c"), text("z"), text("a")], "key": [text("k")]}) == expected
+    assert wrapper_schemas(raw.where("value IS NULL"), {"value": [text("a")]}) == {"value": []}

@@ -190,8 +190,9 @@ def test_refine_killed_in_the_middle_then_rerun_gives_the_same_tables(
         kafka.wait_for_last_value(topic, marker)
         land(warehouse, topic)
         log = Path(refined_table_location(warehouse, topic)) / "_delta_log"
-        # The table's creation, then its first MERGE: before the job records that the batch is done.
-        for commits in (1, 2):
+        # The table's creation, then its first MERGE: before the job records that the batch is done
+        # (the keyless table: its first MERGE only).
+        for commits in (1, 2) if table == "customers" else (2,):
             process = cdc_process(["refine", "--table", topic, "--warehouse", warehouse, "--available-now"])
             try:
                 wait_for(lambda: len(list(log.glob("*.json"))) >= commits or process.poll() is not None, 900,
