@@ -71,6 +71,10 @@ def _refined_problems(pipeline: Pipeline) -> Iterator[Problem]:
                         f"applies to event sources only: a Debezium table's key is its primary key and its changes "
                         f"are ordered by their source position (source {table.source!r} is {source.kind})"
                     )
+            if isinstance(source, DebeziumMongoSource) and "flatten" in table.model_fields_set:
+                yield f"{where}.flatten", (
+                    "applies to event sources only: a MongoDB table keeps nested documents as struct columns, "
+                    "typed from Extended JSON")  # fmt: skip
             continue
         if table.keys and not table.ordering:
             yield f"{where}.ordering", "required with `keys`: the column that orders an entity's events"

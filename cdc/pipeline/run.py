@@ -3,9 +3,10 @@
 Refined tables of Debezium Postgres sources go through :mod:`refine.job`, those of JSON event
 sources through :mod:`refine.events`, each with its expectations and (events) history
 (:mod:`refine.rules`). Business tables (:mod:`refine.business`) are refreshed after the refined
-tables when run once, on their own interval when run continuously. What is declared but not run
-yet (MongoDB sources, Avro and Protobuf decoding, SCD type 2 of Debezium tables, exploding Debezium
-tables) is refused up front, each named by its key.
+tables when run once, on their own interval when run continuously. MongoDB sources go through
+:mod:`refine.job` too (which tells their topics by the envelope). What is declared but not run yet
+(Avro and Protobuf decoding, SCD type 2 of Debezium tables, exploding Debezium tables, expectations
+on MongoDB tables) is refused up front, each named by its key.
 """
 
 from __future__ import annotations
@@ -62,7 +63,10 @@ def _not_run_yet(pipeline: Pipeline) -> list[str]:
     for name, table in pipeline.refined.items():
         source = pipeline.sources[table.source]
         if isinstance(source, DebeziumMongoSource):
-            problems.append(f"refined.{name}.source: MongoDB topics are not refined yet")
+            if table.explode:
+                problems.append(f"refined.{name}.explode: exploding arrays of MongoDB documents is not run yet")
+            if any(expectation.table == name for expectation in pipeline.expectations.values()):
+                problems.append(f"refined.{name}: expectations on MongoDB tables are not run yet")
         if table.scd is ScdType.HISTORY and not isinstance(source, JsonEvents):
             problems.append(f"refined.{name}.scd: SCD type 2 of Debezium tables is not run by `cdc refine` yet")
         elif table.scd is ScdType.HISTORY and not table.keys:
@@ -86,7 +90,9 @@ def table_rules(pipeline: Pipeline, name: str, warehouse: str) -> TableRules:
 
 
 def refine_jobs(pipeline: Pipeline, config: PipelineRefineConfig) -> list[RefineJob]:
-    """One job per refined table; a ConfigError names each declared feature that is not run yet."""
+    """One job per refined table (Debezium Postgres and MongoDB sources: :class:`RefineJobConfig`,
+    event sources: :class:`EventsRefineJobConfig`); a ConfigError names each declared feature that is
+    not run yet."""
     if problems := _not_run_yet(pipeline):
         raise ConfigError("the pipeline declares what `cdc refine` does not run yet: " + "; ".join(problems))
     jobs: list[RefineJob] = []

@@ -218,3 +218,25 @@ def test_mongo_documents_are_refined_to_typed_columns(spark, kafka, land_and_ref
         (ADA, T0 + 7000, 1, 16, "u"), (BOB, T0 + 7000, 2, 17, "u"), (SEVEN, T0 + 4000, 1, 7, "u"),
         (BIG, T0 + 6000, 3, 13, "c"), (HAL, T0 + 8000, 1, 19, "c"),
     ])  # fmt: skip
+
+
+def test_a_mongo_collection_through_a_pipeline_with_a_business_table(spark, kafka, pipeline_run, unique_name):
+    topic = kafka.create_topic(f"{unique_name}.shop.people")
+    kafka.produce(topic, first_batch(topic))
+    pipeline = {
+        "name": "people",
+        "sources": {"people": {"kind": "debezium_mongodb", "topic": topic}},
+        "refined": {"people": {"source": "people"}},
+        "business": {"people_per_city": {
+            "sql": "SELECT address.city AS city, count(*) AS people FROM people GROUP BY address.city"}},
+    }  # fmt: skip
+    cities = spark.createDataFrame([("London", 1), ("Paris", 1), (None, 2)], "city string, people bigint")
+    for _ in range(2):  # a rerun changes nothing
+        assert pipeline_run(pipeline) == 0
+        expected = spark.createDataFrame(after_first_batch(), COLUMNS)
+        assertDataFrameEqual(pipeline_run.table("people").select(*expected.columns), expected)
+        assertDataFrameEqual(pipeline_run.table("people_per_city", "business"), cities)
+    kafka.produce(topic, second_batch(topic))
+    assert pipeline_run(pipeline) == 0
+    cities = spark.createDataFrame([("London", 1), ("Paris", 1), (None, 3)], "city string, people bigint")
+    assertDataFrameEqual(pipeline_run.table("people_per_city", "business"), cities)

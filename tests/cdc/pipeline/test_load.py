@@ -107,6 +107,10 @@ def test_a_valid_file_loads_with_defaults(tmp_path):
                   refined={"players": {"source": "db", "keys": ["id"]}}),
          "refined.players.keys: applies to event sources only: a Debezium table's key is its primary key and its "
          "changes are ordered by their source position (source 'db' is debezium_postgres)"),
+        (pipeline(sources={"db": {"kind": "debezium_mongodb", "topic": "m.db.people"}},
+                  refined={"players": {"source": "db", "flatten": {"keep": ["address"]}}}),
+         "refined.players.flatten: applies to event sources only: a MongoDB table keeps nested documents as struct "
+         "columns, typed from Extended JSON"),
         (pipeline(business={"sessions": {"sql": "SELECT * FROM players p JOIN scores s USING (player)"}}),
          "business.sessions.sql: unknown table 'scores' (tables: players, sessions)"),
         (pipeline(business={"a": {"sql": "SELECT * FROM b"}, "b": {"sql": "WITH x AS (SELECT 1) SELECT * FROM a, x"}}),

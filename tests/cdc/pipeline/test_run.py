@@ -54,8 +54,9 @@ def test_what_is_not_run_yet_is_refused_naming_the_key(tmp_path):
         "sources": {**SHOP["sources"], "people": {"kind": "debezium_mongodb", "topic": "m.db.people"},
                     "scores": {"kind": "events", "format": "avro", "topic": "scores",
                                "schema": {"kind": "registry", "url": "http://registry:8081"}}},
-        "refined": {"shop_orders": {"source": "orders", "explode": ["items"], "scd": 2}, "people": {"source": "people"},
-                    "clicks": {"source": "clicks", "scd": 2}},
+        "refined": {"shop_orders": {"source": "orders", "explode": ["items"], "scd": 2},
+                    "people": {"source": "people", "explode": ["tags"]}, "clicks": {"source": "clicks", "scd": 2}},
+        "expectations": {"named": {"table": "people", "constraint": "name IS NOT NULL"}},
     }  # fmt: skip
     with pytest.raises(ConfigError) as refused:
         refine_jobs(Pipeline.model_validate(document), PipelineRefineConfig(warehouse=str(tmp_path)))
@@ -65,7 +66,8 @@ def test_what_is_not_run_yet_is_refused_naming_the_key(tmp_path):
         "the refine job reads json only); "
         "refined.shop_orders.scd: SCD type 2 of Debezium tables is not run by `cdc refine` yet; "
         "refined.shop_orders.explode: exploding arrays of Debezium tables is not run yet; "
-        "refined.people.source: MongoDB topics are not refined yet; "
+        "refined.people.explode: exploding arrays of MongoDB documents is not run yet; "
+        "refined.people: expectations on MongoDB tables are not run yet; "
         "refined.clicks.scd: SCD type 2 needs `keys` (without keys every event is kept anyway)"
     )
 
