@@ -49,7 +49,7 @@ from refine.merge import merge_changes
 from refine.mongo import is_mongo, refine_mongo_batch
 from refine.parse import parse_changes, record_columns, wrapper_schemas
 from refine.quarantine import quarantine, quarantine_location
-from refine.rekey import NEW_KEY_HEADER, OLD_KEY_HEADER, batch_states, fill_from_old_keys, stored_states
+from refine.rekey import batch_states, fill_from_old_keys, is_key_change, stored_states
 from refine.rules import TableRules
 
 
@@ -134,11 +134,10 @@ class BatchFacts(NamedTuple):
 
 
 def batch_facts(changes: DataFrame) -> BatchFacts:
-    linked = F.exists(F.col("kafka_headers"), lambda header: header["key"].isin(OLD_KEY_HEADER, NEW_KEY_HEADER))
     row = changes.agg(
         F.count(F.when(F.col("problem").isNotNull(), 1)).alias("problems"),
         F.max(F.when(F.col("op") == Op.TRUNCATE.value, F.struct("source_lsn", "kafka_offset"))).alias("truncate"),
-        F.coalesce(F.max(linked), F.lit(False)).alias("key_changes"),
+        F.coalesce(F.max(is_key_change(F.col("kafka_headers"))), F.lit(False)).alias("key_changes"),
         F.coalesce(F.max(F.col("op") == Op.DELETE.value), F.lit(False)).alias("deletes"),
     ).first()  # fmt: skip
     truncate = tuple(row.truncate) if row.truncate else None

@@ -32,6 +32,11 @@ def old_key(headers: Column, key_schema: ConnectSchema) -> Column:
     return decode(F.from_json(text.cast("string"), json_type(key_schema)), key_schema)
 
 
+def is_key_change(headers: Column) -> Column:
+    """Whether a record is part of a primary-key change (Debezium links its records by these headers)."""
+    return F.exists(headers, lambda header: header["key"].isin(OLD_KEY_HEADER, NEW_KEY_HEADER))
+
+
 def stored_states(spark: SparkSession, locations: list[str], key_columns: list[str], row_type: StructType) -> DataFrame | None:
     """The rows of the refined-shaped tables at ``locations`` (those that exist) as states: ``key``
     and ``image`` structs and the position; None when there is none."""
