@@ -53,11 +53,14 @@ class Bundle:
 
 # Spark 4.0.0 because it is the newest release whose Kafka connector has all its jars on Maven
 # Central as this project's machines reach it (spark-token-provider-kafka 4.0.1+ is missing there).
+# spark-avro decodes Avro event topics (from_avro; Avro itself ships with pyspark). spark-protobuf,
+# which would decode Protobuf ones, is not on Maven Central as this project's machines reach it.
 SPARK_BUNDLE = Bundle(
     "spark",
     (
         f"io.delta:delta-spark_{SCALA_BINARY}:{DELTA_VERSION}",
         f"org.apache.spark:spark-sql-kafka-0-10_{SCALA_BINARY}:{SPARK_VERSION}",
+        f"org.apache.spark:spark-avro_{SCALA_BINARY}:{SPARK_VERSION}",
     ),
     provided_by_pyspark=True,
 )

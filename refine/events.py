@@ -1,9 +1,9 @@
-"""`cdc refine` of a plain event topic (JSON values, no Debezium envelope).
+"""`cdc refine` of a plain event topic (JSON or Avro values, no Debezium envelope).
 
-Per micro-batch of the raw table's Change Data Feed: the values are parsed with the events' schema
-(:mod:`refine.schemas`); a record that is not a JSON object of that schema, or lacks a key, the
-ordering or the split value, goes to the quarantine with the reason; the others are flattened
-(:mod:`refine.flatten`) and written:
+Per micro-batch of the raw table's Change Data Feed: JSON values are parsed with the events' schema
+(:mod:`refine.schemas`), Avro values decoded with theirs (:mod:`refine.avro_events`); a record that
+is not an event of that schema, or lacks a key, the ordering or the split value, goes to the
+quarantine with the reason; the others are flattened (:mod:`refine.flatten`) and written:
 
 - with ``keys``: the latest event per key (by the ordering column, then Kafka partition and
   offset) is MERGEd; an event older than the stored one never overwrites it;
@@ -18,16 +18,20 @@ Refined rows carry ``_cdc_partition`` and ``_cdc_offset`` (the Kafka record of t
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Literal
+
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from cdc.errors import CdcError, ConfigError
 from cdc.pipeline.checks import table_shape_problems
-from cdc.pipeline.config import Name, RefinedTable
+from cdc.pipeline.config import Name, RefinedTable, WireSchema
 from cdc.raw.config import TOPIC_NAME
 from cdc.raw.table import raw_table_location
+from refine.avro_events import AvroDecoder
 from refine.flatten import child_rows, child_table_name, column, flat_name, flatten
 from refine.job import RefineRun, refined_table_location
 from refine.merge import EVENT_POSITION, OFFSET, PARTITION, REFINED_AT, append_rows, merge_latest, replace_children
@@ -50,6 +54,22 @@ class EventsRefineJobConfig(RefineRun):
     schema_ddl: str | None = Field(default=None, description="The events' schema (Spark DDL); None: inferred, kept.")
     reinfer_schema: bool = Field(default=False, description="Infer the kept schema again from the raw table first.")
     rules: TableRules | None = Field(default=None, description="Expectations and history (SCD type 2) of the table.")
+    format: Literal["json", "avro"] = Field(
+        default="json", description="How values are encoded: JSON text (schema_ddl), or Avro binary (wire_schema)."
+    )
+    wire_schema: WireSchema | None = Field(
+        default=None,
+        description="Avro: where the schema is; a file means plain Avro values, a schema registry Confluent's wire "
+        "format (magic byte 0, schema id, record; see refine.avro_events).",
+    )
+
+    @model_validator(mode="after")
+    def _schema_of_the_format(self) -> EventsRefineJobConfig:
+        if self.format == "avro" and (self.wire_schema is None or self.schema_ddl is not None or self.reinfer_schema):
+            raise ValueError("Avro events take their schema from wire_schema (no schema_ddl, nothing to infer)")
+        if self.format == "json" and self.wire_schema is not None:
+            raise ValueError("wire_schema applies to Avro events; JSON events take schema_ddl")
+        return self
 
     @property
     def target(self) -> str:
@@ -63,6 +83,11 @@ def _json_at(value: Column, name: str) -> Column:
 def parse_events(records: DataFrame, schema: StructType, table: RefinedTable) -> DataFrame:
     """Raw rows as ``event`` (a struct of ``schema``), Kafka coordinates, ``raw_value`` and a
     ``problem`` (null for a good event) naming the field and the reason."""
+    return with_table_problems(decode_json(records, schema), table)
+
+
+def decode_json(records: DataFrame, schema: StructType) -> DataFrame:
+    """:func:`parse_events` without the table's problems: those of the value only."""
     with_corrupt = StructType([*schema.fields, StructField(CORRUPT, StringType())])
     parsed = records.select(
         F.col("value").alias("raw_value"),
@@ -86,17 +111,6 @@ def parse_events(records: DataFrame, schema: StructType, table: RefinedTable) ->
                      F.lit(f" as {field.dataType.simpleString()}")),
         )  # fmt: skip
     problem = problem.when(F.col(f"event.{CORRUPT}").isNotNull(), F.lit("the value does not match the schema"))
-    for role, path in [*[("key", key) for key in table.keys], ("ordering column", table.ordering),
-                       ("split_by column", table.split_by)]:  # fmt: skip
-        if path is not None:
-            problem = problem.when(column(f"event.{path}").isNull(), F.lit(f"{role} {path} is null"))
-    if table.split_by is not None:
-        problem = problem.when(
-            ~column(f"event.{table.split_by}").cast("string").rlike(SPLIT_VALUE) | column(f"event.{table.split_by}")
-            .cast("string").isin(".", ".."),
-            F.concat(F.lit(f"split_by column {table.split_by}: "), column(f"event.{table.split_by}").cast("string"),
-                     F.lit(" is not usable as a table name (letters, digits, '.', '_', '-')")),
-        )  # fmt: skip
     return parsed.select(
         F.col("event").dropFields(CORRUPT).alias("event"),
         "kafka_partition",
@@ -104,6 +118,25 @@ def parse_events(records: DataFrame, schema: StructType, table: RefinedTable) ->
         problem.alias("problem"),
         "raw_value",
     )
+
+
+def with_table_problems(events: DataFrame, table: RefinedTable) -> DataFrame:
+    """Decoded ``events`` whose ``problem`` also names a null key, ordering or split value, or a split
+    value that cannot name a table (a problem of the value itself comes first)."""
+    checks = [(column(f"event.{path}").isNull(), F.lit(f"{role} {path} is null"))
+              for role, path in [*[("key", key) for key in table.keys], ("ordering column", table.ordering),
+                                 ("split_by column", table.split_by)] if path is not None]  # fmt: skip
+    if table.split_by is not None:
+        split = column(f"event.{table.split_by}").cast("string")
+        checks.append((~split.rlike(SPLIT_VALUE) | split.isin(".", ".."), F.concat(
+            F.lit(f"split_by column {table.split_by}: "), split,
+            F.lit(" is not usable as a table name (letters, digits, '.', '_', '-')"))))  # fmt: skip
+    if not checks:
+        return events
+    problem = F.when(*checks[0])
+    for condition, reason in checks[1:]:
+        problem = problem.when(condition, reason)
+    return events.withColumn("problem", F.coalesce(F.col("problem"), problem))
 
 
 def latest_events(events: DataFrame, key_paths: list[str], ordering: str) -> DataFrame:
@@ -130,12 +163,20 @@ def event_rows_schema(schema: StructType) -> StructType:
     return StructType([*schema.fields, StructField(PARTITION, IntegerType()), StructField(OFFSET, LongType())])
 
 
-class EventsBatch:
-    """The foreachBatch function refining an event topic."""
+Decode = Callable[[DataFrame], DataFrame]
 
-    def __init__(self, config: EventsRefineJobConfig, schema: StructType) -> None:
+
+class EventsBatch:
+    """The foreachBatch function refining an event topic.
+
+    ``decode`` turns a batch's raw rows into ``event``, Kafka coordinates, ``problem`` and ``raw_value``
+    (:func:`decode_json`, the default, or :meth:`AvroDecoder.decode`); the table's problems are added to it.
+    """
+
+    def __init__(self, config: EventsRefineJobConfig, schema: StructType, decode: Decode | None = None) -> None:
         self.config = config
         self.schema = schema
+        self.decode = decode or (lambda records: decode_json(records, schema))
         self.raw = raw_table_location(config.warehouse, config.topic)
         self.rules = config.rules or TableRules(table=config.name, topic=config.topic, warehouse=config.warehouse)
         self.error: CdcError | None = None
@@ -151,7 +192,8 @@ class EventsBatch:
         spark = batch.sparkSession
         app_id = f"cdc-refine-{spark.sparkContext.getLocalProperty('sql.streaming.queryId')}"
         records = batch.where(F.col("_change_type") == "insert")  # raw tables only append
-        events = parse_events(records, self.schema, self.config.table).persist()  # read once: quarantine and tables
+        events = with_table_problems(self.decode(records), self.config.table)
+        events = events.persist()  # read once: quarantine and tables
         try:
             quarantine(spark, quarantine_location(self.config.warehouse), self.raw, self.config.topic,
                        events.where("problem IS NOT NULL"))  # fmt: skip
@@ -213,12 +255,17 @@ class EventsBatch:
 
 def events_batch(spark: SparkSession, config: EventsRefineJobConfig) -> EventsBatch:
     """Read (or infer) the schema, check the table's column paths and expectations against it."""
-    schema = event_schema(spark, config.warehouse, config.topic, config.schema_ddl, config.reinfer_schema)
+    decode: Decode | None = None
+    if config.format == "avro":
+        decoder = AvroDecoder(spark, config.wire_schema, config.topic)
+        schema, decode = decoder.event_schema, decoder.decode
+    else:
+        schema = event_schema(spark, config.warehouse, config.topic, config.schema_ddl, config.reinfer_schema)
     if problems := table_shape_problems(schema, config.table):
         raise ConfigError("the events' schema does not fit the refined table: " + "; ".join(
             f"refined.{config.name}.{field}: {reason}" for field, reason in problems
         ), topic=config.topic)  # fmt: skip
-    batch = EventsBatch(config, schema)
+    batch = EventsBatch(config, schema, decode)
     no_rows = spark.createDataFrame([], event_rows_schema(schema))
     batch.rules.check(spark, batch.flat_rows(no_rows), expectation_keys(config.table))  # before any row is read
     return batch

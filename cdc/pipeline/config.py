@@ -48,17 +48,23 @@ class _Model(_Strict):
 
 
 class SchemaFile(_Model):
-    """An Avro (.avsc) or Protobuf (.proto) schema in a file."""
+    """An Avro (.avsc) or Protobuf (.proto) schema in a file: the values are plain encodings, no header."""
 
-    kind: Literal["file"] = Field(description="The schema is in a file.")
+    kind: Literal["file"] = Field(
+        description="The schema is in a file; each value is one plain record of it (no wire-format header)."
+    )
     path: Path = Field(description="The schema file; a relative path is relative to the pipeline file.")
 
 
 class SchemaRegistry(_Model):
-    """A Confluent-compatible schema registry (the values carry the registry's schema id)."""
+    """A Confluent-compatible schema registry: the values are in Confluent's wire format (magic byte 0,
+    the 4-byte id of the schema they were written with, then the record)."""
 
-    kind: Literal["registry"] = Field(description="The schema is in a schema registry.")
-    url: str = Field(description="The registry's base URL, http:// or https://.")
+    kind: Literal["registry"] = Field(
+        description="The schema is in a schema registry; each value is in Confluent's wire format (magic byte 0, "
+        "4-byte schema id, record) and is read as the subject's latest schema."
+    )
+    url: str = Field(description="The registry's base URL, http:// or https:// (no credentials are sent).")
     subject: str | None = Field(default=None, description="The subject; default `<topic>-value`.")
 
     @field_validator("url")
@@ -111,16 +117,23 @@ class JsonEvents(_Model):
 
 
 class AvroEvents(_Model):
-    """Avro-encoded events (declared and validated; refining them is not implemented yet)."""
+    """Avro-encoded events, each value one record (decoded by :mod:`refine.avro_events`)."""
 
     kind: Literal["events"] = Field(description="Plain events.")
-    format: Literal["avro"] = Field(description="Each value is Avro (Confluent wire format with a registry).")
+    format: Literal["avro"] = Field(
+        description="Each value is one Avro record: plain with a schema file, Confluent's wire format with a registry."
+    )
     topic: Topic = Field(description="The Kafka topic.")
-    schema_: WireSchema = Field(alias="schema", description="Where the Avro schema is: a file or a schema registry.")
+    schema_: WireSchema = Field(
+        alias="schema",
+        description="Where the Avro schema (a record) is: a file (values are plain Avro) or a schema registry "
+        "(values are in Confluent's wire format; each is read with its writer schema, resolved to the latest).",
+    )
 
 
 class ProtobufEvents(_Model):
-    """Protobuf-encoded events (declared and validated; refining them is not implemented yet)."""
+    """Protobuf-encoded events (declared and validated; refining them is not implemented yet: Spark's
+    spark-protobuf module is not on Maven Central as this project's machines reach it)."""
 
     kind: Literal["events"] = Field(description="Plain events.")
     format: Literal["protobuf"] = Field(description="Each value is a Protobuf message.")

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from cdc.errors import ConfigError
 from cdc.pipeline.checks import Problem, pipeline_problems
-from cdc.pipeline.config import Pipeline
+from cdc.pipeline.config import Pipeline, SchemaFile
 
 
 class PipelineError(ConfigError):
@@ -93,4 +93,16 @@ def load_pipeline(file: Path | str) -> Pipeline:
         ) from None
     if problems := pipeline_problems(pipeline, file.parent):
         raise PipelineError(file, [f"{key}: {reason}" for key, reason in problems])
-    return pipeline
+    return _schema_files_under(pipeline, file.parent)
+
+
+def _schema_files_under(pipeline: Pipeline, base_dir: Path) -> Pipeline:
+    """``pipeline`` with absolute schema file paths: the jobs that read them run from any folder."""
+    sources = {}
+    for name, source in pipeline.sources.items():
+        schema = getattr(source, "schema_", None)
+        if isinstance(schema, SchemaFile) and not schema.path.is_absolute():
+            absolute = schema.model_copy(update={"path": (base_dir / schema.path).absolute()})
+            source = source.model_copy(update={"schema_": absolute})
+        sources[name] = source
+    return pipeline.model_copy(update={"sources": sources})

@@ -54,6 +54,16 @@ def test_a_valid_file_loads_with_defaults(tmp_path):
     assert loaded.refined["players"].flatten.enabled
 
 
+def test_a_schema_file_is_found_beside_the_pipeline_file(tmp_path, monkeypatch):
+    (tmp_path / "schemas").mkdir()
+    (tmp_path / "schemas" / "score.avsc").write_text('{"type": "record", "name": "Score", "fields": []}')
+    file = tmp_path / "p.yaml"
+    file.write_text(yaml.safe_dump(pipeline(sources={"game_events": {
+        "kind": "events", "format": "avro", "topic": "t", "schema": {"kind": "file", "path": "schemas/score.avsc"}}})))
+    monkeypatch.chdir("/")  # the jobs read the file from wherever they run
+    assert load_pipeline(file).sources["game_events"].schema_.path == tmp_path / "schemas" / "score.avsc"
+
+
 @pytest.mark.parametrize(
     ("document", "expected"),
     [

@@ -48,11 +48,22 @@ def test_refine_builds_one_job_per_refined_table(tmp_path):
     assert isinstance(clicks, EventsRefineJobConfig) and (clicks.topic, clicks.schema_ddl) == ("clicks", "user string, at timestamp")
 
 
+def test_an_avro_source_is_refined_as_events_with_its_wire_schema(tmp_path):
+    document = {**SHOP, "sources": {**SHOP["sources"], "scores": {
+        "kind": "events", "format": "avro", "topic": "scores", "schema": {"kind": "registry", "url": "http://r:8081"}}},
+        "refined": {"scores": {"source": "scores", "keys": ["player"], "ordering": "at"}}}  # fmt: skip
+    config = PipelineRefineConfig(warehouse=str(tmp_path), reinfer_schema=True)  # applies to JSON sources only
+    [scores] = refine_jobs(Pipeline.model_validate(document), config)
+    assert isinstance(scores, EventsRefineJobConfig)
+    assert (scores.format, scores.wire_schema.url, scores.schema_ddl, scores.reinfer_schema) == (
+        "avro", "http://r:8081", None, False)
+
+
 def test_what_is_not_run_yet_is_refused_naming_the_key(tmp_path):
     document = {
         **SHOP,
         "sources": {**SHOP["sources"], "people": {"kind": "debezium_mongodb", "topic": "m.db.people"},
-                    "scores": {"kind": "events", "format": "avro", "topic": "scores",
+                    "scores": {"kind": "events", "format": "protobuf", "topic": "scores",
                                "schema": {"kind": "registry", "url": "http://registry:8081"}}},
         "refined": {"shop_orders": {"source": "orders", "explode": ["items"], "scd": 2},
                     "people": {"source": "people", "explode": ["tags"]}, "clicks": {"source": "clicks", "scd": 2}},
@@ -62,8 +73,8 @@ def test_what_is_not_run_yet_is_refused_naming_the_key(tmp_path):
         refine_jobs(Pipeline.model_validate(document), PipelineRefineConfig(warehouse=str(tmp_path)))
     assert refused.value.message == (
         "the pipeline declares what `cdc refine` does not run yet: "
-        "sources.scores.format: decoding avro events is not implemented yet (the schema settings are validated; "
-        "the refine job reads json only); "
+        "sources.scores.format: decoding protobuf events is not implemented yet (the schema settings are validated; "
+        "the refine job reads json and avro); "
         "refined.shop_orders.scd: SCD type 2 of Debezium tables is not run by `cdc refine` yet; "
         "refined.shop_orders.explode: exploding arrays of Debezium tables is not run yet; "
         "refined.people.explode: exploding arrays of MongoDB documents is not run yet; "
