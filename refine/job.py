@@ -185,9 +185,9 @@ class RefineBatch:
             return self._refine_schemaless(spark, records)
         schemas = [ConnectSchema.model_validate_json(text) for text in texts["value"]]
         if schemas and is_mongo(schemas[-1]):
-            self.rules.refuse_unchecked("MongoDB collections")
             refine_mongo_batch(spark, records, refined=self.refined, raw=self.raw, topic=self.config.table,
-                               quarantine_at=quarantine_location(self.config.warehouse))  # fmt: skip
+                               quarantine_at=quarantine_location(self.config.warehouse), rules=self.rules,
+                               batch_id=self.batch_id)  # fmt: skip
             return
         schemas = schemas or [known for known in [remembered_schema(spark, self.refined)] if known]
         if not schemas:  # tombstones (their deletes came before them), and values that are no envelope

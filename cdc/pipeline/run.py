@@ -65,8 +65,6 @@ def _not_run_yet(pipeline: Pipeline) -> list[str]:
         if isinstance(source, DebeziumMongoSource):
             if table.explode:
                 problems.append(f"refined.{name}.explode: exploding arrays of MongoDB documents is not run yet")
-            if any(expectation.table == name for expectation in pipeline.expectations.values()):
-                problems.append(f"refined.{name}: expectations on MongoDB tables are not run yet")
         if table.scd is ScdType.HISTORY and not isinstance(source, JsonEvents):
             problems.append(f"refined.{name}.scd: SCD type 2 of Debezium tables is not run by `cdc refine` yet")
         elif table.scd is ScdType.HISTORY and not table.keys:
