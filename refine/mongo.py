@@ -56,7 +56,18 @@ from refine.extended_json import (
     to_variant,
     variant_type,
 )
-from refine.merge import COMMITTED_AT, LSN, METADATA_COLUMNS, OFFSET, OP, PARTITION, REFINED_AT, merge_changes
+from refine.flatten import array_element
+from refine.merge import (
+    COMMITTED_AT,
+    LSN,
+    METADATA_COLUMNS,
+    OFFSET,
+    OP,
+    PARTITION,
+    REFINED_AT,
+    merge_changes,
+    refresh_children,
+)
 from refine.patch import apply_patch, leaf_type, path_type, resolve
 from refine.quarantine import quarantine
 from refine.rules import TableRules
@@ -363,10 +374,25 @@ def add_nested_columns(spark: SparkSession, location: str, table: StructType, ty
         spark.sql(f"ALTER TABLE delta.`{location}` ADD COLUMNS ({', '.join(nested)})")
 
 
+def has_path(schema: StructType, path: str) -> bool:
+    """Whether the refined table has the array at ``path`` yet; a ConfigError when it has something else there."""
+    first, *rest = path.split(".")
+    if first not in schema.names:
+        return False
+    current = schema[first].dataType
+    for part in rest:
+        if not isinstance(current, StructType) or part not in current.names:
+            return False
+        current = current[part].dataType
+    array_element(schema, path)  # names the type that is not an array
+    return True
+
+
 def refine_mongo_batch(spark: SparkSession, records: DataFrame, *, refined: str, quarantine_at: str, raw: str,
-                       topic: str, rules: TableRules, batch_id: int) -> None:  # fmt: skip
+                       topic: str, rules: TableRules, batch_id: int, children: dict[str, str]) -> None:  # fmt: skip
     """Refine one batch of raw MongoDB connector records into the ``refined`` table; documents are
-    checked against the ``rules``' expectations first (deletes pass unchecked)."""
+    checked against the ``rules``' expectations first (deletes pass unchecked). ``children`` maps
+    array paths to exploded child tables' locations; a path no document has had yet gives no children."""
     exists = is_delta_table(spark, refined)
     table = DeltaTable.forPath(spark, refined).toDF() if exists else None
     data_columns = StructType([f for f in table.schema.fields if f.name != ID and f.name not in MONGO_METADATA_COLUMNS]) if table is not None else StructType()
@@ -390,6 +416,9 @@ def refine_mongo_batch(spark: SparkSession, records: DataFrame, *, refined: str,
                 rows = refined_documents(latest, columns)
                 with rules.enforced(spark, rows, [ID], batch_id, deleted=F.col(OP) == Op.DELETE.value) as passing:
                     merge_changes(spark, refined, passing.drop(PARTITION), [ID], None, POSITION)
+                for path, location in children.items():
+                    if has_path(DeltaTable.forPath(spark, refined).toDF().schema, path):
+                        refresh_children(spark, refined, location, latest.select(ID), [ID], path)
             finally:
                 latest.unpersist()
         finally:

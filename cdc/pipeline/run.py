@@ -1,12 +1,12 @@
 """Running what a pipeline file declares: `cdc raw --pipeline` and `cdc refine --pipeline`.
 
 Refined tables of Debezium Postgres sources go through :mod:`refine.job`, those of JSON event
-sources through :mod:`refine.events`, each with its expectations and (events) history
-(:mod:`refine.rules`). Business tables (:mod:`refine.business`) are refreshed after the refined
+sources through :mod:`refine.events`, each with its expectations, exploded child tables and
+history (:mod:`refine.rules`). Business tables (:mod:`refine.business`) are refreshed after the refined
 tables when run once, on their own interval when run continuously. MongoDB sources go through
 :mod:`refine.job` too (which tells their topics by the envelope). What is declared but not run yet
-(Avro and Protobuf decoding, SCD type 2 of Debezium tables, exploding Debezium tables, expectations
-on MongoDB tables) is refused up front, each named by its key.
+(Avro and Protobuf decoding, SCD type 2 of MongoDB collections) is refused up front, each named by
+its key.
 """
 
 from __future__ import annotations
@@ -62,15 +62,10 @@ def _not_run_yet(pipeline: Pipeline) -> list[str]:
                             "(the schema settings are validated; the refine job reads json only)")  # fmt: skip
     for name, table in pipeline.refined.items():
         source = pipeline.sources[table.source]
-        if isinstance(source, DebeziumMongoSource):
-            if table.explode:
-                problems.append(f"refined.{name}.explode: exploding arrays of MongoDB documents is not run yet")
-        if table.scd is ScdType.HISTORY and not isinstance(source, JsonEvents):
-            problems.append(f"refined.{name}.scd: SCD type 2 of Debezium tables is not run by `cdc refine` yet")
-        elif table.scd is ScdType.HISTORY and not table.keys:
+        if table.scd is ScdType.HISTORY and isinstance(source, DebeziumMongoSource):
+            problems.append(f"refined.{name}.scd: SCD type 2 of MongoDB collections is not run by `cdc refine` yet")
+        elif table.scd is ScdType.HISTORY and isinstance(source, JsonEvents) and not table.keys:
             problems.append(f"refined.{name}.scd: SCD type 2 needs `keys` (without keys every event is kept anyway)")
-        if isinstance(source, DebeziumPostgresSource) and table.explode:
-            problems.append(f"refined.{name}.explode: exploding arrays of Debezium tables is not run yet")
     return problems
 
 
@@ -82,7 +77,9 @@ def table_rules(pipeline: Pipeline, name: str, warehouse: str) -> TableRules:
         for key, expectation in pipeline.expectations.items()
         if expectation.table == name
     ]  # fmt: skip
-    history = history_spec(table) if table.scd is ScdType.HISTORY else None
+    # Debezium tables keep their history by their primary key, known once the job reads the topic.
+    debezium = isinstance(pipeline.sources[table.source], (DebeziumPostgresSource, DebeziumMongoSource))
+    history = history_spec(table) if table.scd is ScdType.HISTORY and not debezium else None
     return TableRules(table=name, topic=pipeline.sources[table.source].topic, warehouse=warehouse,
                       expectations=expectations, history=history)  # fmt: skip
 
@@ -102,7 +99,8 @@ def refine_jobs(pipeline: Pipeline, config: PipelineRefineConfig) -> list[Refine
             jobs.append(EventsRefineJobConfig(name=name, topic=source.topic, table=table, schema_ddl=source.schema_,
                                               reinfer_schema=config.reinfer_schema, **common))  # fmt: skip
         else:
-            jobs.append(RefineJobConfig(table=source.topic, name=name, **common))
+            jobs.append(RefineJobConfig(table=source.topic, name=name, explode=table.explode,
+                                        history=table.scd is ScdType.HISTORY, **common))  # fmt: skip
     return jobs
 
 
