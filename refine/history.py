@@ -122,12 +122,15 @@ def history_updates(
     ).drop(VALID_TO, IS_CURRENT).unionByName(fresh.withColumn("_held", F.lit(False)), allowMissingColumns=True)
     order = Window.partitionBy(*spec.key_columns).orderBy(*spec.position_columns)
     so_far = order.rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    timeline = timeline.withColumns({
-        # The last value that is not the marker (a real NULL counts: it is wrapped in a struct).
-        name: F.coalesce(F.last(F.when(~F.col(f"`{name}`").eqNullSafe(marker), F.struct(F.col(f"`{name}`").alias("v"))),
-                                ignorenulls=True).over(so_far)["v"], F.col(f"`{name}`"))
-        for name, marker in (unchanged or {}).items()
-    })  # fmt: skip
+
+    def last_value(name: str, marker: Column) -> Column:
+        """The key's last value of the column that is not the marker (a real NULL counts: it is
+        wrapped in a struct); the marker itself when there is none."""
+        value = F.col(f"`{name}`")
+        found = F.last(F.when(~value.eqNullSafe(marker), F.struct(value.alias("v"))), ignorenulls=True).over(so_far)
+        return F.when(found.isNotNull(), found["v"]).otherwise(value)
+
+    timeline = timeline.withColumns({name: last_value(name, marker) for name, marker in (unchanged or {}).items()})
     is_last = F.lead(F.lit(True)).over(order).isNull()
     deleted = F.col(IS_DELETED)
     updated = timeline.withColumns({
