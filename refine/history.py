@@ -36,6 +36,7 @@ from pydantic import Field, model_validator
 from cdc.config import _Strict
 from cdc.errors import ConfigError
 from refine.envelope import Op
+from refine.latest import at_or_after
 from refine.merge import ensure_refined_table
 
 VALID_FROM, VALID_TO, IS_CURRENT, IS_DELETED = "_cdc_valid_from", "_cdc_valid_to", "_cdc_is_current", "_cdc_is_deleted"
@@ -105,17 +106,31 @@ def arriving_versions(changes: DataFrame, spec: HistorySpec) -> DataFrame:
     ).dropDuplicates(spec.version_columns)
 
 
-def history_updates(existing: DataFrame, arriving: DataFrame, spec: HistorySpec) -> DataFrame:
+def history_updates(
+    existing: DataFrame, arriving: DataFrame, spec: HistorySpec, unchanged: dict[str, Column] | None = None
+) -> DataFrame:
     """The rows to MERGE into the history table (pure): arriving versions it does not hold yet, and
     held versions whose validity changes, each with its ``_cdc_valid_to`` and ``_cdc_is_current``.
 
     ``existing`` is the history table's versions of the arriving keys (all of them: a late change's
-    neighbours can be anywhere in the key's history)."""
+    neighbours can be anywhere in the key's history). ``unchanged`` maps columns to the value that
+    means "as in the previous version" (Debezium's TOAST placeholder): an arriving version holding
+    it takes the key's previous value of the column instead."""
     fresh = arriving.join(existing.select(*spec.version_columns), spec.version_columns, "left_anti")
     timeline = existing.withColumns(
         {"_held": F.lit(True), "_held_to": F.col(VALID_TO), "_held_current": F.col(IS_CURRENT)}
     ).drop(VALID_TO, IS_CURRENT).unionByName(fresh.withColumn("_held", F.lit(False)), allowMissingColumns=True)
     order = Window.partitionBy(*spec.key_columns).orderBy(*spec.position_columns)
+    so_far = order.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+
+    def last_value(name: str, marker: Column) -> Column:
+        """The key's last value of the column that is not the marker (a real NULL counts: it is
+        wrapped in a struct); the marker itself when there is none."""
+        value = F.col(f"`{name}`")
+        found = F.last(F.when(~value.eqNullSafe(marker), F.struct(value.alias("v"))), ignorenulls=True).over(so_far)
+        return F.when(found.isNotNull(), found["v"]).otherwise(value)
+
+    timeline = timeline.withColumns({name: last_value(name, marker) for name, marker in (unchanged or {}).items()})
     is_last = F.lead(F.lit(True)).over(order).isNull()
     deleted = F.col(IS_DELETED)
     updated = timeline.withColumns({
@@ -126,9 +141,31 @@ def history_updates(existing: DataFrame, arriving: DataFrame, spec: HistorySpec)
     return updated.where(changed).drop("_held", "_held_to", "_held_current")
 
 
-def apply_history(spark: SparkSession, location: str, changes: DataFrame, spec: HistorySpec) -> None:
+def closing_versions(history: DataFrame, spec: HistorySpec, columns: StructType, at: dict[str, object],
+                     values: dict[str, Column]) -> DataFrame:  # fmt: skip
+    """Delete versions at position ``at`` (position column -> value) for every key of the ``history``
+    table whose last version before it is not a delete: what a truncate does. Their other columns are
+    ``values`` or null; ``columns`` is the schema of the changes they join."""
+    position = [F.col(column) for column in spec.position_columns]
+    before = ~at_or_after(position, [F.lit(at[column]) for column in spec.position_columns])
+    last = Window.partitionBy(*spec.key_columns).orderBy(*[p.desc() for p in position])
+    open_keys = (
+        history.where(before).withColumn("_rank", F.row_number().over(last))
+        .where(F.col("_rank") == 1).where(~F.col(IS_DELETED)).select(*spec.key_columns)
+    )  # fmt: skip
+    fixed = {**{c: F.lit(v) for c, v in at.items()}, **values, spec.op_column: F.lit(ChangeOp.DELETE.value)}
+    return open_keys.select(*[
+        F.col(f"`{f.name}`") if f.name in spec.key_columns else fixed.get(f.name, F.lit(None)).cast(f.dataType).alias(f.name)
+        for f in columns.fields
+    ])  # fmt: skip
+
+
+def apply_history(
+    spark: SparkSession, location: str, changes: DataFrame, spec: HistorySpec, unchanged: dict[str, Column] | None = None
+) -> None:
     """MERGE a batch of changes into the history table at ``location`` (created on first use, with
-    Change Data Feed on and ``cdc.kind=history``; columns the changes gained are added)."""
+    Change Data Feed on and ``cdc.kind=history``; columns the changes gained are added); ``unchanged``
+    as in :func:`history_updates`."""
     spec.check_columns(changes)
     arriving = arriving_versions(changes, spec)
     schema = StructType([
@@ -140,7 +177,7 @@ def apply_history(spark: SparkSession, location: str, changes: DataFrame, spec: 
     ensure_refined_table(spark, location, schema, kind=HISTORY_KIND)
     history = spark.read.format("delta").load(location)
     existing = history.join(arriving.select(*spec.key_columns).distinct(), spec.key_columns, "left_semi")
-    updates = history_updates(existing, arriving, spec)
+    updates = history_updates(existing, arriving, spec, unchanged)
     same_version = " AND ".join(f"t.`{c}` = s.`{c}`" for c in spec.version_columns)
     (
         DeltaTable.forPath(spark, location).alias("t")

@@ -23,10 +23,11 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from cdc.config import _Strict
-from cdc.errors import CdcError, StreamError, TableError
+from cdc.errors import CdcError, ConfigError, StreamError, TableError
 from cdc.raw.config import TOPIC_NAME, Continuous, Trigger
 from cdc.raw.table import raw_table_location, raw_table_topic
 from cdc.storage import normalize_location
@@ -44,13 +45,16 @@ from refine.flattened import (
     as_envelope, has_lsn, is_flattened, parse_flattened, remember_schema, remembered_schema, with_key_columns,
 )
 from refine.keyless import applied_location, merge_keyless_changes
-from refine.latest import latest_per_key
-from refine.merge import merge_changes
+from refine.latest import at_or_after, latest_per_key
+from refine.flatten import array_element, child_table_name
+from refine.history import ChangeOp, HistorySpec, apply_history, closing_versions, op_of_debezium
+from refine.merge import COMMITTED_AT, OP, REFINED_AT, SOURCE_POSITION, merge_changes, refined_rows, refresh_children
+from refine.toast import placeholder
 from refine.mongo import is_mongo, refine_mongo_batch
 from refine.parse import parse_changes, record_columns, wrapper_schemas
 from refine.quarantine import quarantine, quarantine_location
 from refine.rekey import batch_states, fill_from_old_keys, is_key_change, stored_states
-from refine.rules import TableRules
+from refine.rules import TableRules, history_table_name
 
 
 def _readable_type(spark_type: str) -> str:
@@ -60,6 +64,7 @@ def _readable_type(spark_type: str) -> str:
 
 ColumnType = Annotated[str, AfterValidator(_readable_type)]
 _KNOWN = 16  # wrapper schemas a job remembers per column
+CHANGE = "_cdc_change"  # a history version's ChangeOp (not stored)
 
 
 class RefineRun(_Strict):
@@ -89,6 +94,11 @@ class RefineJobConfig(RefineRun):
     rules: TableRules | None = Field(default=None, description="Expectations checked before the MERGE (pipelines).")
     key: list[str] | None = Field(default=None, min_length=1, description=(
         "The primary-key columns of a topic written without a schema (each one of `columns`)."))
+    explode: list[str] = Field(default_factory=list, description=(
+        "Array columns (paths through nested documents for MongoDB) that become child tables "
+        "<warehouse>/refined/<name>__<column>, one row per element keyed by the primary key and `pos`."))
+    history: bool = Field(default=False, description=(
+        "Keep every version of each row in <warehouse>/refined/<name>__history (SCD type 2, refine/history.py)."))
 
     @property
     def target(self) -> str:
@@ -185,9 +195,11 @@ class RefineBatch:
             return self._refine_schemaless(spark, records)
         schemas = [ConnectSchema.model_validate_json(text) for text in texts["value"]]
         if schemas and is_mongo(schemas[-1]):
-            self.rules.refuse_unchecked("MongoDB collections")
+            self._refuse_mongo_history()
             refine_mongo_batch(spark, records, refined=self.refined, raw=self.raw, topic=self.config.table,
-                               quarantine_at=quarantine_location(self.config.warehouse))  # fmt: skip
+                               quarantine_at=quarantine_location(self.config.warehouse), rules=self.rules,
+                               batch_id=self.batch_id,
+                               children={path: self._child_location(path) for path in self.config.explode})  # fmt: skip
             return
         schemas = schemas or [known for known in [remembered_schema(spark, self.refined)] if known]
         if not schemas:  # tombstones (their deletes came before them), and values that are no envelope
@@ -242,16 +254,38 @@ class RefineBatch:
             columns = [field.field for field in value_schema.field_named("after").fields or ()]
             if key_schema is None:
                 self.rules.refuse_unchecked("tables without a primary key")
+                self._refuse_keyless()
                 merge_keyless_changes(spark, self.refined, self.applied, valid, columns)
             else:
                 self._merge_keyed(spark, valid, key_schema, columns, facts)
         finally:
             parsed.unpersist()
 
+    def _refuse_keyless(self) -> None:
+        for wanted, setting in [(self.config.explode, "explode"), (self.config.history, "SCD type 2 (history)")]:
+            if wanted:
+                raise ConfigError(f"{setting} needs a primary key: the source table has none (Kafka keys are null)",
+                                  table=self.config.target)  # fmt: skip
+
+    def _refuse_mongo_history(self) -> None:
+        if self.config.history:
+            raise ConfigError("SCD type 2 (history) of MongoDB collections is not run yet", table=self.config.target)
+
+    def _child_location(self, path: str) -> str:
+        return refined_table_location(self.config.warehouse, child_table_name(self.config.target, path))
+
+    def _check_explode(self, row_type: StructType) -> None:
+        for path in self.config.explode:
+            try:
+                array_element(row_type, path)
+            except ConfigError as error:
+                raise ConfigError(f"explode: {error.message}", table=self.config.target) from None
+
     def _merge_keyed(
         self, spark: SparkSession, changes: DataFrame, key_schema: ConnectSchema, columns: list[str], facts: BatchFacts
     ) -> None:
         key_columns = [field.field for field in key_schema.fields or ()]
+        self._check_explode(changes.schema["after"].dataType)
         truncated_at = facts.truncated_at
         filled, stored = changes, None
         if facts.key_changes:  # only then are stored rows read (a scan of the refined table)
@@ -269,8 +303,42 @@ class RefineBatch:
                     record_truncate(spark, self.deleted, truncated_at)
                 guarded = without_resurrections(spark, self.deleted, rows, key_columns)
                 merge_changes(spark, self.refined, guarded, key_columns, truncated_at)
+                for path in self.config.explode:
+                    refresh_children(spark, self.refined, self._child_location(path), rows.select(*key_columns),
+                                     key_columns, path, truncated=truncated_at is not None)  # fmt: skip
             finally:
                 rows.unpersist()
+        if self.config.history:
+            self._record_history(spark, filled, key_columns, columns)
+
+    def _record_history(self, spark: SparkSession, changes: DataFrame, key_columns: list[str], columns: list[str]) -> None:
+        """Every change of the batch as a version of its row (TOAST placeholders take the previous
+        version's value); each truncate closes the versions open before it."""
+        spec = HistorySpec(key_columns=key_columns, position_columns=list(SOURCE_POSITION),
+                           valid_from_column=COMMITTED_AT, op_column=CHANGE)  # fmt: skip
+        row_changes = changes.where(F.col("op").isin(Op.READ.value, Op.CREATE.value, Op.UPDATE.value, Op.DELETE.value))
+        versions = refined_rows(row_changes, columns).withColumn(CHANGE, op_of_debezium(F.col(OP)))
+        versions = self.rules.passing_versions(versions, F.col(CHANGE) == ChangeOp.DELETE.value)
+        unchanged = {f.name: marker for f in versions.schema if f.name in columns and (marker := placeholder(f.dataType)) is not None}
+        location = refined_table_location(self.config.warehouse, history_table_name(self.config.target))
+        position = [F.col(c) for c in SOURCE_POSITION]
+        # The batch's truncates, in order: a handful of positions, not data.
+        truncates = (changes.where(F.col("op") == Op.TRUNCATE.value)
+                     .select("source_lsn", "kafka_offset", "source_committed_at").distinct()
+                     .orderBy("source_lsn", "kafka_offset").collect())  # fmt: skip
+        done = None  # versions up to here are applied
+        for truncate in truncates:
+            at = [F.lit(truncate.source_lsn), F.lit(truncate.kafka_offset)]
+            part = versions.where(~at_or_after(position, at))
+            apply_history(spark, location, part if done is None else part.where(at_or_after(position, done)), spec, unchanged)
+            history = spark.read.format("delta").load(location)
+            closing = closing_versions(history, spec, versions.schema, dict(zip(SOURCE_POSITION, truncate[:2])), {
+                COMMITTED_AT: F.lit(truncate.source_committed_at), OP: F.lit(Op.TRUNCATE.value),
+                REFINED_AT: F.current_timestamp()})  # fmt: skip
+            apply_history(spark, location, closing, spec, unchanged)
+            done = at
+        apply_history(spark, location, versions if done is None else versions.where(at_or_after(position, done)),
+                      spec, unchanged)  # fmt: skip
 
 
 def start_refine_query(

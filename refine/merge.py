@@ -22,7 +22,7 @@ from pyspark.sql.types import StructField, StructType
 from cdc.errors import TableError
 from cdc.raw.table import KIND_PROPERTY, is_delta_table
 from refine.envelope import Op
-from refine.flatten import POSITION
+from refine.flatten import POSITION, child_rows
 from refine.latest import at_or_after
 from refine.toast import placeholder
 
@@ -160,3 +160,22 @@ def replace_children(
         .whenNotMatchedInsert("NOT s._gone", values)
         .execute()
     )  # fmt: skip
+
+
+def refresh_children(spark: SparkSession, refined: str, location: str, keys: DataFrame, key_columns: list[str],
+                     array_path: str, truncated: bool = False) -> None:  # fmt: skip
+    """Make the child rows of ``keys`` (a batch's keys) those of the array at ``array_path`` in their
+    rows of the ``refined`` table, as the MERGE left them: TOAST placeholders and primary-key changes
+    are resolved there, a deleted parent has no row and so no children, and a late change that did not
+    apply leaves them as they are. After a truncate, child rows whose parent is gone are deleted too."""
+    stored = spark.read.format("delta").load(refined)
+    parents = stored.join(keys, key_columns, "left_semi")
+    children = child_rows(parents, key_columns, array_path).withColumn(REFINED_AT, F.current_timestamp())
+    replace_children(spark, location, children, keys, key_columns)
+    if truncated:
+        (
+            DeltaTable.forPath(spark, location).alias("t")
+            .merge(stored.select(*key_columns).alias("s"), " AND ".join(f"t.`{c}` = s.`{c}`" for c in key_columns))
+            .whenNotMatchedBySourceDelete()
+            .execute()
+        )  # fmt: skip

@@ -21,7 +21,8 @@ Per batch (:func:`refine_mongo_batch`):
    in order (:mod:`refine.patch`). When the batch holds no full document for the id, the patches
    apply to the refined table's row, from its position on; when there is none, the patch records
    are quarantined;
-4. the result is MERGEd with position guards (:func:`refine.merge.merge_changes`).
+4. the documents are checked against the table's expectations (pipelines; :mod:`refine.rules`),
+   then MERGEd with position guards (:func:`refine.merge.merge_changes`).
 """
 
 from __future__ import annotations
@@ -55,9 +56,21 @@ from refine.extended_json import (
     to_variant,
     variant_type,
 )
-from refine.merge import COMMITTED_AT, LSN, METADATA_COLUMNS, OFFSET, OP, REFINED_AT, merge_changes
+from refine.flatten import array_element
+from refine.merge import (
+    COMMITTED_AT,
+    LSN,
+    METADATA_COLUMNS,
+    OFFSET,
+    OP,
+    PARTITION,
+    REFINED_AT,
+    merge_changes,
+    refresh_children,
+)
 from refine.patch import apply_patch, leaf_type, path_type, resolve
 from refine.quarantine import quarantine
+from refine.rules import TableRules
 
 MONGO_SOURCE = "io.debezium.connector.mongo.Source"
 ID = "_id"
@@ -292,7 +305,7 @@ def latest_documents(changes: DataFrame, columns: Columns, shapes: list[Shape], 
     patches = F.collect_list(F.when(F.col("kind") == Kind.PATCH, F.struct("position", "patch"))).over(history)
     rows = (
         changes.where(F.col("problem").isNull() & (F.col("kind") != Kind.TOMBSTONE))
-        .select(ID, "position", "source_committed_at", image.alias("image"), patches.alias("patches"),
+        .select(ID, "position", "source_committed_at", "kafka_partition", image.alias("image"), patches.alias("patches"),
                 F.row_number().over(Window.partitionBy(ID).orderBy(F.col("position").desc())).alias("rank"))
         .where("rank = 1")
     )  # fmt: skip
@@ -314,7 +327,7 @@ def latest_documents(changes: DataFrame, columns: Columns, shapes: list[Shape], 
         s, columns.types, p["patch"], updated, removed, truncated))  # fmt: skip
     patched = F.size(pending) > 0
     return rows.select(
-        ID, "position", "source_committed_at",
+        ID, "position", "source_committed_at", "kafka_partition",
         F.when(patched, F.lit(Op.UPDATE.value)).otherwise(F.col("image.op")).alias("op"),
         state.cast(columns.types).alias("state"),
         (patched & (base_state.isNull() | F.coalesce(F.col("image.op") == Op.DELETE.value, F.lit(False)))).alias("orphan"),
@@ -322,13 +335,15 @@ def latest_documents(changes: DataFrame, columns: Columns, shapes: list[Shape], 
 
 
 def refined_documents(latest: DataFrame, columns: Columns) -> DataFrame:
-    """Rows as the refined table stores them."""
+    """Rows as the refined table stores them, with ``_cdc_partition`` (the Kafka partition of the
+    document's last change: where expectations quarantine it from; not stored)."""
     return latest.where("NOT orphan AND op IS NOT NULL").select(
         ID,
         *[F.col(f"state.`{c}`").alias(c) for c in columns.types.names],
         F.col("position.ts_ms").alias(TS_MS),
         F.col("position.ord").alias(ORD),
         F.col("position.offset").alias(OFFSET),
+        F.col("kafka_partition").alias(PARTITION),
         F.col("source_committed_at").alias(COMMITTED_AT),
         F.col("op").alias(OP),
         F.current_timestamp().alias(REFINED_AT),
@@ -359,9 +374,25 @@ def add_nested_columns(spark: SparkSession, location: str, table: StructType, ty
         spark.sql(f"ALTER TABLE delta.`{location}` ADD COLUMNS ({', '.join(nested)})")
 
 
+def has_path(schema: StructType, path: str) -> bool:
+    """Whether the refined table has the array at ``path`` yet; a ConfigError when it has something else there."""
+    first, *rest = path.split(".")
+    if first not in schema.names:
+        return False
+    current = schema[first].dataType
+    for part in rest:
+        if not isinstance(current, StructType) or part not in current.names:
+            return False
+        current = current[part].dataType
+    array_element(schema, path)  # names the type that is not an array
+    return True
+
+
 def refine_mongo_batch(spark: SparkSession, records: DataFrame, *, refined: str, quarantine_at: str, raw: str,
-                       topic: str) -> None:  # fmt: skip
-    """Refine one batch of raw MongoDB connector records into the ``refined`` table."""
+                       topic: str, rules: TableRules, batch_id: int, children: dict[str, str]) -> None:  # fmt: skip
+    """Refine one batch of raw MongoDB connector records into the ``refined`` table; documents are
+    checked against the ``rules``' expectations first (deletes pass unchecked). ``children`` maps
+    array paths to exploded child tables' locations; a path no document has had yet gives no children."""
     exists = is_delta_table(spark, refined)
     table = DeltaTable.forPath(spark, refined).toDF() if exists else None
     data_columns = StructType([f for f in table.schema.fields if f.name != ID and f.name not in MONGO_METADATA_COLUMNS]) if table is not None else StructType()
@@ -382,7 +413,12 @@ def refine_mongo_batch(spark: SparkSession, records: DataFrame, *, refined: str,
                 problems = [df.select("kafka_partition", "kafka_offset", "raw_value", "problem")
                             for df in (flagged.where("problem IS NOT NULL"), orphans)]
                 quarantine(spark, quarantine_at, raw, topic, problems[0].unionByName(problems[1]))
-                merge_changes(spark, refined, refined_documents(latest, columns), [ID], None, POSITION)
+                rows = refined_documents(latest, columns)
+                with rules.enforced(spark, rows, [ID], batch_id, deleted=F.col(OP) == Op.DELETE.value) as passing:
+                    merge_changes(spark, refined, passing.drop(PARTITION), [ID], None, POSITION)
+                for path, location in children.items():
+                    if has_path(DeltaTable.forPath(spark, refined).toDF().schema, path):
+                        refresh_children(spark, refined, location, latest.select(ID), [ID], path)
             finally:
                 latest.unpersist()
         finally:

@@ -21,7 +21,13 @@ from pydantic import Field
 
 from cdc.config import _Strict
 from cdc.errors import ConfigError
-from refine.expectations import Expectation, ExpectationsConfig, check_expectations, enforce_expectations
+from refine.expectations import (
+    Expectation,
+    ExpectationsConfig,
+    check_expectations,
+    enforce_expectations,
+    split_by_expectations,
+)
 from refine.history import ChangeOp, HistorySpec, apply_history
 from refine.envelope import Op
 from refine.merge import OFFSET, OP, PARTITION, refined_rows
@@ -92,6 +98,15 @@ class TableRules(_Strict):
         if not self.expectations:
             return nullcontext(events)
         return _semi_joined(self.enforced(spark, rows, keys, batch), events)
+
+    def passing_versions(self, versions: DataFrame, deleted: Column) -> DataFrame:
+        """The ``versions`` (every change of a batch, as rows) that no ``drop`` or ``fail`` expectation
+        fails, and the ``deleted`` ones unchecked: what a history keeps. Counts and the quarantine
+        come from :meth:`enforced`, over the rows the refined table gets."""
+        if not self.expectations:
+            return versions
+        passing, _ = split_by_expectations(versions.where(~deleted), self.expectations)
+        return passing.unionByName(versions.where(deleted))
 
     def record_history(self, spark: SparkSession, location: str, versions: DataFrame, op: Column | None = None) -> None:
         """MERGE the batch's ``versions`` (one row per change; ``op`` its :class:`ChangeOp`, default

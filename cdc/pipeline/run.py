@@ -1,12 +1,12 @@
 """Running what a pipeline file declares: `cdc raw --pipeline` and `cdc refine --pipeline`.
 
-Refined tables of Debezium Postgres sources go through :mod:`refine.job`, those of JSON and Avro
-event sources through :mod:`refine.events` (Avro decoded by :mod:`refine.avro_events`), each with its
-expectations and (events) history (:mod:`refine.rules`). Business tables (:mod:`refine.business`)
-are refreshed after the refined tables when run once, on their own interval when run continuously.
-MongoDB sources go through :mod:`refine.job` too (which tells their topics by the envelope). What is
-declared but not run yet (Protobuf decoding, SCD type 2 of Debezium tables, exploding Debezium
-tables, expectations on MongoDB tables) is refused up front, each named by its key.
+Refined tables of Debezium Postgres and MongoDB sources go through :mod:`refine.job` (which tells
+MongoDB topics by the envelope), those of JSON and Avro event sources through :mod:`refine.events`
+(Avro decoded by :mod:`refine.avro_events`), each with its expectations, exploded child tables and
+history (:mod:`refine.rules`). Business tables (:mod:`refine.business`) are refreshed after the
+refined tables when run once, on their own interval when run continuously. What is declared but not
+run yet (Protobuf decoding, SCD type 2 of MongoDB collections) is refused up front, each named by
+its key.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from cdc.pipeline.config import (
     Pipeline,
     ProtobufEvents,
     ScdType,
+    Source,
 )
 from cdc.raw.config import AvailableNow, Continuous, RawJobConfig
 from cdc.pipeline.checks import sql_tables, table_names
@@ -62,6 +63,10 @@ def raw_job_config(pipeline: Pipeline, options: dict[str, Any]) -> RawJobConfig:
     return validate(RawJobConfig, document, "raw job settings")
 
 
+def _debezium(source: Source) -> bool:
+    return isinstance(source, (DebeziumPostgresSource, DebeziumMongoSource))
+
+
 def _not_run_yet(pipeline: Pipeline) -> list[str]:
     problems = []
     for name, source in pipeline.sources.items():
@@ -72,17 +77,10 @@ def _not_run_yet(pipeline: Pipeline) -> list[str]:
                             "(the schema settings are validated; the refine job reads json and avro)")  # fmt: skip
     for name, table in pipeline.refined.items():
         source = pipeline.sources[table.source]
-        if isinstance(source, DebeziumMongoSource):
-            if table.explode:
-                problems.append(f"refined.{name}.explode: exploding arrays of MongoDB documents is not run yet")
-            if any(expectation.table == name for expectation in pipeline.expectations.values()):
-                problems.append(f"refined.{name}: expectations on MongoDB tables are not run yet")
-        if table.scd is ScdType.HISTORY and not isinstance(source, JsonEvents):
-            problems.append(f"refined.{name}.scd: SCD type 2 of Debezium tables is not run by `cdc refine` yet")
-        elif table.scd is ScdType.HISTORY and not table.keys:
+        if table.scd is ScdType.HISTORY and isinstance(source, DebeziumMongoSource):
+            problems.append(f"refined.{name}.scd: SCD type 2 of MongoDB collections is not run by `cdc refine` yet")
+        elif table.scd is ScdType.HISTORY and not table.keys and not _debezium(source):
             problems.append(f"refined.{name}.scd: SCD type 2 needs `keys` (without keys every event is kept anyway)")
-        if isinstance(source, DebeziumPostgresSource) and table.explode:
-            problems.append(f"refined.{name}.explode: exploding arrays of Debezium tables is not run yet")
     return problems
 
 
@@ -94,7 +92,8 @@ def table_rules(pipeline: Pipeline, name: str, warehouse: str) -> TableRules:
         for key, expectation in pipeline.expectations.items()
         if expectation.table == name
     ]  # fmt: skip
-    history = history_spec(table) if table.scd is ScdType.HISTORY else None
+    # Debezium tables keep their history by their primary key, known once the job reads the topic.
+    history = history_spec(table) if table.scd is ScdType.HISTORY and not _debezium(pipeline.sources[table.source]) else None
     return TableRules(table=name, topic=pipeline.sources[table.source].topic, warehouse=warehouse,
                       expectations=expectations, history=history)  # fmt: skip
 
@@ -117,7 +116,8 @@ def refine_jobs(pipeline: Pipeline, config: PipelineRefineConfig) -> list[Refine
             jobs.append(EventsRefineJobConfig(name=name, topic=source.topic, table=table, format="avro",
                                               wire_schema=source.schema_, **common))  # fmt: skip
         else:
-            jobs.append(RefineJobConfig(table=source.topic, name=name, **common))
+            jobs.append(RefineJobConfig(table=source.topic, name=name, explode=table.explode,
+                                        history=table.scd is ScdType.HISTORY, **common))  # fmt: skip
     return jobs
 
 

@@ -8,7 +8,7 @@ from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from cdc.errors import ConfigError
-from refine.history import HistorySpec, apply_history, op_of_debezium
+from refine.history import HistorySpec, apply_history, closing_versions, op_of_debezium
 
 SPEC = HistorySpec(key_columns=["id"], position_columns=["seq"], valid_from_column="changed_at")
 CHANGES = "id long, seq long, name string, changed_at timestamp, op string"
@@ -118,3 +118,35 @@ def test_a_missing_column_is_a_config_error(spark, tmp_path):
 def test_debezium_ops_map_to_upserts_and_deletes(spark):
     ops = spark.createDataFrame([("c",), ("u",), ("r",), ("d",)], "op string").select(op_of_debezium(F.col("op")))
     assert [row[0] for row in ops.collect()] == ["upsert", "upsert", "upsert", "delete"]
+
+
+MARK = "__debezium_unavailable_value"
+
+
+def test_an_unchanged_marker_takes_the_previous_versions_value_even_a_null(spark, tmp_path):
+    location = str(tmp_path / "history")
+    unchanged = {"name": F.lit(MARK)}
+    apply_history(spark, location, spark.createDataFrame([change(1, 1, "a"), change(1, 2, MARK), change(2, 1, None)],
+                                                         CHANGES), SPEC, unchanged)  # fmt: skip
+    # Later batches: the previous version is in the table; a late marker takes the value before it.
+    apply_history(spark, location, spark.createDataFrame([change(1, 3, MARK), change(2, 2, MARK)], CHANGES), SPEC, unchanged)
+    apply_history(spark, location, spark.createDataFrame([change(1, 0, "late"), change(1, 4, "b")], CHANGES), SPEC, unchanged)
+    assertDataFrameEqual(history(spark, location), expected(spark,
+        version(1, 0, "late", valid_to=1), version(1, 1, "a", valid_to=2), version(1, 2, "a", valid_to=3),
+        version(1, 3, "a", valid_to=4), version(1, 4, "b", None, current=True),
+        version(2, 1, None, valid_to=2), version(2, 2, None, None, current=True),
+    ))  # fmt: skip
+
+
+def test_closing_versions_delete_every_key_open_before_a_truncate(spark, tmp_path):
+    location = str(tmp_path / "history")
+    apply(spark, location, change(1, 1, "a"), change(2, 1, "x"), change(2, 2, "x", op="delete"), change(3, 6, "after"))
+    changes = spark.createDataFrame([], CHANGES)
+    closing = closing_versions(history(spark, location), SPEC, changes.schema, {"seq": 5}, {"changed_at": F.lit(at(5))})
+    assertDataFrameEqual(closing, spark.createDataFrame([(1, 5, None, at(5), "delete")], CHANGES))
+    apply_history(spark, location, closing, SPEC)
+    assertDataFrameEqual(history(spark, location), expected(spark,
+        version(1, 1, "a", valid_to=5), version(1, 5, None, valid_to=5, deleted=True),
+        version(2, 1, "x", valid_to=2), version(2, 2, "x", valid_to=2, deleted=True),
+        version(3, 6, "after", None, current=True),
+    ))  # fmt: skip

@@ -15,9 +15,11 @@ from decimal import Decimal
 
 import pytest
 from delta.tables import DeltaTable
+from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from refine.envelope import COMMON_SOURCE_FIELDS
+from refine.expectations import expectations_location
 from refine.job import refined_table_location
 from refine.quarantine import quarantine_location
 
@@ -220,7 +222,9 @@ def test_mongo_documents_are_refined_to_typed_columns(spark, kafka, land_and_ref
     ])  # fmt: skip
 
 
-def test_a_mongo_collection_through_a_pipeline_with_a_business_table(spark, kafka, pipeline_run, unique_name):
+def test_a_mongo_collection_through_a_pipeline_with_expectations_and_a_business_table(
+    spark, kafka, pipeline_run, unique_name
+):
     topic = kafka.create_topic(f"{unique_name}.shop.people")
     kafka.produce(topic, first_batch(topic))
     pipeline = {
@@ -229,14 +233,29 @@ def test_a_mongo_collection_through_a_pipeline_with_a_business_table(spark, kafk
         "refined": {"people": {"source": "people"}},
         "business": {"people_per_city": {
             "sql": "SELECT address.city AS city, count(*) AS people FROM people GROUP BY address.city"}},
+        "expectations": {
+            "not_big": {"table": "people", "constraint": "name <> 'Big'", "action": "drop"},
+            "has_address": {"table": "people", "constraint": "address.city IS NOT NULL", "action": "warn"},
+        },
     }  # fmt: skip
-    cities = spark.createDataFrame([("London", 1), ("Paris", 1), (None, 2)], "city string, people bigint")
+    cities = spark.createDataFrame([("London", 1), ("Paris", 1), (None, 1)], "city string, people bigint")
     for _ in range(2):  # a rerun changes nothing
         assert pipeline_run(pipeline) == 0
-        expected = spark.createDataFrame(after_first_batch(), COLUMNS)
+        expected = spark.createDataFrame([row for row in after_first_batch() if row[0] != BIG], COLUMNS)
         assertDataFrameEqual(pipeline_run.table("people").select(*expected.columns), expected)
         assertDataFrameEqual(pipeline_run.table("people_per_city", "business"), cities)
+    quarantined = spark.read.format("delta").load(quarantine_location(pipeline_run.warehouse))
+    dropped = quarantined.where("reason LIKE 'failed expectations%'").collect()
+    assert [(row.source_table, row.offset, row.reason) for row in dropped] == [
+        ("people", 13, "failed expectations: not_big, has_address")
+    ]
+    assert '"name":"Big"' in dropped[0].raw_value
     kafka.produce(topic, second_batch(topic))
     assert pipeline_run(pipeline) == 0
-    cities = spark.createDataFrame([("London", 1), ("Paris", 1), (None, 3)], "city string, people bigint")
+    cities = spark.createDataFrame([("London", 1), ("Paris", 1), (None, 2)], "city string, people bigint")
     assertDataFrameEqual(pipeline_run.table("people_per_city", "business"), cities)
+    counts = spark.read.format("delta").load(expectations_location(pipeline_run.warehouse))
+    failed = counts.groupBy("expectation").agg(F.sum("failed")).collect()
+    # Each batch checks its documents' latest rows (deletes and quarantined records unchecked):
+    # Seven and Big have no address in the first batch, Hal in the second; the rerun read no batch.
+    assert {row[0]: row[1] for row in failed} == {"not_big": 1, "has_address": 3}

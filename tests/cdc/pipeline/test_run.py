@@ -66,7 +66,8 @@ def test_what_is_not_run_yet_is_refused_naming_the_key(tmp_path):
                     "scores": {"kind": "events", "format": "protobuf", "topic": "scores",
                                "schema": {"kind": "registry", "url": "http://registry:8081"}}},
         "refined": {"shop_orders": {"source": "orders", "explode": ["items"], "scd": 2},
-                    "people": {"source": "people", "explode": ["tags"]}, "clicks": {"source": "clicks", "scd": 2}},
+                    "people": {"source": "people", "explode": ["tags"], "scd": 2},
+                    "clicks": {"source": "clicks", "scd": 2}},
         "expectations": {"named": {"table": "people", "constraint": "name IS NOT NULL"}},
     }  # fmt: skip
     with pytest.raises(ConfigError) as refused:
@@ -75,12 +76,15 @@ def test_what_is_not_run_yet_is_refused_naming_the_key(tmp_path):
         "the pipeline declares what `cdc refine` does not run yet: "
         "sources.scores.format: decoding protobuf events is not implemented yet (the schema settings are validated; "
         "the refine job reads json and avro); "
-        "refined.shop_orders.scd: SCD type 2 of Debezium tables is not run by `cdc refine` yet; "
-        "refined.shop_orders.explode: exploding arrays of Debezium tables is not run yet; "
-        "refined.people.explode: exploding arrays of MongoDB documents is not run yet; "
-        "refined.people: expectations on MongoDB tables are not run yet; "
+        "refined.people.scd: SCD type 2 of MongoDB collections is not run by `cdc refine` yet; "
         "refined.clicks.scd: SCD type 2 needs `keys` (without keys every event is kept anyway)"
     )
+
+
+def test_debezium_tables_get_their_explode_and_history_settings(tmp_path):
+    document = {**SHOP, "refined": {"shop_orders": {"source": "orders", "explode": ["items"], "scd": 2}}}
+    (orders,) = refine_jobs(Pipeline.model_validate(document), PipelineRefineConfig(warehouse=str(tmp_path)))
+    assert (orders.explode, orders.history, orders.rules.history) == (["items"], True, None)
 
 
 def test_an_invalid_pipeline_stops_the_commands_before_spark_starts(tmp_path, capsys):
@@ -252,3 +256,79 @@ def test_an_expectation_on_a_debezium_table_drops_its_rows_but_never_its_deletes
         assert {row.reason for row in dropped.collect()} == {"failed expectations: no_orders"}
         counts = spark.read.format("delta").load(expectations_location(pipeline_run.warehouse)).collect()
         assert dropped.count() == sum(row.failed for row in counts) > 0 and sum(row.passed for row in counts) == 0
+
+
+# --- a Debezium table with its history (SCD type 2) and an exploded array, on the real stack ------
+
+CUSTOMER_COLUMNS = ["id", "email", "full_name", "balance", "tags", "notes"]
+HISTORY_FLAGS = ["_cdc_valid_from", "_cdc_valid_to", "_cdc_is_current", "_cdc_is_deleted"]
+
+
+def customers_round_one(dsn: str, rng) -> tuple[int, int, int]:
+    """Customers A (tags changed, then TOASTed-notes updates), B (deleted) and C (primary key changed)."""
+    import psycopg
+
+    from cdc.stack.workload import _insert_customer
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        a = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM shop.customers WHERE id < 1000000").fetchone()[0]
+        for customer in (a, a + 1, a + 2):
+            _insert_customer(conn, rng, customer)
+        conn.execute("UPDATE shop.customers SET tags = ARRAY['a', 'b', 'c'] WHERE id = %s", (a,))
+        conn.execute("UPDATE shop.customers SET tags = ARRAY['a'] WHERE id = %s", (a,))  # shrinks; notes TOASTed
+        conn.execute("UPDATE shop.customers SET balance = balance + 1 WHERE id = %s", (a,))
+        conn.execute("DELETE FROM shop.customers WHERE id = %s", (a + 1,))
+        conn.execute("UPDATE shop.customers SET id = id + 1000000 WHERE id = %s", (a + 2,))
+        conn.execute("UPDATE shop.customers SET full_name = 'round one' WHERE id = %s", (a,))
+    return a, a + 1, a + 2
+
+
+def test_a_debezium_table_with_history_and_an_exploded_array(
+    spark, kafka, stack_config, postgres_connector, postgres_table, pipeline_run
+):
+    import random
+
+    topic = f"{postgres_connector.topic_prefix}.shop.customers"
+    a, b, c = customers_round_one(stack_config.postgres.dsn(), random.Random(5))
+    kafka.wait_for_last_value(topic, lambda value: value is not None and b'"round one"' in value)
+    pipeline = {"name": "crm", "sources": {"customers": {"kind": "debezium_postgres", "topic": topic}},
+                "refined": {"customers": {"source": "customers", "explode": ["tags"], "scd": 2}}}  # fmt: skip
+
+    def check_tables() -> None:
+        source = postgres_table("customers")
+        assertDataFrameEqual(pipeline_run.table("customers").select(*CUSTOMER_COLUMNS), source.select(*CUSTOMER_COLUMNS))
+        tags = source.select("id", F.posexplode("tags").alias("pos", "value"))
+        assertDataFrameEqual(pipeline_run.table("customers__tags").select("id", "pos", "value"), tags)
+        history = pipeline_run.table("customers__history")
+        assertDataFrameEqual(history.where("_cdc_is_current").select(*CUSTOMER_COLUMNS), source.select(*CUSTOMER_COLUMNS))
+        assert history.where("_cdc_is_deleted AND _cdc_is_current").isEmpty()
+
+    for _ in range(2):  # a rerun changes nothing
+        assert pipeline_run(pipeline) == 0
+        check_tables()
+    history = pipeline_run.table("customers__history")
+    versions = {key: history.where(F.col("id") == key).orderBy("_cdc_lsn", "_cdc_offset").collect() for key in (a, b, c)}
+    notes = versions[a][0].notes
+    assert [row.tags for row in versions[a]][1:] == [["a", "b", "c"], ["a"], ["a"], ["a"]]
+    assert {row.notes for row in versions[a]} == {notes} and len(notes) > 2000  # placeholders took the last value
+    assert [(row._cdc_is_current, row._cdc_is_deleted) for row in versions[a]] == [(False, False)] * 4 + [(True, False)]
+    assert all(row._cdc_valid_to == after._cdc_valid_from for row, after in zip(versions[a], versions[a][1:]))
+    assert [(row._cdc_op, row._cdc_is_current, row._cdc_is_deleted) for row in versions[b]] == [
+        ("c", False, False), ("d", False, True)]  # fmt: skip
+    assert versions[b][0]._cdc_valid_to == versions[b][1]._cdc_valid_from == versions[b][1]._cdc_valid_to
+    assert [(row._cdc_op, row._cdc_is_deleted) for row in versions[c]] == [("c", False), ("d", True)]
+    (moved,) = history.where(F.col("id") == c + 1000000).collect()
+    assert (moved.notes, moved.tags, moved._cdc_is_current) == (versions[c][0].notes, versions[c][0].tags, True)
+
+    # Round two: A's array emptied, C's set to NULL; their child rows go.
+    import psycopg
+
+    with psycopg.connect(stack_config.postgres.dsn(), autocommit=True) as conn:
+        conn.execute("UPDATE shop.customers SET tags = '{}', full_name = 'round two' WHERE id = %s", (a,))
+        conn.execute("UPDATE shop.customers SET tags = NULL WHERE id = %s", (c + 1000000,))
+    kafka.wait_for_last_value(topic, lambda value: value is not None and b'"tags":null' in value)
+    for _ in range(2):
+        assert pipeline_run(pipeline) == 0
+        check_tables()
+    children = pipeline_run.table("customers__tags")
+    assert children.where(F.col("id").isin(a, c + 1000000)).isEmpty()
