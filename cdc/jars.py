@@ -54,7 +54,8 @@ class Bundle:
 # Spark 4.0.0 because it is the newest release whose Kafka connector has all its jars on Maven
 # Central as this project's machines reach it (spark-token-provider-kafka 4.0.1+ is missing there).
 # spark-avro decodes Avro event topics (from_avro; Avro itself ships with pyspark). spark-protobuf,
-# which would decode Protobuf ones, is not on Maven Central as this project's machines reach it.
+# which would decode Protobuf ones, is not on Maven Central as this project's machines reach it:
+# they are decoded in Python instead (refine/protobuf_events.py).
 SPARK_BUNDLE = Bundle(
     "spark",
     (

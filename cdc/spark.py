@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 from pyspark.sql import SparkSession
 
@@ -51,6 +52,9 @@ def build_spark_session(config: SparkConfig | None = None) -> SparkSession:
     if config.is_local:
         # Spark otherwise picks the host's first non-loopback address for its own servers.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        # Python workers (Protobuf decoding runs in them) use this interpreter and its packages, not
+        # whatever `python3` is first on the PATH.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder
     for key, value in spark_conf(config).items():
         builder = builder.config(key, value)

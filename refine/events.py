@@ -1,7 +1,8 @@
-"""`cdc refine` of a plain event topic (JSON or Avro values, no Debezium envelope).
+"""`cdc refine` of a plain event topic (JSON, Avro or Protobuf values, no Debezium envelope).
 
 Per micro-batch of the raw table's Change Data Feed: JSON values are parsed with the events' schema
-(:mod:`refine.schemas`), Avro values decoded with theirs (:mod:`refine.avro_events`); a record that
+(:mod:`refine.schemas`), Avro values decoded with theirs (:mod:`refine.avro_events`), Protobuf values
+with their message's (:mod:`refine.protobuf_events`); a record that
 is not an event of that schema, or lacks a key, the ordering or the split value, goes to the
 quarantine with the reason; the others are flattened (:mod:`refine.flatten`) and written:
 
@@ -36,6 +37,7 @@ from refine.flatten import child_rows, child_table_name, column, flat_name, flat
 from refine.job import RefineRun, refined_table_location
 from refine.merge import EVENT_POSITION, OFFSET, PARTITION, REFINED_AT, append_rows, merge_latest, replace_children
 from refine.history import HistorySpec
+from refine.protobuf_events import ProtobufDecoder
 from refine.quarantine import quarantine, quarantine_location
 from refine.rules import TableRules, history_table_name
 from refine.schemas import event_schema
@@ -54,21 +56,30 @@ class EventsRefineJobConfig(RefineRun):
     schema_ddl: str | None = Field(default=None, description="The events' schema (Spark DDL); None: inferred, kept.")
     reinfer_schema: bool = Field(default=False, description="Infer the kept schema again from the raw table first.")
     rules: TableRules | None = Field(default=None, description="Expectations and history (SCD type 2) of the table.")
-    format: Literal["json", "avro"] = Field(
-        default="json", description="How values are encoded: JSON text (schema_ddl), or Avro binary (wire_schema)."
+    format: Literal["json", "avro", "protobuf"] = Field(
+        default="json",
+        description="How values are encoded: JSON text (schema_ddl), Avro or Protobuf binary (wire_schema).",
     )
     wire_schema: WireSchema | None = Field(
         default=None,
-        description="Avro: where the schema is; a file means plain Avro values, a schema registry Confluent's wire "
-        "format (magic byte 0, schema id, record; see refine.avro_events).",
+        description="Avro and Protobuf: where the schema is; a file means plain values, a schema registry Confluent's "
+        "wire format (magic byte 0, schema id, [Protobuf: message indexes,] record; see refine.avro_events and "
+        "refine.protobuf_events).",
+    )
+    message: str | None = Field(
+        default=None,
+        description="Protobuf: the events' message, fully qualified (package.Message); default the schema's first.",
     )
 
     @model_validator(mode="after")
     def _schema_of_the_format(self) -> EventsRefineJobConfig:
-        if self.format == "avro" and (self.wire_schema is None or self.schema_ddl is not None or self.reinfer_schema):
-            raise ValueError("Avro events take their schema from wire_schema (no schema_ddl, nothing to infer)")
+        binary = {"avro": "Avro", "protobuf": "Protobuf"}.get(self.format)
+        if binary and (self.wire_schema is None or self.schema_ddl is not None or self.reinfer_schema):
+            raise ValueError(f"{binary} events take their schema from wire_schema (no schema_ddl, nothing to infer)")
         if self.format == "json" and self.wire_schema is not None:
-            raise ValueError("wire_schema applies to Avro events; JSON events take schema_ddl")
+            raise ValueError("wire_schema applies to Avro and Protobuf events; JSON events take schema_ddl")
+        if self.format != "protobuf" and self.message is not None:
+            raise ValueError("message applies to Protobuf events only")
         return self
 
     @property
@@ -170,7 +181,8 @@ class EventsBatch:
     """The foreachBatch function refining an event topic.
 
     ``decode`` turns a batch's raw rows into ``event``, Kafka coordinates, ``problem`` and ``raw_value``
-    (:func:`decode_json`, the default, or :meth:`AvroDecoder.decode`); the table's problems are added to it.
+    (:func:`decode_json`, the default, :meth:`AvroDecoder.decode` or :meth:`ProtobufDecoder.decode`); the table's
+    problems are added to it.
     """
 
     def __init__(self, config: EventsRefineJobConfig, schema: StructType, decode: Decode | None = None) -> None:
@@ -259,6 +271,9 @@ def events_batch(spark: SparkSession, config: EventsRefineJobConfig) -> EventsBa
     if config.format == "avro":
         decoder = AvroDecoder(spark, config.wire_schema, config.topic)
         schema, decode = decoder.event_schema, decoder.decode
+    elif config.format == "protobuf":
+        protobuf = ProtobufDecoder(config.wire_schema, config.topic, config.message)
+        schema, decode = protobuf.event_schema, protobuf.decode
     else:
         schema = event_schema(spark, config.warehouse, config.topic, config.schema_ddl, config.reinfer_schema)
     if problems := table_shape_problems(schema, config.table):

@@ -132,15 +132,26 @@ class AvroEvents(_Model):
 
 
 class ProtobufEvents(_Model):
-    """Protobuf-encoded events (declared and validated; refining them is not implemented yet: Spark's
-    spark-protobuf module is not on Maven Central as this project's machines reach it)."""
+    """Protobuf-encoded events, each value one message (decoded in Spark's Python workers by
+    :mod:`refine.protobuf_events`: Spark's spark-protobuf module is not on Maven Central as this
+    project's machines reach it)."""
 
     kind: Literal["events"] = Field(description="Plain events.")
-    format: Literal["protobuf"] = Field(description="Each value is a Protobuf message.")
+    format: Literal["protobuf"] = Field(
+        description="Each value is one Protobuf message: plain with a schema file, Confluent's wire format (magic "
+        "byte 0, 4-byte schema id, message indexes, message) with a registry."
+    )
     topic: Topic = Field(description="The Kafka topic.")
-    schema_: WireSchema = Field(alias="schema", description="Where the .proto schema is: a file or a schema registry.")
+    schema_: WireSchema = Field(
+        alias="schema",
+        description="Where the .proto schema is: a file (values are plain messages; its imports are looked up beside "
+        "it and among the well-known types) or a schema registry (values are in Confluent's wire format; each is read "
+        "with the subject's latest schema). Recursive messages are refused.",
+    )
     message: str | None = Field(
-        default=None, description="The fully qualified message name; default the schema's first message."
+        default=None,
+        description="The events' message, fully qualified (package.Message, nested: package.Outer.Inner); default the "
+        "schema file's first message. With a registry, values of other messages are quarantined.",
     )
 
 

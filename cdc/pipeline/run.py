@@ -1,12 +1,12 @@
 """Running what a pipeline file declares: `cdc raw --pipeline` and `cdc refine --pipeline`.
 
 Refined tables of Debezium Postgres and MongoDB sources go through :mod:`refine.job` (which tells
-MongoDB topics by the envelope), those of JSON and Avro event sources through :mod:`refine.events`
-(Avro decoded by :mod:`refine.avro_events`), each with its expectations, exploded child tables and
-history (:mod:`refine.rules`). Business tables (:mod:`refine.business`) are refreshed after the
-refined tables when run once, on their own interval when run continuously. What is declared but not
-run yet (Protobuf decoding, SCD type 2 of MongoDB collections) is refused up front, each named by
-its key.
+MongoDB topics by the envelope), those of JSON, Avro and Protobuf event sources through
+:mod:`refine.events` (Avro decoded by :mod:`refine.avro_events`, Protobuf by
+:mod:`refine.protobuf_events`), each with its expectations, exploded child tables and history
+(:mod:`refine.rules`). Business tables (:mod:`refine.business`) are refreshed after the refined
+tables when run once, on their own interval when run continuously. What is declared but not run yet
+(SCD type 2 of MongoDB collections) is refused up front, each named by its key.
 """
 
 from __future__ import annotations
@@ -69,12 +69,6 @@ def _debezium(source: Source) -> bool:
 
 def _not_run_yet(pipeline: Pipeline) -> list[str]:
     problems = []
-    for name, source in pipeline.sources.items():
-        if isinstance(source, ProtobufEvents):
-            # Spark decodes Protobuf with its spark-protobuf module, which Maven Central as this project's
-            # machines reach it does not hold (cdc/jars.py).
-            problems.append(f"sources.{name}.format: decoding protobuf events is not implemented yet "
-                            "(the schema settings are validated; the refine job reads json and avro)")  # fmt: skip
     for name, table in pipeline.refined.items():
         source = pipeline.sources[table.source]
         if table.scd is ScdType.HISTORY and isinstance(source, DebeziumMongoSource):
@@ -115,6 +109,10 @@ def refine_jobs(pipeline: Pipeline, config: PipelineRefineConfig) -> list[Refine
         elif isinstance(source, AvroEvents):  # its schema is given: nothing to infer
             jobs.append(EventsRefineJobConfig(name=name, topic=source.topic, table=table, format="avro",
                                               wire_schema=source.schema_, **common))  # fmt: skip
+        elif isinstance(source, ProtobufEvents):  # decoded in Python: spark-protobuf is not on Maven Central here
+            jobs.append(EventsRefineJobConfig(name=name, topic=source.topic, table=table, format="protobuf",
+                                              wire_schema=source.schema_, message=source.message,
+                                              **common))  # fmt: skip
         else:
             jobs.append(RefineJobConfig(table=source.topic, name=name, explode=table.explode,
                                         history=table.scd is ScdType.HISTORY, **common))  # fmt: skip

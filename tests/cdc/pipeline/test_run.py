@@ -59,12 +59,21 @@ def test_an_avro_source_is_refined_as_events_with_its_wire_schema(tmp_path):
         "avro", "http://r:8081", None, False)
 
 
+def test_a_protobuf_source_is_refined_as_events_with_its_wire_schema_and_message(tmp_path):
+    document = {**SHOP, "sources": {**SHOP["sources"], "scores": {
+        "kind": "events", "format": "protobuf", "topic": "scores", "message": "game.Score",
+        "schema": {"kind": "registry", "url": "http://r:8081"}}},
+        "refined": {"scores": {"source": "scores", "keys": ["player"], "ordering": "at"}}}  # fmt: skip
+    [scores] = refine_jobs(Pipeline.model_validate(document), PipelineRefineConfig(warehouse=str(tmp_path)))
+    assert isinstance(scores, EventsRefineJobConfig)
+    assert (scores.format, scores.wire_schema.url, scores.message, scores.schema_ddl) == (
+        "protobuf", "http://r:8081", "game.Score", None)
+
+
 def test_what_is_not_run_yet_is_refused_naming_the_key(tmp_path):
     document = {
         **SHOP,
-        "sources": {**SHOP["sources"], "people": {"kind": "debezium_mongodb", "topic": "m.db.people"},
-                    "scores": {"kind": "events", "format": "protobuf", "topic": "scores",
-                               "schema": {"kind": "registry", "url": "http://registry:8081"}}},
+        "sources": {**SHOP["sources"], "people": {"kind": "debezium_mongodb", "topic": "m.db.people"}},
         "refined": {"shop_orders": {"source": "orders", "explode": ["items"], "scd": 2},
                     "people": {"source": "people", "explode": ["tags"], "scd": 2},
                     "clicks": {"source": "clicks", "scd": 2}},
@@ -74,8 +83,6 @@ def test_what_is_not_run_yet_is_refused_naming_the_key(tmp_path):
         refine_jobs(Pipeline.model_validate(document), PipelineRefineConfig(warehouse=str(tmp_path)))
     assert refused.value.message == (
         "the pipeline declares what `cdc refine` does not run yet: "
-        "sources.scores.format: decoding protobuf events is not implemented yet (the schema settings are validated; "
-        "the refine job reads json and avro); "
         "refined.people.scd: SCD type 2 of MongoDB collections is not run by `cdc refine` yet; "
         "refined.clicks.scd: SCD type 2 needs `keys` (without keys every event is kept anyway)"
     )
