@@ -5,8 +5,7 @@ MongoDB topics by the envelope), those of JSON and Avro event sources through :m
 (Avro decoded by :mod:`refine.avro_events`), each with its expectations, exploded child tables and
 history (:mod:`refine.rules`). Business tables (:mod:`refine.business`) are refreshed after the
 refined tables when run once, on their own interval when run continuously. What is declared but not
-run yet (Protobuf decoding, SCD type 2 of MongoDB collections) is refused up front, each named by
-its key.
+run yet (Protobuf decoding) is refused up front, named by its key.
 """
 
 from __future__ import annotations
@@ -77,9 +76,7 @@ def _not_run_yet(pipeline: Pipeline) -> list[str]:
                             "(the schema settings are validated; the refine job reads json and avro)")  # fmt: skip
     for name, table in pipeline.refined.items():
         source = pipeline.sources[table.source]
-        if table.scd is ScdType.HISTORY and isinstance(source, DebeziumMongoSource):
-            problems.append(f"refined.{name}.scd: SCD type 2 of MongoDB collections is not run by `cdc refine` yet")
-        elif table.scd is ScdType.HISTORY and not table.keys and not _debezium(source):
+        if table.scd is ScdType.HISTORY and not table.keys and not _debezium(source):
             problems.append(f"refined.{name}.scd: SCD type 2 needs `keys` (without keys every event is kept anyway)")
     return problems
 

@@ -76,7 +76,6 @@ def test_what_is_not_run_yet_is_refused_naming_the_key(tmp_path):
         "the pipeline declares what `cdc refine` does not run yet: "
         "sources.scores.format: decoding protobuf events is not implemented yet (the schema settings are validated; "
         "the refine job reads json and avro); "
-        "refined.people.scd: SCD type 2 of MongoDB collections is not run by `cdc refine` yet; "
         "refined.clicks.scd: SCD type 2 needs `keys` (without keys every event is kept anyway)"
     )
 
