@@ -37,7 +37,7 @@ from cdc.config import _Strict
 from cdc.errors import ConfigError
 from refine.envelope import Op
 from refine.latest import at_or_after
-from refine.merge import ensure_refined_table
+from refine.merge import COMMITTED_AT, OP, ensure_refined_table
 
 VALID_FROM, VALID_TO, IS_CURRENT, IS_DELETED = "_cdc_valid_from", "_cdc_valid_to", "_cdc_is_current", "_cdc_is_deleted"
 HISTORY_COLUMNS = (VALID_FROM, VALID_TO, IS_CURRENT, IS_DELETED)
@@ -54,6 +54,20 @@ class ChangeOp(str, Enum):
 def op_of_debezium(op: Column) -> Column:
     """The ChangeOp of a Debezium op (``d`` deletes; ``c``, ``u``, ``r`` upsert), e.g. of a refined row's ``_cdc_op``."""
     return F.when(op == Op.DELETE.value, F.lit(ChangeOp.DELETE.value)).otherwise(F.lit(ChangeOp.UPSERT.value))
+
+
+CHANGE = "_cdc_change"  # the op column of a Debezium table's versions (not stored)
+
+
+def debezium_versions(rows: DataFrame) -> DataFrame:
+    """A Debezium table's refined rows (one per change, with ``_cdc_op``) as versions: with their ChangeOp."""
+    return rows.withColumn(CHANGE, op_of_debezium(F.col(OP)))
+
+
+def debezium_history_spec(key_columns: list[str], position_columns: list[str]) -> HistorySpec:
+    """The history of a Debezium table: by its key, in source order, valid from the commit time."""
+    return HistorySpec(key_columns=key_columns, position_columns=position_columns,
+                       valid_from_column=COMMITTED_AT, op_column=CHANGE)  # fmt: skip
 
 
 class HistorySpec(_Strict):

@@ -47,7 +47,14 @@ from refine.flattened import (
 from refine.keyless import applied_location, merge_keyless_changes
 from refine.latest import at_or_after, latest_per_key
 from refine.flatten import array_element, child_table_name
-from refine.history import ChangeOp, HistorySpec, apply_history, closing_versions, op_of_debezium
+from refine.history import (
+    CHANGE,
+    ChangeOp,
+    apply_history,
+    closing_versions,
+    debezium_history_spec,
+    debezium_versions,
+)
 from refine.merge import COMMITTED_AT, OP, REFINED_AT, SOURCE_POSITION, merge_changes, refined_rows, refresh_children
 from refine.toast import placeholder
 from refine.mongo import is_mongo, refine_mongo_batch
@@ -64,7 +71,6 @@ def _readable_type(spark_type: str) -> str:
 
 ColumnType = Annotated[str, AfterValidator(_readable_type)]
 _KNOWN = 16  # wrapper schemas a job remembers per column
-CHANGE = "_cdc_change"  # a history version's ChangeOp (not stored)
 
 
 class RefineRun(_Strict):
@@ -195,11 +201,11 @@ class RefineBatch:
             return self._refine_schemaless(spark, records)
         schemas = [ConnectSchema.model_validate_json(text) for text in texts["value"]]
         if schemas and is_mongo(schemas[-1]):
-            self._refuse_mongo_history()
             refine_mongo_batch(spark, records, refined=self.refined, raw=self.raw, topic=self.config.table,
                                quarantine_at=quarantine_location(self.config.warehouse), rules=self.rules,
                                batch_id=self.batch_id,
-                               children={path: self._child_location(path) for path in self.config.explode})  # fmt: skip
+                               children={path: self._child_location(path) for path in self.config.explode},
+                               history_at=self._history_location() if self.config.history else None)  # fmt: skip
             return
         schemas = schemas or [known for known in [remembered_schema(spark, self.refined)] if known]
         if not schemas:  # tombstones (their deletes came before them), and values that are no envelope
@@ -267,9 +273,8 @@ class RefineBatch:
                 raise ConfigError(f"{setting} needs a primary key: the source table has none (Kafka keys are null)",
                                   table=self.config.target)  # fmt: skip
 
-    def _refuse_mongo_history(self) -> None:
-        if self.config.history:
-            raise ConfigError("SCD type 2 (history) of MongoDB collections is not run yet", table=self.config.target)
+    def _history_location(self) -> str:
+        return refined_table_location(self.config.warehouse, history_table_name(self.config.target))
 
     def _child_location(self, path: str) -> str:
         return refined_table_location(self.config.warehouse, child_table_name(self.config.target, path))
@@ -314,13 +319,12 @@ class RefineBatch:
     def _record_history(self, spark: SparkSession, changes: DataFrame, key_columns: list[str], columns: list[str]) -> None:
         """Every change of the batch as a version of its row (TOAST placeholders take the previous
         version's value); each truncate closes the versions open before it."""
-        spec = HistorySpec(key_columns=key_columns, position_columns=list(SOURCE_POSITION),
-                           valid_from_column=COMMITTED_AT, op_column=CHANGE)  # fmt: skip
+        spec = debezium_history_spec(key_columns, list(SOURCE_POSITION))
         row_changes = changes.where(F.col("op").isin(Op.READ.value, Op.CREATE.value, Op.UPDATE.value, Op.DELETE.value))
-        versions = refined_rows(row_changes, columns).withColumn(CHANGE, op_of_debezium(F.col(OP)))
+        versions = debezium_versions(refined_rows(row_changes, columns))
         versions = self.rules.passing_versions(versions, F.col(CHANGE) == ChangeOp.DELETE.value)
         unchanged = {f.name: marker for f in versions.schema if f.name in columns and (marker := placeholder(f.dataType)) is not None}
-        location = refined_table_location(self.config.warehouse, history_table_name(self.config.target))
+        location = self._history_location()
         position = [F.col(c) for c in SOURCE_POSITION]
         # The batch's truncates, in order: a handful of positions, not data.
         truncates = (changes.where(F.col("op") == Op.TRUNCATE.value)

@@ -22,7 +22,9 @@ Per batch (:func:`refine_mongo_batch`):
    apply to the refined table's row, from its position on; when there is none, the patch records
    are quarantined;
 4. the documents are checked against the table's expectations (pipelines; :mod:`refine.rules`),
-   then MERGEd with position guards (:func:`refine.merge.merge_changes`).
+   then MERGEd with position guards (:func:`refine.merge.merge_changes`); exploded arrays refresh
+   their child tables, and with SCD type 2 the state after each change is a version of the
+   document's history (:mod:`refine.history`).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from refine.extended_json import (
     variant_type,
 )
 from refine.flatten import array_element
+from refine.history import apply_history, debezium_history_spec, debezium_versions
 from refine.merge import (
     COMMITTED_AT,
     LSN,
@@ -294,10 +297,12 @@ def flag_misfits(changes: DataFrame, columns: Columns) -> DataFrame:
     return changes.withColumn("problem", problem)
 
 
-def latest_documents(changes: DataFrame, columns: Columns, shapes: list[Shape], table: DataFrame | None) -> DataFrame:
+def latest_documents(changes: DataFrame, columns: Columns, shapes: list[Shape], table: DataFrame | None,
+                     every: bool = False) -> DataFrame:  # fmt: skip
     """Per ``_id``: its latest state (the last full document or delete, then the updates after it;
     without one in the batch, the refined ``table``'s row and the updates after its position),
-    with ``orphan`` set where updates have no document to apply to."""
+    with ``orphan`` set where updates have no document to apply to. With ``every``, the state after
+    each change of the batch (its versions, for a history)."""
     order = Window.partitionBy(ID).orderBy("position")
     history = order.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     image = F.last(F.when(F.col("kind").isin(Kind.IMAGE, Kind.DELETE), F.struct("position", "op", "state")),
@@ -307,7 +312,7 @@ def latest_documents(changes: DataFrame, columns: Columns, shapes: list[Shape], 
         changes.where(F.col("problem").isNull() & (F.col("kind") != Kind.TOMBSTONE))
         .select(ID, "position", "source_committed_at", "kafka_partition", image.alias("image"), patches.alias("patches"),
                 F.row_number().over(Window.partitionBy(ID).orderBy(F.col("position").desc())).alias("rank"))
-        .where("rank = 1")
+        .where(F.lit(every) | (F.col("rank") == 1))
     )  # fmt: skip
     if table is not None:
         current = table.select(
@@ -389,10 +394,12 @@ def has_path(schema: StructType, path: str) -> bool:
 
 
 def refine_mongo_batch(spark: SparkSession, records: DataFrame, *, refined: str, quarantine_at: str, raw: str,
-                       topic: str, rules: TableRules, batch_id: int, children: dict[str, str]) -> None:  # fmt: skip
+                       topic: str, rules: TableRules, batch_id: int, children: dict[str, str],
+                       history_at: str | None) -> None:  # fmt: skip
     """Refine one batch of raw MongoDB connector records into the ``refined`` table; documents are
     checked against the ``rules``' expectations first (deletes pass unchecked). ``children`` maps
-    array paths to exploded child tables' locations; a path no document has had yet gives no children."""
+    array paths to exploded child tables' locations; a path no document has had yet gives no children.
+    With ``history_at``, every document state of the batch is a version in that history table."""
     exists = is_delta_table(spark, refined)
     table = DeltaTable.forPath(spark, refined).toDF() if exists else None
     data_columns = StructType([f for f in table.schema.fields if f.name != ID and f.name not in MONGO_METADATA_COLUMNS]) if table is not None else StructType()
@@ -413,6 +420,14 @@ def refine_mongo_batch(spark: SparkSession, records: DataFrame, *, refined: str,
                 problems = [df.select("kafka_partition", "kafka_offset", "raw_value", "problem")
                             for df in (flagged.where("problem IS NOT NULL"), orphans)]
                 quarantine(spark, quarantine_at, raw, topic, problems[0].unionByName(problems[1]))
+                if history_at is not None:  # before the MERGE: the states build on the table's rows as they were
+                    if is_delta_table(spark, history_at):
+                        add_nested_columns(spark, history_at, DeltaTable.forPath(spark, history_at).toDF().schema,
+                                           columns.types)  # fmt: skip
+                    states = latest_documents(flagged, columns, shapes, table, every=True)
+                    versions = debezium_versions(refined_documents(states, columns).drop(PARTITION))
+                    apply_history(spark, history_at, rules.passing_versions(versions, F.col(OP) == Op.DELETE.value),
+                                  debezium_history_spec([ID], list(POSITION)))  # fmt: skip
                 rows = refined_documents(latest, columns)
                 with rules.enforced(spark, rows, [ID], batch_id, deleted=F.col(OP) == Op.DELETE.value) as passing:
                     merge_changes(spark, refined, passing.drop(PARTITION), [ID], None, POSITION)

@@ -5,8 +5,8 @@ MongoDB topics by the envelope), those of JSON, Avro and Protobuf event sources 
 :mod:`refine.events` (Avro decoded by :mod:`refine.avro_events`, Protobuf by
 :mod:`refine.protobuf_events`), each with its expectations, exploded child tables and history
 (:mod:`refine.rules`). Business tables (:mod:`refine.business`) are refreshed after the refined
-tables when run once, on their own interval when run continuously. What is declared but not run yet
-(SCD type 2 of MongoDB collections) is refused up front, each named by its key.
+tables when run once, on their own interval when run continuously. A declaration that cannot be run
+(``scd: 2`` on an event table without ``keys``) is refused up front, named by its key.
 """
 
 from __future__ import annotations
@@ -71,9 +71,7 @@ def _not_run_yet(pipeline: Pipeline) -> list[str]:
     problems = []
     for name, table in pipeline.refined.items():
         source = pipeline.sources[table.source]
-        if table.scd is ScdType.HISTORY and isinstance(source, DebeziumMongoSource):
-            problems.append(f"refined.{name}.scd: SCD type 2 of MongoDB collections is not run by `cdc refine` yet")
-        elif table.scd is ScdType.HISTORY and not table.keys and not _debezium(source):
+        if table.scd is ScdType.HISTORY and not table.keys and not _debezium(source):
             problems.append(f"refined.{name}.scd: SCD type 2 needs `keys` (without keys every event is kept anyway)")
     return problems
 

@@ -222,7 +222,17 @@ def test_mongo_documents_are_refined_to_typed_columns(spark, kafka, land_and_ref
     ])  # fmt: skip
 
 
-def test_a_mongo_collection_through_a_pipeline_with_expectations_and_a_business_table(
+def check_history_and_orders(spark, pipeline_run) -> None:
+    """The history's current versions are the refined rows; the child table holds their orders."""
+    people = pipeline_run.table("people")
+    columns = [c for c in people.columns if c != "_cdc_refined_at"]
+    current = pipeline_run.table("people__history").where("_cdc_is_current").select(*columns)
+    assertDataFrameEqual(current, people.select(*columns))
+    orders = people.select("_id", F.posexplode("orders").alias("pos", "order")).select("_id", "pos", "order.*")
+    assertDataFrameEqual(pipeline_run.table("people__orders").select(*orders.columns), orders)
+
+
+def test_a_mongo_collection_through_a_pipeline_with_expectations_history_and_a_business_table(
     spark, kafka, pipeline_run, unique_name
 ):
     topic = kafka.create_topic(f"{unique_name}.shop.people")
@@ -230,7 +240,7 @@ def test_a_mongo_collection_through_a_pipeline_with_expectations_and_a_business_
     pipeline = {
         "name": "people",
         "sources": {"people": {"kind": "debezium_mongodb", "topic": topic}},
-        "refined": {"people": {"source": "people"}},
+        "refined": {"people": {"source": "people", "scd": 2, "explode": ["orders"]}},
         "business": {"people_per_city": {
             "sql": "SELECT address.city AS city, count(*) AS people FROM people GROUP BY address.city"}},
         "expectations": {
@@ -244,6 +254,16 @@ def test_a_mongo_collection_through_a_pipeline_with_expectations_and_a_business_
         expected = spark.createDataFrame([row for row in after_first_batch() if row[0] != BIG], COLUMNS)
         assertDataFrameEqual(pipeline_run.table("people").select(*expected.columns), expected)
         assertDataFrameEqual(pipeline_run.table("people_per_city", "business"), cities)
+        check_history_and_orders(spark, pipeline_run)
+    history = pipeline_run.table("people__history")
+    bob = history.where(F.col("_id") == BOB).orderBy("_cdc_ts_ms", "_cdc_ord").collect()
+    assert [(row.name, tuple(row.address), row.tags, row._cdc_is_current) for row in bob] == [
+        ("Bob", ("Berlin", "10115"), ["z"], False), ("Bob", ("Paris", "10115"), None, False),
+        ("Bob", ("Paris", "75001"), None, True)]  # fmt: skip
+    doc = history.where(F.col("_id") == DOC).orderBy("_cdc_ts_ms").collect()
+    assert [(row.name, row._cdc_op, row._cdc_is_deleted, row._cdc_is_current) for row in doc] == [
+        ("Doc", "c", False, False), (None, "d", True, False)]  # fmt: skip
+    assert history.where(F.col("_id") == BIG).isEmpty()  # dropped by its expectation
     quarantined = spark.read.format("delta").load(quarantine_location(pipeline_run.warehouse))
     dropped = quarantined.where("reason LIKE 'failed expectations%'").collect()
     assert [(row.source_table, row.offset, row.reason) for row in dropped] == [
@@ -254,6 +274,7 @@ def test_a_mongo_collection_through_a_pipeline_with_expectations_and_a_business_
     assert pipeline_run(pipeline) == 0
     cities = spark.createDataFrame([("London", 1), ("Paris", 1), (None, 2)], "city string, people bigint")
     assertDataFrameEqual(pipeline_run.table("people_per_city", "business"), cities)
+    check_history_and_orders(spark, pipeline_run)
     counts = spark.read.format("delta").load(expectations_location(pipeline_run.warehouse))
     failed = counts.groupBy("expectation").agg(F.sum("failed")).collect()
     # Each batch checks its documents' latest rows (deletes and quarantined records unchecked):

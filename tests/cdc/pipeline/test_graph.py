@@ -46,7 +46,9 @@ def test_the_shop_graph_as_an_html_page(tmp_path):
     assert "http" not in html.replace("http://www.w3.org/2000/svg", "")  # nothing fetched from the network
     svg = ET.fromstring(html[html.index("<svg"): html.index("</svg>") + len("</svg>")])
     nodes, edges = nodes_and_edges(svg)
-    assert {node for node, kind in nodes.items() if kind == "business"} == {"business:customer_order_totals"}
+    assert {node for node, kind in nodes.items() if kind == "business"} == {
+        "business:customer_order_totals", "business:customers_per_tag"}  # fmt: skip
+    assert ("child:customers__tags", "business:customers_per_tag") in edges
     assert ("refined:customers", "business:customer_order_totals") in edges
     assert ("refined:orders", "business:customer_order_totals") in edges
     assert "raw:demo.shop.page_views" in nodes

@@ -83,7 +83,6 @@ def test_what_is_not_run_yet_is_refused_naming_the_key(tmp_path):
         refine_jobs(Pipeline.model_validate(document), PipelineRefineConfig(warehouse=str(tmp_path)))
     assert refused.value.message == (
         "the pipeline declares what `cdc refine` does not run yet: "
-        "refined.people.scd: SCD type 2 of MongoDB collections is not run by `cdc refine` yet; "
         "refined.clicks.scd: SCD type 2 needs `keys` (without keys every event is kept anyway)"
     )
 
@@ -206,6 +205,55 @@ def test_expectations_history_and_business_tables_of_an_events_pipeline(spark, k
         assert activity.count() == 4  # ann, bob, carl, test (scores keeps every event)
         assertDataFrameEqual(activity, spark.sql(ACTIVITY.replace(
             "FROM scores", f"FROM delta.`{pipeline_run.warehouse}/refined/scores`")))  # fmt: skip
+
+
+@pytest.mark.integration
+def test_a_continuous_pipeline_refreshes_business_tables_on_their_interval(
+    spark, kafka, pipeline_run, unique_name, wait_for
+):
+    import threading
+
+    from cdc.raw.config import Continuous
+    from cdc.pipeline.run import run_pipeline_refine
+
+    topic = kafka.create_topic(f"{unique_name}.scores")
+    document = {"name": "live", "sources": {"game": {"kind": "events", "format": "json", "topic": topic,
+                                                     "schema": "player string, time timestamp, score int"}},
+                "refined": {"scores": {"source": "game"}},
+                "business": {"activity": {"sql": ACTIVITY, "trigger_interval_s": 0.5}}}  # fmt: skip
+    pipeline_run.file.write_text(yaml.safe_dump(document))
+    land = ["raw", "--pipeline", str(pipeline_run.file), "--warehouse", pipeline_run.warehouse, "--available-now"]
+    produce_scores(kafka, topic, [("ann", T(1), 10), ("bob", T(2), 5)])
+    assert main(land) == 0
+
+    def events_of(player: str) -> int | None:
+        if not is_delta_table(spark, f"{pipeline_run.warehouse}/business/activity"):
+            return None
+        rows = pipeline_run.table("activity", "business").where(F.col("player") == player).collect()
+        return rows[0].events if rows else None
+
+    stop, failures, lines = threading.Event(), [], []
+    config = PipelineRefineConfig(warehouse=pipeline_run.warehouse, trigger=Continuous(interval_s=0.5))
+
+    def run() -> None:
+        try:
+            run_pipeline_refine(spark, Pipeline.model_validate(document), config, lines.append, stop)
+        except BaseException as error:  # raised in the test below
+            failures.append(error)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: failures or events_of("bob") == 1, 180, "the first events in the business table", 0.5)
+        produce_scores(kafka, topic, [("ann", T(3), 30), ("bob", T(4), 7), ("bob", T(5), 9)])
+        assert main(land) == 0  # the running refine stream picks the new raw rows up
+        wait_for(lambda: failures or events_of("bob") == 3, 180, "the later events in the business table", 0.5)
+    finally:
+        stop.set()
+        thread.join(120)
+    assert not thread.is_alive() and not failures, failures
+    assertDataFrameEqual(pipeline_run.table("activity", "business"), spark.sql(ACTIVITY.replace(
+        "FROM scores", f"FROM delta.`{pipeline_run.warehouse}/refined/scores`")))  # fmt: skip
 
 
 @pytest.mark.integration
