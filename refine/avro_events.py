@@ -178,10 +178,7 @@ class AvroDecoder:
             case SchemaRegistry(url=url, subject=subject):
                 subject = subject or f"{topic}-value"
                 self.registry = SchemaRegistryClient(url)
-                latest = self.registry.latest(subject)
-                if latest.schema_type != "AVRO":
-                    raise ConfigError(f"the schema registry at {url} holds a {latest.schema_type} schema for subject "
-                                      f"{subject}, not an Avro one", topic=topic)  # fmt: skip
+                latest = self.registry.latest_of_type(subject, "AVRO", topic)
                 self.reader, self.reader_id = latest.text, latest.id
                 self.writers[latest.id] = latest.text
         self.event_schema = avro_event_schema(spark, self.reader)

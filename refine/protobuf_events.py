@@ -530,10 +530,7 @@ class ProtobufDecoder:
             case SchemaRegistry(url=url, subject=subject):
                 subject = subject or f"{topic}-value"
                 self.registry = SchemaRegistryClient(url)
-                latest = self.registry.latest(subject)
-                if latest.schema_type != "PROTOBUF":
-                    raise ConfigError(f"the schema registry at {url} holds a {latest.schema_type} schema for subject "
-                                      f"{subject}, not a Protobuf one", topic=topic)  # fmt: skip
+                latest = self.registry.latest_of_type(subject, "PROTOBUF", topic)
                 what = f"the Protobuf schema of subject {subject} (id {latest.id}) at the schema registry {url}"
                 self.schema = compile_schema_text(latest.text, what)
                 self.writers[latest.id] = indexed_messages(schema_file(self.schema))

@@ -43,6 +43,15 @@ class SchemaRegistryClient:
             raise ConfigError(f"the schema registry at {self.url} has no subject {subject!r}", subject=subject)
         return _registered(document, document.get("id"), self.url + path)
 
+    def latest_of_type(self, subject: str, schema_type: str, topic: str) -> RegisteredSchema:
+        """The latest version of ``subject``; a ConfigError unless its type is ``schema_type`` (AVRO, PROTOBUF)."""
+        latest = self.latest(subject)
+        if latest.schema_type != schema_type:
+            wanted = {"AVRO": "an Avro", "PROTOBUF": "a Protobuf"}.get(schema_type, f"a {schema_type}")
+            raise ConfigError(f"the schema registry at {self.url} holds a {latest.schema_type} schema for subject "
+                              f"{subject}, not {wanted} one", topic=topic)  # fmt: skip
+        return latest
+
     def by_id(self, schema_id: int) -> RegisteredSchema | None:
         """The schema with id ``schema_id``; None when the registry does not hold it."""
         path = f"/schemas/ids/{schema_id}"

@@ -11,6 +11,38 @@ from refine.job import RefineJobConfig, run_refine_job
 
 
 @pytest.fixture
+def raw_records(spark):
+    """``raw_records(values)``: raw rows as `cdc raw` lands them (partition 0, offsets 0, 1, ...): text in
+    ``value`` (a str, or bytes that are UTF-8), other bytes in ``value_bytes``, None for a null record."""
+
+    def columns(value: str | bytes | None) -> tuple[str | None, bytes | None]:
+        if isinstance(value, bytes):
+            try:
+                return value.decode("utf-8"), None
+            except UnicodeDecodeError:
+                return None, value
+        return value, None
+
+    def rows(values: list):
+        records = [(*columns(value), 0, offset) for offset, value in enumerate(values)]
+        return spark.createDataFrame(records, "value string, value_bytes binary, partition int, offset long")
+
+    return rows
+
+
+def problems_and_events(decoded) -> tuple[list, list]:
+    """A decoded batch's problems and good events (as dicts; None where there is a problem), by offset."""
+    rows = decoded.orderBy("kafka_offset").collect()
+    return [row.problem for row in rows], [row.event.asDict(recursive=True) if row.problem is None else None
+                                           for row in rows]  # fmt: skip
+
+
+@pytest.fixture(name="problems_and_events")
+def problems_and_events_fixture():
+    return problems_and_events
+
+
+@pytest.fixture
 def land(spark, kafka):
     """``land(warehouse, topic)``: `cdc raw --available-now`."""
 

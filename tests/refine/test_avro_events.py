@@ -55,24 +55,7 @@ def at(minute: int) -> datetime:
     return datetime(2026, 1, 1, 10, minute, tzinfo=UTC)
 
 
-def raw_records(spark, values: list):
-    """Raw rows as `cdc raw` lands them: text in ``value`` when the bytes are UTF-8, else in ``value_bytes``."""
-    def columns(value):
-        try:
-            return (value.decode("utf-8"), None) if value is not None else (None, None)
-        except UnicodeDecodeError:
-            return None, value
-    rows = [(*columns(value), 0, offset) for offset, value in enumerate(values)]
-    return spark.createDataFrame(rows, "value string, value_bytes binary, partition int, offset long")
-
-
-def problems_and_events(decoded):
-    rows = decoded.orderBy("kafka_offset").collect()
-    return [row.problem for row in rows], [row.event.asDict(recursive=True) if row.problem is None else None
-                                           for row in rows]  # fmt: skip
-
-
-def test_plain_values_of_a_schema_file_decode_exactly_or_get_a_reason(spark):
+def test_plain_values_of_a_schema_file_decode_exactly_or_get_a_reason(spark, raw_records, problems_and_events):
     good = avro(READING, {"device_id": "w1", "time": at(0), "heart_rate": 72, "position": {"lat": 1.5, "lon": 2.0}})
     text = avro(READING, {"device_id": "w2", "time": at(1), "heart_rate": None, "position": None})
     values = [
@@ -84,7 +67,7 @@ def test_plain_values_of_a_schema_file_decode_exactly_or_get_a_reason(spark):
         None,
         framed(7, READING, {"device_id": "w1", "time": at(0)}),  # Confluent's framing, read as plain Avro
     ]
-    decoded = decode_avro(raw_records(spark, values), AvroDecoding(reader=json.dumps(READING), framed=False))
+    decoded = decode_avro(raw_records(values), AvroDecoding(reader=json.dumps(READING), framed=False))
     problems, events = problems_and_events(decoded)
     not_avro = "the value is not Avro of the schema"
     framing_hint = " (it starts like Confluent's wire format, which a registry schema reads)"
@@ -96,7 +79,7 @@ def test_plain_values_of_a_schema_file_decode_exactly_or_get_a_reason(spark):
     assert decoded.orderBy("kafka_offset").first().raw_value == good.hex().upper()
 
 
-def test_framed_values_are_read_with_their_writer_schema_as_the_latest(spark):
+def test_framed_values_are_read_with_their_writer_schema_as_the_latest(spark, raw_records, problems_and_events):
     v1, v2 = json.dumps(READING), json.dumps(READING_V2)
     values = [
         framed(1, READING, {"device_id": "w1", "time": at(0), "heart_rate": 70}),
@@ -109,7 +92,7 @@ def test_framed_values_are_read_with_their_writer_schema_as_the_latest(spark):
         None,
     ]
     decoding = AvroDecoding(reader=v2, framed=True, reader_id=2, writers={1: v1, 2: v2, 3: None})
-    problems, events = problems_and_events(decode_avro(raw_records(spark, values), decoding))
+    problems, events = problems_and_events(decode_avro(raw_records(values), decoding))
     assert problems == [
         None,
         None,
@@ -138,13 +121,15 @@ def test_the_events_spark_schema_comes_from_the_avro_schema(spark):
         with_end_marker("{fields")
 
 
-def test_a_registry_decoder_fetches_each_writer_schema_its_batches_hold(spark, schema_registry):
+def test_a_registry_decoder_fetches_each_writer_schema_its_batches_hold(
+    spark, schema_registry, raw_records, problems_and_events
+):
     v1 = schema_registry.register("fitness-value", json.dumps(READING))
     v2 = schema_registry.register("fitness-value", json.dumps(READING_V2))
     schema_registry.register("other-value", 'syntax = "proto3"; message M {}', "PROTOBUF")
     decoder = AvroDecoder(spark, SchemaRegistry(kind="registry", url=schema_registry.url), "fitness")
     assert (decoder.reader_id, decoder.event_schema.fieldNames()[-1]) == (v2, "model")
-    batch = raw_records(spark, [framed(v1, READING, {"device_id": "w1", "time": at(0)}),
+    batch = raw_records([framed(v1, READING, {"device_id": "w1", "time": at(0)}),
                                 framed(3, READING, {"device_id": "w2", "time": at(1)})])  # fmt: skip
     problems, _ = problems_and_events(decoder.decode(batch))
     assert problems == [None, "schema id 3 is not an Avro schema of the schema registry"]  # a Protobuf schema

@@ -16,13 +16,7 @@ from refine.schemas import schema_location
 FITNESS = "device_id string, time timestamp, model string, heart_rate int, position struct<lat: double, lon: double>"
 
 
-def raw_records(spark, values: list):
-    rows = [(value if isinstance(value, str) else None, value if isinstance(value, bytes) else None, 0, offset)
-            for offset, value in enumerate(values)]  # fmt: skip
-    return spark.createDataFrame(rows, "value string, value_bytes binary, partition int, offset long")
-
-
-def test_each_bad_event_gets_a_reason_naming_the_field(spark):
+def test_each_bad_event_gets_a_reason_naming_the_field(spark, raw_records):
     from pyspark.sql.types import StructType
 
     values = [
@@ -36,7 +30,7 @@ def test_each_bad_event_gets_a_reason_naming_the_field(spark):
         b"\xff\xfe",
     ]
     table = RefinedTable(source="s", keys=["device_id"], ordering="time", split_by="device_id")
-    parsed = parse_events(raw_records(spark, values), StructType.fromDDL(FITNESS), table)
+    parsed = parse_events(raw_records(values), StructType.fromDDL(FITNESS), table)
     assert [row.problem for row in parsed.orderBy("kafka_offset").collect()] == [
         None,
         "the value is not valid JSON",

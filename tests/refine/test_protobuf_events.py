@@ -78,23 +78,6 @@ def reading(fitness, device_id: str, minute: int, **fields) -> bytes:
     return message.SerializeToString()
 
 
-def raw_records(spark, values: list):
-    """Raw rows as `cdc raw` lands them: text in ``value`` when the bytes are UTF-8, else in ``value_bytes``."""
-    def columns(value):
-        try:
-            return (value.decode("utf-8"), None) if value is not None else (None, None)
-        except UnicodeDecodeError:
-            return None, value
-    rows = [(*columns(value), 0, offset) for offset, value in enumerate(values)]
-    return spark.createDataFrame(rows, "value string, value_bytes binary, partition int, offset long")
-
-
-def problems_and_events(decoded):
-    rows = decoded.orderBy("kafka_offset").collect()
-    return [row.problem for row in rows], [row.event.asDict(recursive=True) if row.problem is None else None
-                                           for row in rows]  # fmt: skip
-
-
 def decoding(message: str = "fitness.Reading", framed: bool = False, writers=None) -> ProtobufDecoding:
     schema = compile_schema_file(FIXTURE)
     return ProtobufDecoding(schema=schema, message=message, framed=framed, writers=writers or {},
@@ -197,7 +180,7 @@ def test_message_indexes_name_messages_by_their_path():
 # --- decoding ----------------------------------------------------------------------------------
 
 
-def test_plain_values_of_a_schema_file_decode_or_get_a_reason(spark, fitness):
+def test_plain_values_of_a_schema_file_decode_or_get_a_reason(spark, fitness, raw_records, problems_and_events):
     full = fitness.Reading(device_id="w1", heart_rate=72, tags=["left", "wrist"], activity=fitness.Reading.DESCRIPTOR
                            .fields_by_name["activity"].enum_type.values_by_name["RUN"].number, steps=2**64 - 1)  # fmt: skip
     full.time.FromDatetime(at(0))
@@ -214,7 +197,7 @@ def test_plain_values_of_a_schema_file_decode_or_get_a_reason(spark, fitness):
         None,
         b"\x00\x00\x00\x00\x07\x00" + good,  # Confluent's framing, read as a plain message
     ]
-    problems, events = problems_and_events(decode_protobuf(raw_records(spark, values), decoding()))
+    problems, events = problems_and_events(decode_protobuf(raw_records(values), decoding()))
     corrupt = "the value is not a Protobuf fitness.Reading message: Wire format was corrupt"
     assert problems == [None, None, corrupt, corrupt, "no value (a null record)",
                         corrupt + " (it starts like Confluent's wire format, which a registry schema reads)"]  # fmt: skip
@@ -226,12 +209,14 @@ def test_plain_values_of_a_schema_file_decode_or_get_a_reason(spark, fitness):
         {"device_id": "w2", "time": at(1).replace(tzinfo=None), "heart_rate": None, "position": None, "tags": [],
          "counters": {}, "activity": "ACTIVITY_UNSPECIFIED", "model": None, "steps": Decimal(0), "laps": []},
     ]  # fmt: skip
-    decoded = decode_protobuf(raw_records(spark, values), decoding())
+    decoded = decode_protobuf(raw_records(values), decoding())
     assert decoded.orderBy("kafka_offset").first().raw_value == good.hex().upper()
     assert decoded.count() == len(values)  # nothing lost
 
 
-def test_a_proto2_string_that_is_not_utf8_is_a_problem_of_its_own_record(spark, tmp_path):
+def test_a_proto2_string_that_is_not_utf8_is_a_problem_of_its_own_record(
+    spark, tmp_path, raw_records, problems_and_events
+):
     (tmp_path / "legacy.proto").write_text("""
         syntax = "proto2";
         message Legacy { required string name = 1; optional int32 size = 2 [default = 7]; }
@@ -239,7 +224,7 @@ def test_a_proto2_string_that_is_not_utf8_is_a_problem_of_its_own_record(spark, 
     schema = compile_schema_file(tmp_path / "legacy.proto")
     event_schema = protobuf_event_schema(message_descriptor(schema, None))
     values = [b"\x0a\x02ok", b"\x0a\x02\xff\xfe", b"\x10\x03"]  # the parser checks neither UTF-8 nor `required`
-    decoded = decode_protobuf(raw_records(spark, values), ProtobufDecoding(
+    decoded = decode_protobuf(raw_records(values), ProtobufDecoding(
         schema=schema, message="Legacy", event_schema=event_schema, framed=False))  # fmt: skip
     problems, events = problems_and_events(decoded)
     assert problems == [None, "the Legacy message does not fit the events' schema: Could not convert b'\\xff\\xfe' "
@@ -248,7 +233,9 @@ def test_a_proto2_string_that_is_not_utf8_is_a_problem_of_its_own_record(spark, 
     assert [events[0], events[2]] == [{"name": "ok", "size": None}, {"name": None, "size": 3}]
 
 
-def test_framed_values_are_read_by_their_schema_id_and_message_indexes(spark, fitness):
+def test_framed_values_are_read_by_their_schema_id_and_message_indexes(
+    spark, fitness, raw_records, problems_and_events
+):
     messages = indexed_messages(schema_file(compile_schema_file(FIXTURE)))
     device = fitness.Device(device_id="w9", active=True).SerializeToString()
     late = fitness.Reading(device_id="w3", time={"seconds": 253_402_300_800})  # the year 10000
@@ -268,7 +255,7 @@ def test_framed_values_are_read_by_their_schema_id_and_message_indexes(spark, fi
     ]
     writers = {1: messages, 9: "is not a Protobuf schema of the schema registry",
                4: "is not a Protobuf schema of the schema registry"}  # fmt: skip
-    decoded = decode_protobuf(raw_records(spark, values), decoding(framed=True, writers=writers))
+    decoded = decode_protobuf(raw_records(values), decoding(framed=True, writers=writers))
     problems, events = problems_and_events(decoded)
     assert problems == [
         None,
@@ -303,7 +290,9 @@ message Reading {
 """
 
 
-def test_a_registry_decoder_reads_each_writers_message_as_the_latest(spark, fitness, schema_registry):
+def test_a_registry_decoder_reads_each_writers_message_as_the_latest(
+    spark, fitness, schema_registry, raw_records, problems_and_events
+):
     v1 = schema_registry.register("fitness-value", FIXTURE.read_text(), "PROTOBUF")
     avro = schema_registry.register("other-value", '{"type": "string"}')
     v2 = schema_registry.register("fitness-value", V2, "PROTOBUF")  # Reading is now the second message
@@ -314,7 +303,7 @@ def test_a_registry_decoder_reads_each_writers_message_as_the_latest(spark, fitn
     newer = fitness.Reading(device_id="w2")
     newer.time.FromDatetime(at(1))
     newer = newer.SerializeToString() + b"\x5a\x05fenix"  # field 11, which v1 does not have
-    batch = raw_records(spark, [
+    batch = raw_records([
         framing_header((0,), v1) + reading(fitness, "w1", 0, heart_rate=70, tags=["a"]),  # tags: not in v2
         framing_header((1,), v2) + newer,
         framing_header((0,), v2) + reading(fitness, "w3", 2),  # a Device in v2
