@@ -314,9 +314,11 @@ class RefineBatch:
             finally:
                 rows.unpersist()
         if self.config.history:
-            self._record_history(spark, filled, key_columns, columns)
+            self._record_history(spark, filled, key_columns, columns, truncated=truncated_at is not None)
 
-    def _record_history(self, spark: SparkSession, changes: DataFrame, key_columns: list[str], columns: list[str]) -> None:
+    def _record_history(
+        self, spark: SparkSession, changes: DataFrame, key_columns: list[str], columns: list[str], truncated: bool
+    ) -> None:
         """Every change of the batch as a version of its row (TOAST placeholders take the previous
         version's value); each truncate closes the versions open before it."""
         spec = debezium_history_spec(key_columns, list(SOURCE_POSITION))
@@ -327,7 +329,7 @@ class RefineBatch:
         location = self._history_location()
         position = [F.col(c) for c in SOURCE_POSITION]
         # The batch's truncates, in order: a handful of positions, not data.
-        truncates = (changes.where(F.col("op") == Op.TRUNCATE.value)
+        truncates = [] if not truncated else (changes.where(F.col("op") == Op.TRUNCATE.value)
                      .select("source_lsn", "kafka_offset", "source_committed_at").distinct()
                      .orderBy("source_lsn", "kafka_offset").collect())  # fmt: skip
         done = None  # versions up to here are applied
