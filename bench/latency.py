@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -57,7 +58,8 @@ def wait_for_row(spark, location: str, row_id: int, timeout_s: float, column: st
     """Poll until the table has a row whose ``column`` is ``row_id``."""
     deadline = time.monotonic() + timeout_s
     while True:
-        if Path(location, "_delta_log").is_dir() and spark.read.format("delta").load(location).where(
+        # The log folder exists before its first commit does.
+        if Path(location, "_delta_log", f"{0:020}.json").is_file() and spark.read.format("delta").load(location).where(
             F.col(column) == row_id
         ).count():
             return
@@ -76,6 +78,7 @@ def main() -> None:
     parser.add_argument("--commits", type=int, default=60, help="rows committed, one per transaction")
     parser.add_argument("--every", type=float, default=1.0, help="seconds between commits")
     parser.add_argument("--trigger-interval", type=float, default=1.0, help="trigger interval of both jobs")
+    parser.add_argument("--logs", type=Path, help="copy the jobs' logs (raw.log, refine.log) into this folder")
     args = parser.parse_args()
 
     settings = load_settings()
@@ -125,6 +128,10 @@ def main() -> None:
             for job in jobs:
                 stop_job(job)
             client.delete(name)
+            if args.logs:
+                args.logs.mkdir(parents=True, exist_ok=True)
+                for log in logs.glob("*.log"):
+                    shutil.copy(log, args.logs / log.name)
         visible = (
             spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 0).load(refined)
             .where("_change_type = 'insert' AND id > 0").groupBy("id")

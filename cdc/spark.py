@@ -28,6 +28,10 @@ def spark_conf(config: SparkConfig) -> dict[str, str]:
         "spark.sql.streaming.stateStore.providerClass": (
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
         ),
+        # One refine micro-batch (parse, MERGE, Delta snapshot) generates ~170 classes: with Spark's
+        # default cache of 100 every batch compiled them all again (~170 Janino compiles instead of
+        # ~7 per steady batch).
+        "spark.sql.codegen.cache.maxEntries": "2000",
     }
     if config.is_local:
         # A local driver serves only this machine: keep every port it opens on loopback.
