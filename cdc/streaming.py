@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from pyspark.errors import StreamingQueryException
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
@@ -29,3 +32,30 @@ def failure(query: StreamingQuery, secrets: list[str] | None = None) -> str | No
         return None
     message = redact(str(getattr(error, "desc", None) or error), secrets or []).strip()
     return message or type(error).__name__
+
+
+class ProgressReports:
+    """A streaming query's progress reports (Spark's JSON, as dicts), each returned once.
+
+    PySpark's ``recentProgress`` converts all retained reports (up to 100, dozens of JVM calls
+    each) on every call; polled twice a second, that kept a core of this 2-core machine busy
+    while the job itself was idle. This reads the newest reports first and stops at the first one
+    already returned: three JVM calls when nothing is new.
+    """
+
+    def __init__(self, query: StreamingQuery) -> None:
+        self.query = query
+        self.last: str | None = None  # trigger time of the newest report returned (ISO 8601, UTC)
+
+    def new(self) -> list[dict[str, Any]]:
+        """The reports since the last call, oldest first."""
+        retained = self.query._jsq.recentProgress()  # the JVM array, not PySpark's conversion of it
+        fresh = []
+        for index in range(len(retained) - 1, -1, -1):
+            report = json.loads(retained[index].json())
+            if self.last is not None and report["timestamp"] <= self.last:
+                break
+            fresh.append(report)
+        if fresh:
+            self.last = fresh[0]["timestamp"]
+        return fresh[::-1]

@@ -31,7 +31,7 @@ from cdc.errors import CdcError, ConfigError, StreamError, TableError
 from cdc.raw.config import TOPIC_NAME, Continuous, Trigger
 from cdc.raw.table import raw_table_location, raw_table_topic
 from cdc.storage import normalize_location
-from cdc.streaming import failure, with_trigger
+from cdc.streaming import ProgressReports, failure, with_trigger
 from refine.columns import connect_type, declared_schemas, declared_types
 from refine.deleted import (
     deleted_location,
@@ -373,6 +373,7 @@ def watch_refine_queries(
     changes each read. A query that failed stops the others and raises, naming its table."""
     seen: set[tuple[str, int]] = set()
     changes = dict.fromkeys(queries, 0)
+    reports = {name: ProgressReports(query) for name, query in queries.items()}
     try:
         while any(query.isActive for query in queries.values()) and not stop.is_set():
             for name, query in queries.items():
@@ -380,11 +381,12 @@ def watch_refine_queries(
                     query.awaitTermination(0.5)
                 except StreamingQueryException:
                     pass  # reported just below, by _raise_failure
-                for progress in query.recentProgress:
-                    if (name, progress.batchId) not in seen and progress.numInputRows:
-                        seen.add((name, progress.batchId))
-                        changes[name] += progress.numInputRows
-                        say(f"refine {name} batch {progress.batchId}: {progress.numInputRows:,} changes")
+                for report in reports[name].new():
+                    batch, rows = report["batchId"], report["numInputRows"]
+                    if (name, batch) not in seen and rows:
+                        seen.add((name, batch))
+                        changes[name] += rows
+                        say(f"refine {name} batch {batch}: {rows:,} changes")
                 _raise_failure(name, query, batches)
         for name, query in queries.items():  # one may have failed while another was awaited
             _raise_failure(name, query, batches)

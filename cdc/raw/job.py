@@ -34,7 +34,7 @@ from cdc.raw.table import (
 )
 from cdc.source import KafkaTopics
 from cdc.storage import Storage
-from cdc.streaming import failure, with_trigger
+from cdc.streaming import ProgressReports, failure, with_trigger
 
 # With a pattern, a continuous run looks for new matching topics this often.
 TOPIC_RESCAN_S = 30.0
@@ -50,6 +50,10 @@ class TopicRun:
     rows: int = 0
     batches: int = 0
     reported_batches: set[int] = field(default_factory=set)
+    reports: ProgressReports = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.reports = ProgressReports(self.query)
 
 
 @dataclass(frozen=True)
@@ -159,23 +163,31 @@ def start_query(spark: SparkSession, config: RawJobConfig, topic: str, table: st
 def progress_lines(run: TopicRun) -> list[str]:
     """A line per micro-batch completed since the last call (rows, offsets, lag); updates the run's totals."""
     lines = []
-    for progress in run.query.recentProgress:
-        if progress.batchId in run.reported_batches or progress.numInputRows == 0:
+    for report in run.reports.new():
+        batch, rows = report["batchId"], report["numInputRows"]
+        if batch in run.reported_batches or rows == 0:
             continue
-        run.reported_batches.add(progress.batchId)
-        run.rows += progress.numInputRows
+        run.reported_batches.add(batch)
+        run.rows += rows
         run.batches += 1
-        source = progress.sources[0]
-        end = json.loads(source.endOffset or "{}").get(run.topic, {})
-        latest = json.loads(source.latestOffset or "{}").get(run.topic, {})
+        source = report["sources"][0]
+        end, latest = _topic_offsets(source.get("endOffset"), run.topic), _topic_offsets(source.get("latestOffset"), run.topic)
         lag = sum(max(0, latest.get(partition, offset) - offset) for partition, offset in end.items())
         offsets = " ".join(f"p{partition}:{offset}" for partition, offset in sorted(end.items(), key=lambda kv: int(kv[0])))
-        rate = f"{progress.processedRowsPerSecond:,.0f} rows/s" if progress.processedRowsPerSecond else ""
+        rate = report.get("processedRowsPerSecond")
         lines.append(
-            f"raw {run.topic} batch {progress.batchId}: {progress.numInputRows:,} rows, next offsets {offsets}, "
-            f"lag {lag:,}" + (f", {rate}" if rate else "")
+            f"raw {run.topic} batch {batch}: {rows:,} rows, next offsets {offsets}, lag {lag:,}"
+            + (f", {rate:,.0f} rows/s" if rate else "")
         )
     return lines
+
+
+def _topic_offsets(offsets: dict | str | None, topic: str) -> dict[str, int]:
+    """A Kafka source's offsets of ``topic`` by partition, from a progress report (an object, or
+    its JSON text when Spark could not parse it)."""
+    if isinstance(offsets, str):
+        offsets = json.loads(offsets)
+    return (offsets or {}).get(topic, {})
 
 
 def run_raw_job(
