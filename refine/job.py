@@ -58,7 +58,7 @@ from refine.history import (
 from refine.merge import COMMITTED_AT, OP, REFINED_AT, SOURCE_POSITION, merge_changes, refined_rows, refresh_children
 from refine.toast import placeholder
 from refine.mongo import is_mongo, refine_mongo_batch
-from refine.parse import parse_changes, record_columns, wrapper_schemas
+from refine.parse import ChangeParser, record_columns, wrapper_schemas
 from refine.quarantine import quarantine, quarantine_location
 from refine.rekey import batch_states, fill_from_old_keys, is_key_change, stored_states
 from refine.rules import TableRules, history_table_name
@@ -178,6 +178,19 @@ class RefineBatch:
         self.rules = config.rules or TableRules(table=config.target, topic=config.table, warehouse=config.warehouse)
         self.batch_id = -1
         self.known_schemas: dict[str, list[str]] = {}  # wrapper schemas seen, by column: the next batch's start
+        self.parsers: dict[tuple, ChangeParser] = {}  # by schemas: batches with the same schemas reuse one
+
+    def _parser(
+        self, key_schema: ConnectSchema | None, value_schema: ConnectSchema, wrapped: bool,
+        texts: dict[str, list[str]] | None = None,
+    ) -> ChangeParser:
+        found = (key_schema and key_schema.model_dump_json(), value_schema.model_dump_json(), wrapped,
+                 tuple((column, tuple(found)) for column, found in sorted((texts or {}).items())))  # fmt: skip
+        if found not in self.parsers:
+            if len(self.parsers) >= _KNOWN:  # schemas that changed long ago
+                self.parsers.pop(next(iter(self.parsers)))
+            self.parsers[found] = ChangeParser(key_schema, value_schema, wrapped, texts)
+        return self.parsers[found]
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         spark = batch.sparkSession
@@ -224,7 +237,7 @@ class RefineBatch:
             value_schema = with_key_columns(value_schema, key_schema)
         changes = (
             parse_flattened(records, key_schema, value_schema, has_lsn(schemas[-1]), texts) if flattened
-            else parse_changes(records, key_schema, value_schema, schema_texts=texts)
+            else self._parser(key_schema, value_schema, True, texts)(records)
         )
         self._apply(spark, records, declared_types(changes, self.config.columns or {}), value_schema, key_schema)
         if flattened:
@@ -237,7 +250,7 @@ class RefineBatch:
                 "the topic's values carry no schema (schemas.enable=false): declare the refined table's `columns` "
                 "(name: Spark type) and its `key` in the refine job's configuration", table=self.raw)  # fmt: skip
         value_schema, key_schema = declared_schemas(self.config.columns, self.config.key)
-        changes = parse_changes(records, key_schema, value_schema, wrapped=False)
+        changes = self._parser(key_schema, value_schema, False)(records)
         self._apply(spark, records, declared_types(changes, self.config.columns), value_schema, key_schema)
 
     def _apply(
