@@ -28,7 +28,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from cdc.raw.table import is_delta_table
 from refine.decode import decode
 from refine.envelope import FLATTENED_METADATA_FIELDS, ConnectSchema, Op
-from refine.parse import decoding_problems, record_columns, wrapped_payload
+from refine.parse import change_columns, decoding_problems, record_columns, wrapped_payload
 
 ENVELOPE_FIELDS = ("op", "source")
 SCHEMA_PROPERTY = "cdc.flattened.schema"  # the refined table's last row schema (Connect JSON)
@@ -114,20 +114,14 @@ def parse_flattened(
     ])  # fmt: skip
     problem = F.when(F.col("value").isNotNull() & F.col("row").isNull(), F.lit("value is not a JSON row"))
     problem = decoding_problems(problem, "row", "decoded", row_schema)
-    return decoded.select(
-        "op",
-        "key",
-        F.when(F.col("op") == Op.DELETE.value, image).alias("before"),
-        F.when(F.col("op") != Op.DELETE.value, image).alias("after"),
-        F.when(F.col("value").isNull(), tombstone_lsn).otherwise(lsn).alias("source_lsn"),
-        F.lit(None).cast("long").alias("source_tx_id"),
-        F.timestamp_millis(F.col("metadata.__source_ts_ms")).alias("source_committed_at"),
-        "kafka_partition",
-        "kafka_offset",
-        "kafka_headers",
-        problem.alias("problem"),
-        F.col("value").alias("raw_value"),
-    )
+    return decoded.select(*change_columns(
+        F.when(F.col("op") == Op.DELETE.value, image),
+        F.when(F.col("op") != Op.DELETE.value, image),
+        F.when(F.col("value").isNull(), tombstone_lsn).otherwise(lsn),
+        F.lit(None).cast("long"),
+        F.timestamp_millis(F.col("metadata.__source_ts_ms")),
+        problem,
+    ))  # fmt: skip
 
 
 def remembered_schema(spark: SparkSession, refined: str) -> ConnectSchema | None:

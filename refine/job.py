@@ -184,13 +184,13 @@ class RefineBatch:
         self, key_schema: ConnectSchema | None, value_schema: ConnectSchema, wrapped: bool,
         texts: dict[str, list[str]] | None = None,
     ) -> ChangeParser:
-        found = (key_schema and key_schema.model_dump_json(), value_schema.model_dump_json(), wrapped,
-                 tuple((column, tuple(found)) for column, found in sorted((texts or {}).items())))  # fmt: skip
-        if found not in self.parsers:
+        schemas = (key_schema and key_schema.model_dump_json(), value_schema.model_dump_json(), wrapped,
+                   tuple((column, tuple(seen)) for column, seen in sorted((texts or {}).items())))  # fmt: skip
+        if schemas not in self.parsers:
             if len(self.parsers) >= _KNOWN:  # schemas that changed long ago
                 self.parsers.pop(next(iter(self.parsers)))
-            self.parsers[found] = ChangeParser(key_schema, value_schema, wrapped, texts)
-        return self.parsers[found]
+            self.parsers[schemas] = ChangeParser(key_schema, value_schema, wrapped, texts)
+        return self.parsers[schemas]
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         spark = batch.sparkSession
@@ -384,7 +384,6 @@ def watch_refine_queries(
 ) -> dict[str, int]:
     """Report each query's micro-batches until all have stopped (or ``stop`` is set); return the
     changes each read. A query that failed stops the others and raises, naming its table."""
-    seen: set[tuple[str, int]] = set()
     changes = dict.fromkeys(queries, 0)
     reports = {name: ProgressReports(query) for name, query in queries.items()}
     try:
@@ -396,8 +395,7 @@ def watch_refine_queries(
                     pass  # reported just below, by _raise_failure
                 for report in reports[name].new():
                     batch, rows = report["batchId"], report["numInputRows"]
-                    if (name, batch) not in seen and rows:
-                        seen.add((name, batch))
+                    if rows:  # not one of Spark's idle reports between batches
                         changes[name] += rows
                         say(f"refine {name} batch {batch}: {rows:,} changes")
                 _raise_failure(name, query, batches)

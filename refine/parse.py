@@ -131,6 +131,27 @@ def decoding_problems(problem: Column, raw: str, decoded: str, row_schema: Conne
     return problem
 
 
+def change_columns(
+    before: Column, after: Column, source_lsn: Column, source_tx_id: Column, committed_at: Column, problem: Column
+) -> list[Column | str]:
+    """The columns of a parsed change, in order, from a frame that has ``op``, ``key``, ``value``
+    and :func:`record_columns`: what every parser of Postgres changes returns."""
+    return [
+        "op",
+        "key",
+        before.alias("before"),
+        after.alias("after"),
+        source_lsn.alias("source_lsn"),
+        source_tx_id.alias("source_tx_id"),
+        committed_at.alias("source_committed_at"),
+        "kafka_partition",
+        "kafka_offset",
+        "kafka_headers",
+        problem.alias("problem"),
+        F.col("value").alias("raw_value"),
+    ]
+
+
 class ChangeParser:
     """:func:`parse_changes` for one key schema, value schema and set of wrapper schema texts.
 
@@ -172,20 +193,10 @@ class ChangeParser:
         ).when(~F.col("op").isin(*known_ops) | F.col("op").isNull(), F.concat(F.lit("unknown op "), F.coalesce("op", F.lit("null"))))
         for image in ("before", "after"):
             problem = decoding_problems(problem, f"envelope.{image}", image, row_schema, f"{image}.")
-        self._changes = [
-            "op",
-            "key",
-            "before",
-            "after",
-            F.col("envelope.source.lsn").alias("source_lsn"),
-            F.col("envelope.source.txId").alias("source_tx_id"),
-            F.timestamp_millis(F.col("envelope.source.ts_ms")).alias("source_committed_at"),
-            "kafka_partition",
-            "kafka_offset",
-            "kafka_headers",
-            problem.alias("problem"),
-            F.col("value").alias("raw_value"),
-        ]
+        self._changes = change_columns(
+            F.col("before"), F.col("after"), F.col("envelope.source.lsn"), F.col("envelope.source.txId"),
+            F.timestamp_millis(F.col("envelope.source.ts_ms")), problem,
+        )  # fmt: skip
 
     def __call__(self, raw: DataFrame) -> DataFrame:
         """Typed changes from raw rows (columns of :data:`cdc.raw.table.RAW_SCHEMA`)."""

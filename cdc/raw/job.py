@@ -49,7 +49,6 @@ class TopicRun:
     query: StreamingQuery
     rows: int = 0
     batches: int = 0
-    reported_batches: set[int] = field(default_factory=set)
     reports: ProgressReports = field(init=False)
 
     def __post_init__(self) -> None:
@@ -165,9 +164,8 @@ def progress_lines(run: TopicRun) -> list[str]:
     lines = []
     for report in run.reports.new():
         batch, rows = report["batchId"], report["numInputRows"]
-        if batch in run.reported_batches or rows == 0:
+        if rows == 0:  # Spark's idle reports between batches
             continue
-        run.reported_batches.add(batch)
         run.rows += rows
         run.batches += 1
         source = report["sources"][0]
