@@ -6,9 +6,9 @@ Brings the local stack up (or uses the running one), produces the messages once 
 then lands that topic twice with each variant in a worker process of its own, with the same Spark
 settings: cold (the first landing of a fresh JVM, as a scheduled `--available-now` run) and warm
 (the second, as a long-running job after the JIT compiled its hot paths). Prints rows/s of each
-landing (Spark start-up excluded), the CPU seconds it took
-(which, unlike wall time, barely move when other work shares the machine) and the peak resident
-memory of each worker's whole process tree (Python and its JVM). Prints figures; asserts nothing.
+landing (Spark start-up excluded), the CPU seconds it took (which, unlike wall time, barely move
+when other work shares the machine) and the peak resident memory of each worker's whole process
+tree (Python and its JVM). Prints figures; asserts nothing.
 """
 
 from __future__ import annotations
@@ -205,6 +205,7 @@ def main() -> None:
         print(f"{run}: cdc raw / plain stream: {ratio:.2f}")
     for variant, result in best.items():
         print(f"peak RSS {variant}: {result['peak_rss_mib']:,.0f} MiB (Python and its JVM, both landings)")
+
 
 if __name__ == "__main__":
     main()
