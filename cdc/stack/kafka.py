@@ -17,6 +17,17 @@ from cdc.stack.jvm import java_command, properties_text
 from cdc.stack.process import port_open
 
 
+def new_cluster_id() -> str:
+    """A random KRaft cluster id: a UUID in URL-safe base64, as `kafka-storage random-uuid` prints.
+
+    Like Kafka's own ``Uuid.randomUuid``, never one that starts with "-": the format command would
+    read it as an option and fail (1 time in 64).
+    """
+    while (cluster_id := base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")).startswith("-"):
+        pass
+    return cluster_id
+
+
 class KafkaServer(Component):
     name = KAFKA
 
@@ -74,9 +85,8 @@ class KafkaServer(Component):
         self.properties_file.write_text(properties_text(self.server_properties()))
         if (self.data_dir / "meta.properties").exists():
             return
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         format_command = java_command(
-            "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(self.properties_file),
+            "kafka.tools.StorageTool", "format", "-t", new_cluster_id(), "-c", str(self.properties_file),
             heap="256m", home=self.home,
         )  # fmt: skip
         result = subprocess.run(format_command, capture_output=True, text=True)
