@@ -182,29 +182,27 @@ def main() -> None:
     # Alternating rounds: this machine's speed drifts, and neither variant should always go first.
     print(f"{'variant':<14} {'round':>5} {'rows':>10} {'cold s':>7} {'cold rows/s':>12} {'CPU s':>6} "
           f"{'warm s':>7} {'warm rows/s':>12} {'CPU s':>6} {'peak RSS MiB':>13}")  # fmt: skip
-    best: dict[str, dict[str, float]] = {}
+    results: dict[str, list[dict[str, float]]] = {variant: [] for variant in VARIANTS}
     for round_ in range(1, args.rounds + 1):
         for variant in VARIANTS:
             result = run_worker(variant, topic, bootstrap)
             for run in ("cold", "warm"):
                 result[f"{run}_rows_per_s"] = result[f"{run}_rows"] / result[f"{run}_seconds"]
+            results[variant].append(result)
             print(f"{variant:<14} {round_:>5} {result['cold_rows']:>10,} {result['cold_seconds']:>7.1f} "
                   f"{result['cold_rows_per_s']:>12,.0f} {result['cold_cpu_seconds']:>6.1f} {result['warm_seconds']:>7.1f} "
                   f"{result['warm_rows_per_s']:>12,.0f} {result['warm_cpu_seconds']:>6.1f} {result['peak_rss_mib']:>13,.0f}",
                   flush=True)  # fmt: skip
-            for run in ("cold", "warm"):
-                key = f"{run}_rows_per_s"
-                if result[key] > best.get(variant, {}).get(key, 0):
-                    best.setdefault(variant, {}).update({key: result[key], f"{run}_cpu_seconds": result[f"{run}_cpu_seconds"]})
-            best[variant]["peak_rss_mib"] = max(best[variant].get("peak_rss_mib", 0), result["peak_rss_mib"])
     for run in ("cold", "warm"):
+        best = {variant: max(runs, key=lambda result: result[f"{run}_rows_per_s"]) for variant, runs in results.items()}
         for variant, result in best.items():
             print(f"best {run} {variant:<14} {result[f'{run}_rows_per_s']:>10,.0f} rows/s, "
                   f"{result[f'{run}_cpu_seconds']:.1f} CPU s")  # fmt: skip
-        ratio = best["cdc raw"][f"{run}_rows_per_s"] / best["plain stream"][f"{run}_rows_per_s"]
-        print(f"{run}: cdc raw / plain stream: {ratio:.2f}")
-    for variant, result in best.items():
-        print(f"peak RSS {variant}: {result['peak_rss_mib']:,.0f} MiB (Python and its JVM, both landings)")
+        print(f"{run}: cdc raw / plain stream: "
+              f"{best['cdc raw'][f'{run}_rows_per_s'] / best['plain stream'][f'{run}_rows_per_s']:.2f}")  # fmt: skip
+    for variant, runs in results.items():
+        peak = max(result["peak_rss_mib"] for result in runs)
+        print(f"peak RSS {variant}: {peak:,.0f} MiB (Python and its JVM, both landings)")
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ from refine.history import (
 from refine.merge import COMMITTED_AT, OP, REFINED_AT, SOURCE_POSITION, merge_changes, refined_rows, refresh_children
 from refine.toast import placeholder
 from refine.mongo import is_mongo, refine_mongo_batch
-from refine.parse import ChangeParser, record_columns, wrapper_schemas
+from refine.parse import parse_changes, record_columns, wrapper_schemas
 from refine.quarantine import quarantine, quarantine_location
 from refine.rekey import batch_states, fill_from_old_keys, is_key_change, stored_states
 from refine.rules import TableRules, history_table_name
@@ -72,12 +72,9 @@ def _readable_type(spark_type: str) -> str:
 ColumnType = Annotated[str, AfterValidator(_readable_type)]
 _KNOWN = 16  # wrapper schemas remembered per raw table and column
 
-# What refine runs learn, kept for the life of the process: a scheduled `--available-now` run, a
-# pipeline's next refresh or a rerun in the same process starts from it (a refine run of 10 changes
-# spent ~1.4 s of its ~5 s building the parser and finding the schemas again).
-_SCHEMAS_SEEN: dict[str, dict[str, list[str]]] = {}  # raw table -> column -> wrapper schemas
-_PARSERS: dict[tuple, ChangeParser] = {}  # by schemas, least recently used first
-_PARSERS_LOCK = threading.Lock()  # a pipeline runs several refine queries at once
+# Wrapper schemas each raw table showed, by column, for the life of the process: a later run of
+# the table in the same process (`--available-now`, a pipeline's refresh) starts from them.
+_SCHEMAS_SEEN: dict[str, dict[str, list[str]]] = {}
 
 
 class RefineRun(_Strict):
@@ -187,19 +184,6 @@ class RefineBatch:
         # Wrapper schemas seen, by column: the next batch's start (a hint: only those found are used).
         self.known_schemas = _SCHEMAS_SEEN.setdefault(self.raw, {})
 
-    def _parser(
-        self, key_schema: ConnectSchema | None, value_schema: ConnectSchema, wrapped: bool,
-        texts: dict[str, list[str]] | None = None,
-    ) -> ChangeParser:
-        schemas = (key_schema and key_schema.model_dump_json(), value_schema.model_dump_json(), wrapped,
-                   tuple((column, tuple(seen)) for column, seen in sorted((texts or {}).items())))  # fmt: skip
-        with _PARSERS_LOCK:
-            parser = _PARSERS.pop(schemas, None) or ChangeParser(key_schema, value_schema, wrapped, texts)
-            _PARSERS[schemas] = parser  # now the most recently used
-            while len(_PARSERS) > 4 * _KNOWN:
-                _PARSERS.pop(next(iter(_PARSERS)))
-            return parser
-
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         spark = batch.sparkSession
         self.batch_id = batch_id
@@ -245,7 +229,7 @@ class RefineBatch:
             value_schema = with_key_columns(value_schema, key_schema)
         changes = (
             parse_flattened(records, key_schema, value_schema, has_lsn(schemas[-1]), texts) if flattened
-            else self._parser(key_schema, value_schema, True, texts)(records)
+            else parse_changes(records, key_schema, value_schema, schema_texts=texts)
         )
         self._apply(spark, records, declared_types(changes, self.config.columns or {}), value_schema, key_schema)
         if flattened:
@@ -258,7 +242,7 @@ class RefineBatch:
                 "the topic's values carry no schema (schemas.enable=false): declare the refined table's `columns` "
                 "(name: Spark type) and its `key` in the refine job's configuration", table=self.raw)  # fmt: skip
         value_schema, key_schema = declared_schemas(self.config.columns, self.config.key)
-        changes = self._parser(key_schema, value_schema, False)(records)
+        changes = parse_changes(records, key_schema, value_schema, wrapped=False)
         self._apply(spark, records, declared_types(changes, self.config.columns), value_schema, key_schema)
 
     def _apply(
