@@ -1,9 +1,9 @@
 """`cdc raw`: stream each Kafka topic into its raw Delta table, exactly once.
 
-One streaming query per topic, each with its own checkpoint. Every micro-batch is appended with
-Delta's idempotent-write options (``txnAppId`` = the query's id, ``txnVersion`` = the batch id):
-a batch replayed after a crash, at whatever moment, is written once. A checkpoint deleted by a reset
-gives a new query id, so a new run can never be mistaken for a replay.
+One streaming query per topic, each with its own checkpoint. Every micro-batch's commit is marked
+with the query's id and the batch id (:mod:`cdc.raw.commits`): a batch replayed after a crash, at
+whatever moment, is written once. A checkpoint deleted by a reset gives a new query id, so a new run
+can never be mistaken for a replay.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from cdc.errors import OffsetGapError, SourceError, StreamError, TableError
 from cdc.raw.checkpoint import batch_end_offsets, committed_offsets
+from cdc.raw.commits import batch_marker, last_landed_batch
 from cdc.raw.config import Continuous, GapPolicy, RawJobConfig, TopicList
 from cdc.raw.gaps import find_gaps, record_gaps
 from cdc.raw.rows import raw_rows
@@ -71,6 +72,7 @@ class LandBatch:
         self.topic = topic
         self.table = table
         self.checkpoint = checkpoint
+        self.first_batch = True  # of this run: the only one that can be a replay
 
     def __call__(self, records: DataFrame, batch_id: int) -> None:
         spark = records.sparkSession
@@ -82,9 +84,15 @@ class LandBatch:
             record_gaps(spark, gaps_table_location(self.config.warehouse), self.table, find_gaps(start, held))
         writer = (
             raw_rows(records, batch_id).write.format("delta").mode("append")
-            .option("txnAppId", f"cdc-raw-{query_id}")
-            .option("txnVersion", batch_id)
+            .option("userMetadata", batch_marker(query_id, batch_id))
         )  # fmt: skip
+        if self.first_batch:
+            self.first_batch = False
+            landed = last_landed_batch(spark, self.table, query_id)
+            if landed is not None and landed >= batch_id:
+                return  # committed before the last run died, not yet recorded in the checkpoint
+            if landed is None:  # a table landed without markers: Delta's idempotent write decides
+                writer = writer.option("txnAppId", f"cdc-raw-{query_id}").option("txnVersion", batch_id)
         for column in PAYLOAD_COLUMNS:
             writer = writer.option(f"parquet.enable.dictionary#{column}", "false")
         writer.save(self.table)
