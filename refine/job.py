@@ -151,7 +151,6 @@ class BatchFacts(NamedTuple):
     truncated_at: tuple[int, int] | None  # source position of the last truncate
     key_changes: bool  # a primary-key change (Debezium's key headers)
     deletes: bool
-    inserts_only: bool  # every change is a create or a snapshot read
 
 
 def batch_facts(changes: DataFrame) -> BatchFacts:
@@ -160,10 +159,9 @@ def batch_facts(changes: DataFrame) -> BatchFacts:
         F.max(F.when(F.col("op") == Op.TRUNCATE.value, F.struct("source_lsn", "kafka_offset"))).alias("truncate"),
         F.coalesce(F.max(is_key_change(F.col("kafka_headers"))), F.lit(False)).alias("key_changes"),
         F.coalesce(F.max(F.col("op") == Op.DELETE.value), F.lit(False)).alias("deletes"),
-        F.coalesce(F.min(F.col("op").isin(Op.CREATE.value, Op.READ.value)), F.lit(False)).alias("inserts_only"),
     ).first()  # fmt: skip
     truncate = tuple(row.truncate) if row.truncate else None
-    return BatchFacts(row.problems, truncate, row.key_changes, row.deletes, row.inserts_only)
+    return BatchFacts(row.problems, truncate, row.key_changes, row.deletes)
 
 
 def _has_bare_envelopes(records: DataFrame) -> bool:
@@ -314,7 +312,7 @@ class RefineBatch:
                 if truncated_at is not None:
                     record_truncate(spark, self.deleted, truncated_at)
                 guarded = without_resurrections(spark, self.deleted, rows, key_columns)
-                merge_changes(spark, self.refined, guarded, key_columns, truncated_at, inserts_only=facts.inserts_only)
+                merge_changes(spark, self.refined, guarded, key_columns, truncated_at)
                 for path in self.config.explode:
                     refresh_children(spark, self.refined, self._child_location(path), rows.select(*key_columns),
                                      key_columns, path, truncated=truncated_at is not None)  # fmt: skip

@@ -10,11 +10,6 @@ source column name Debezium produces for Postgres):
 
 A change applies only when it is at or after the row's position, so replays and late duplicates
 never overwrite newer state.
-
-A batch of creates and snapshot reads only, none of whose keys the table holds (a snapshot into a
-new table, an append-mostly table, a trickle of inserts), is appended instead: that is what the
-MERGE would do, at a fraction of its cost (a MERGE of a few rows is ~2.5-4 s of Delta's jobs here,
-an append ~0.3 s).
 """
 
 from __future__ import annotations
@@ -88,15 +83,10 @@ def merge_changes(
     key_columns: list[str],
     truncated_at: tuple[int, int] | None,
     position: tuple[str, ...] = SOURCE_POSITION,
-    inserts_only: bool = False,
 ) -> None:
     """Apply one batch's last change per key (and a truncate, if the batch had one); a change applies
-    when its ``position`` columns are at or after the row's. ``inserts_only``: the batch's changes
-    are all creates and snapshot reads (then, when the table holds none of their keys, they are appended)."""
+    when its ``position`` columns are at or after the row's."""
     ensure_refined_table(spark, location, _schema_of(rows))
-    if inserts_only and truncated_at is None and not _holds_any_key(spark, location, rows, key_columns):
-        rows.write.format("delta").mode("append").save(location)
-        return
     newer = at_or_after([F.col(f"s.`{c}`") for c in position], [F.col(f"t.`{c}`") for c in position])
     is_delete = F.col(f"s.{OP}") == Op.DELETE.value
     updates = {}
@@ -118,12 +108,6 @@ def merge_changes(
         lsn, offset = truncated_at
         merge = merge.whenNotMatchedBySourceDelete(f"t.{LSN} < {lsn} OR (t.{LSN} = {lsn} AND t.{OFFSET} < {offset})")
     merge.execute()
-
-
-def _holds_any_key(spark: SparkSession, location: str, rows: DataFrame, key_columns: list[str]) -> bool:
-    keys = [F.col(f"`{key}`") for key in key_columns]
-    stored = spark.read.format("delta").load(location).select(*keys)
-    return not rows.select(*keys).join(stored, key_columns, "left_semi").isEmpty()
 
 
 def _schema_of(rows: DataFrame) -> StructType:
