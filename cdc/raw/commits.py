@@ -14,10 +14,14 @@ table whose history has no marker (one landed by an earlier version of this tool
 
 from __future__ import annotations
 
+import re
+
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
 MARKER = "cdc-raw"
+# Anything else a user wrote as a commit's user metadata is not a marker.
+_MARKER_PATTERN = re.compile(rf"{MARKER} (?P<query>\S+) (?P<batch>\d+)")
 # Commits read at first, then more: only maintenance (OPTIMIZE) commits between a crash and the
 # next run push the last batch's commit further back.
 _HISTORY_LIMITS = (20, 1000, None)
@@ -31,17 +35,15 @@ def batch_marker(query_id: str, batch_id: int) -> str:
 def last_landed_batch(spark: SparkSession, table: str, query_id: str) -> int | None:
     """The id of the last micro-batch of query ``query_id`` committed to ``table``; -1 when the
     table has markers of no batch of that query; None when no commit of the table has a marker."""
-    prefix = f"{MARKER} "
     for limit in _HISTORY_LIMITS:
         table_history = DeltaTable.forPath(spark, table)
         history = table_history.history(limit) if limit else table_history.history()
         commits = history.select("userMetadata").collect()  # commit metadata, newest first: not data
         for commit in commits:
-            if commit.userMetadata and commit.userMetadata.startswith(prefix):
-                _, marked_query, batch = commit.userMetadata.split(" ")
+            if (marker := _MARKER_PATTERN.fullmatch(commit.userMetadata or "")) is not None:
                 # Only the latest marker counts: a query whose checkpoint was deleted (a reset, or an
                 # empty table) left older ones of another query id.
-                return int(batch) if marked_query == query_id else -1
+                return int(marker["batch"]) if marker["query"] == query_id else -1
         if limit is None or len(commits) < limit:
             return None
     return None
