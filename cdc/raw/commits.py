@@ -35,9 +35,9 @@ def batch_marker(query_id: str, batch_id: int) -> str:
 def last_landed_batch(spark: SparkSession, table: str, query_id: str) -> int | None:
     """The id of the last micro-batch of query ``query_id`` committed to ``table``; -1 when the
     table has markers of no batch of that query; None when no commit of the table has a marker."""
+    delta_table = DeltaTable.forPath(spark, table)
     for limit in _HISTORY_LIMITS:
-        table_history = DeltaTable.forPath(spark, table)
-        history = table_history.history(limit) if limit else table_history.history()
+        history = delta_table.history(limit) if limit else delta_table.history()
         commits = history.select("userMetadata").collect()  # commit metadata, newest first: not data
         for commit in commits:
             if (marker := _MARKER_PATTERN.fullmatch(commit.userMetadata or "")) is not None:
