@@ -25,7 +25,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import Enum
 
-from delta.tables import DeltaTable
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -34,6 +33,7 @@ from pydantic import Field, field_validator
 
 from cdc.config import _Strict
 from cdc.errors import ConfigError, ExpectationError
+from cdc.shared_tables import merge_into_shared_table
 from refine.quarantine import quarantine, quarantine_location
 
 FAILED = "_cdc_failed_expectations"  # on violations: the names of the expectations a row failed
@@ -186,10 +186,7 @@ def _record_counts(
         "table string, expectation string, action string, batch long, passed long, failed long",
     ).withColumn("recorded_at", F.current_timestamp())  # fmt: skip
     location = expectations_location(warehouse)
-    DeltaTable.createIfNotExists(spark).location(location).addColumns(COUNTS_SCHEMA).execute()
     same = " AND ".join(f"c.`{k}` = n.`{k}`" for k in ("table", "expectation", "batch"))
-    (
-        DeltaTable.forPath(spark, location).alias("c").merge(counts.alias("n"), same)
-        .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute()
-    )  # fmt: skip
+    merge_into_shared_table(spark, location, COUNTS_SCHEMA, lambda table: table.alias("c").merge(
+        counts.alias("n"), same).whenMatchedUpdateAll().whenNotMatchedInsertAll())  # fmt: skip
     return failed

@@ -6,10 +6,11 @@ partition and offset, the raw value and the reason. A replayed batch does not ad
 
 from __future__ import annotations
 
-from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
+
+from cdc.shared_tables import merge_into_shared_table
 
 QUARANTINE_SCHEMA = StructType(
     [
@@ -22,9 +23,6 @@ QUARANTINE_SCHEMA = StructType(
         StructField("quarantined_at", TimestampType(), nullable=False),
     ]
 )
-
-
-CONFLICT_RETRIES = 5
 
 
 def quarantine_location(warehouse: str) -> str:
@@ -44,19 +42,6 @@ def quarantine(spark: SparkSession, location: str, source_table: str, topic: str
         F.col("problem").alias("reason"),
         F.current_timestamp().alias("quarantined_at"),
     )
-    DeltaTable.createIfNotExists(spark).location(location).addColumns(QUARANTINE_SCHEMA).execute()
     keys = ("source_table", "partition", "offset")
-    for attempt in range(CONFLICT_RETRIES):
-        try:
-            (
-                DeltaTable.forPath(spark, location).alias("q")  # the latest version, on each attempt
-                .merge(rows.alias("n"), " AND ".join(f"q.`{k}` = n.`{k}`" for k in keys))
-                .whenNotMatchedInsertAll()
-                .execute()
-            )  # fmt: skip
-            return
-        except Exception as error:  # py4j wraps Delta's ConcurrentAppendException
-            # Several refine streams share the quarantine: a concurrent commit makes Delta refuse this
-            # MERGE; it is idempotent, so it is run again on the new version.
-            if "Concurrent" not in str(error) or attempt == CONFLICT_RETRIES - 1:
-                raise
+    merge_into_shared_table(spark, location, QUARANTINE_SCHEMA, lambda table: table.alias("q").merge(
+        rows.alias("n"), " AND ".join(f"q.`{k}` = n.`{k}`" for k in keys)).whenNotMatchedInsertAll())  # fmt: skip

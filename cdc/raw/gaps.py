@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 
-from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
 from cdc.raw.checkpoint import Offsets
+from cdc.shared_tables import merge_into_shared_table
 from cdc.source import PartitionOffsets
 
 GAPS_SCHEMA = StructType(
@@ -56,12 +56,6 @@ def record_gaps(spark: SparkSession, gaps_table: str, raw_table: str, gaps: list
     detected_at = datetime.now(timezone.utc)
     rows = [{"table": raw_table, **asdict(gap), "detected_at": detected_at} for gap in gaps]
     new = spark.createDataFrame(rows, GAPS_SCHEMA)
-    DeltaTable.createIfNotExists(spark).location(gaps_table).addColumns(GAPS_SCHEMA).execute()
-    (
-        DeltaTable.forPath(spark, gaps_table).alias("recorded")
-        .merge(new.alias("new"), " AND ".join(
-            f"recorded.`{name}` = new.`{name}`" for name in ("table", "topic", "partition", "first_missing")
-        ))
-        .whenNotMatchedInsertAll()
-        .execute()
-    )  # fmt: skip
+    same = " AND ".join(f"recorded.`{name}` = new.`{name}`" for name in ("table", "topic", "partition", "first_missing"))
+    merge_into_shared_table(spark, gaps_table, GAPS_SCHEMA, lambda table: table.alias("recorded").merge(
+        new.alias("new"), same).whenNotMatchedInsertAll())  # fmt: skip
