@@ -2,7 +2,6 @@
 
 import threading
 
-import pytest
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 from pyspark.testing import assertDataFrameEqual
 
