@@ -9,7 +9,9 @@ Why not Delta's own idempotent writes (``txnAppId``/``txnVersion``) for every ba
 the recorded versions from the table's fully reconstructed state, two Spark jobs per commit. A
 3-row append took ~0.9 s with them and ~0.3 s without (median of 40, one JVM); in a continuous
 job that was most of every small batch. They are still used for the first batch written to a
-table whose history has no marker (one landed by an earlier version of this tool).
+table whose history has commits after its creation but no marker (one landed by an earlier
+version of this tool); a new table needs neither (its first append took ~1.9 s with them, ~0.4 s
+without).
 """
 
 from __future__ import annotations
@@ -34,16 +36,19 @@ def batch_marker(query_id: str, batch_id: int) -> str:
 
 def last_landed_batch(spark: SparkSession, table: str, query_id: str) -> int | None:
     """The id of the last micro-batch of query ``query_id`` committed to ``table``; -1 when the
-    table has markers of no batch of that query; None when no commit of the table has a marker."""
+    table has markers of no batch of that query, or holds only its creation; None when it has
+    other commits and none of them has a marker."""
     delta_table = DeltaTable.forPath(spark, table)
     for limit in _HISTORY_LIMITS:
         history = delta_table.history(limit) if limit else delta_table.history()
-        commits = history.select("userMetadata").collect()  # commit metadata, newest first: not data
+        commits = history.select("version", "userMetadata").collect()  # commit metadata, newest first: not data
         for commit in commits:
             if (marker := _MARKER_PATTERN.fullmatch(commit.userMetadata or "")) is not None:
                 # Only the latest marker counts: a query whose checkpoint was deleted (a reset, or an
                 # empty table) left older ones of another query id.
                 return int(marker["batch"]) if marker["query"] == query_id else -1
+        if [commit.version for commit in commits] == [0]:
+            return -1  # only the table's creation: no batch of any query landed
         if limit is None or len(commits) < limit:
             return None
     return None

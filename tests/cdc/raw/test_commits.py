@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from contextlib import contextmanager
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 
@@ -100,3 +102,14 @@ def test_a_table_landed_without_markers_falls_back_to_deltas_idempotent_writes(s
         replay(records(spark, 2), 1)
     assert landed_offsets(spark, raw_table) == [0, 1, 2, 3]
     assert last_landed_batch(spark, raw_table, "query-1") == 1  # the next batch's commit has its marker
+
+
+def test_a_new_table_lands_its_first_batch_without_deltas_idempotent_write(spark, tmp_path, raw_table):
+    assert last_landed_batch(spark, raw_table, "query-1") == -1  # only the table's creation: nothing to replay
+    with streaming_query(spark, "query-1"):
+        run(spark, tmp_path, raw_table)(records(spark, 0), 0)
+    # Delta's idempotent write would have recorded a transaction (and rebuilt the table's state for it).
+    first_commit = Path(raw_table, "_delta_log", f"{1:020}.json").read_text().splitlines()
+    assert not [action for action in map(json.loads, first_commit) if "txn" in action]
+    assert last_landed_batch(spark, raw_table, "query-1") == 0
+    assert landed_offsets(spark, raw_table) == [0, 1]
