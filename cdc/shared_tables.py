@@ -3,6 +3,7 @@ several topics), the quarantine and the expectation counts (`cdc refine` of a pi
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from delta.tables import DeltaMergeBuilder, DeltaTable
@@ -12,6 +13,15 @@ from pyspark.sql.types import StructType
 CONFLICT_RETRIES = 5
 
 
+def is_conflict(error: BaseException) -> bool:
+    """Whether Delta refused because another stream committed, or was creating the table, at the same
+    time: running again on the table's new version resolves it."""
+    message = str(error).lower()  # py4j wraps Delta's ConcurrentAppendException and its kin
+    # A creation that has made the table's log folder but not yet its first commit: the location is
+    # then "not empty and also not a Delta table" for a moment.
+    return "concurrent" in message or "delta_create_table_with_non_empty_location" in message
+
+
 def merge_into_shared_table(
     spark: SparkSession, location: str, schema: StructType, merge: Callable[[DeltaTable], DeltaMergeBuilder]
 ) -> None:
@@ -19,13 +29,14 @@ def merge_into_shared_table(
     table, creating the table if needed.
 
     A concurrent commit (or creation) by another stream makes Delta refuse the MERGE: it is run
-    again on the new version, which is safe because it is idempotent.
+    again on the new version, a moment later, which is safe because it is idempotent.
     """
     for attempt in range(CONFLICT_RETRIES):
         try:
             DeltaTable.createIfNotExists(spark).location(location).addColumns(schema).execute()
             merge(DeltaTable.forPath(spark, location)).execute()
             return
-        except Exception as error:  # py4j wraps Delta's ConcurrentAppendException and its kin
-            if "concurrent" not in str(error).lower() or attempt == CONFLICT_RETRIES - 1:
+        except Exception as error:
+            if not is_conflict(error) or attempt == CONFLICT_RETRIES - 1:
                 raise
+            time.sleep(0.1 * (attempt + 1))  # the other stream's commit or creation is landing

@@ -47,4 +47,12 @@ def test_without_retries_concurrent_merges_conflict(spark, tmp_path, monkeypatch
     """The conflict the retries absorb is real: the same MERGEs, tried once each, fail."""
     monkeypatch.setattr(shared_tables, "CONFLICT_RETRIES", 1)
     errors = merge_from_threads(spark, str(tmp_path / "shared"), streams=3, batches=2)
-    assert errors and "concurrent" in str(errors[0]).lower()
+    assert errors and shared_tables.is_conflict(errors[0]), errors[0]
+
+
+def test_a_creation_under_way_and_a_concurrent_commit_are_conflicts_but_other_errors_are_not():
+    assert shared_tables.is_conflict(RuntimeError(
+        "[DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION] Cannot create table ('`delta`.`/w/shared`'). The associated "
+        "location ('/w/shared') is not empty and also not a Delta table."))  # fmt: skip
+    assert shared_tables.is_conflict(RuntimeError("io.delta.exceptions.ConcurrentAppendException: Files were added"))
+    assert not shared_tables.is_conflict(RuntimeError("[DELTA_MERGE_UNRESOLVED_EXPRESSION] Cannot resolve s.x"))
