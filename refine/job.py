@@ -56,7 +56,7 @@ from refine.history import (
     debezium_versions,
 )
 from refine.merge import COMMITTED_AT, OP, REFINED_AT, SOURCE_POSITION, merge_changes, refined_rows, refresh_children
-from refine.toast import placeholder
+from refine.toast import has_placeholder, placeholder
 from refine.mongo import is_mongo, refine_mongo_batch
 from refine.parse import parse_changes, record_columns, wrapper_schemas
 from refine.quarantine import quarantine, quarantine_location
@@ -151,6 +151,7 @@ class BatchFacts(NamedTuple):
     truncated_at: tuple[int, int] | None  # source position of the last truncate
     key_changes: bool  # a primary-key change (Debezium's key headers)
     deletes: bool
+    placeholders: bool  # a TOAST placeholder in a row image after a change
 
 
 def batch_facts(changes: DataFrame) -> BatchFacts:
@@ -159,9 +160,10 @@ def batch_facts(changes: DataFrame) -> BatchFacts:
         F.max(F.when(F.col("op") == Op.TRUNCATE.value, F.struct("source_lsn", "kafka_offset"))).alias("truncate"),
         F.coalesce(F.max(is_key_change(F.col("kafka_headers"))), F.lit(False)).alias("key_changes"),
         F.coalesce(F.max(F.col("op") == Op.DELETE.value), F.lit(False)).alias("deletes"),
+        F.coalesce(F.max(has_placeholder(F.col("after"), changes.schema["after"].dataType)), F.lit(False)).alias("toast"),
     ).first()  # fmt: skip
     truncate = tuple(row.truncate) if row.truncate else None
-    return BatchFacts(row.problems, truncate, row.key_changes, row.deletes)
+    return BatchFacts(row.problems, truncate, row.key_changes, row.deletes, row.toast)
 
 
 def _has_bare_envelopes(records: DataFrame) -> bool:
@@ -301,7 +303,7 @@ class RefineBatch:
         if facts.key_changes:  # only then are stored rows read (a scan of the refined table)
             stored = stored_states(spark, [self.refined, self.deleted], key_columns, changes.schema["after"].dataType)
             filled = fill_from_old_keys(changes, key_schema, stored)
-        latest = latest_per_key(filled, key_columns, truncated_at)
+        latest = latest_per_key(filled, key_columns, truncated_at, facts.placeholders)
         if facts.deletes:
             latest = with_deleted_images(latest, batch_states(filled), stored)
         with self.rules.enforced_changes(spark, latest, columns, key_columns, self.batch_id) as rows:

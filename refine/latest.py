@@ -26,14 +26,18 @@ def at_or_after(position: list[Column], other: list[Column]) -> Column:
     return (first > other_first) | ((first == other_first) & at_or_after(rest, other_rest))
 
 
-def latest_per_key(changes: DataFrame, key_columns: list[str], truncated_at: tuple[int, int] | None) -> DataFrame:
+def latest_per_key(
+    changes: DataFrame, key_columns: list[str], truncated_at: tuple[int, int] | None, placeholders: bool = True
+) -> DataFrame:
     """For each key, its last create, read, update or delete after ``truncated_at`` (if any), with
-    TOAST placeholders filled from the key's earlier changes in the batch."""
+    TOAST placeholders filled from the key's earlier changes in the batch (``placeholders``: the
+    changes may hold any; without, that running window over each key's changes is left out)."""
     rows = changes.where(F.col("op").isin(Op.READ.value, Op.CREATE.value, Op.UPDATE.value, Op.DELETE.value))
     if truncated_at is not None:
         lsn, offset = truncated_at
         rows = rows.where(at_or_after([F.col("source_lsn"), F.col("kafka_offset")], [F.lit(lsn), F.lit(offset)]))
-    rows = fill_from_earlier_changes(rows, key_columns, [F.col(c) for c in POSITION_COLUMNS])
+    if placeholders:
+        rows = fill_from_earlier_changes(rows, key_columns, [F.col(c) for c in POSITION_COLUMNS])
     order = Window.partitionBy(*[F.col(f"key.{column}") for column in key_columns]).orderBy(
         *[F.col(c).desc() for c in POSITION_COLUMNS]
     )

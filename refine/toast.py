@@ -7,6 +7,8 @@ table's current row: :func:`fill_from_earlier_changes` takes it from the first, 
 
 from __future__ import annotations
 
+from functools import reduce
+
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, BinaryType, DataType, StringType, StructType
@@ -23,6 +25,12 @@ def placeholder(data_type: DataType) -> Column | None:
     if isinstance(data_type, ArrayType) and isinstance(data_type.elementType, StringType):
         return F.array(F.lit(TOAST_PLACEHOLDER))
     return None
+
+
+def has_placeholder(row: Column, row_type: StructType) -> Column:
+    """True where a field of ``row`` (a struct of ``row_type``) holds the placeholder; false when none can."""
+    checks = [row[field.name] == marker for field in row_type.fields if (marker := placeholder(field.dataType)) is not None]
+    return F.coalesce(reduce(Column.__or__, checks), F.lit(False)) if checks else F.lit(False)
 
 
 def fill_from_earlier_changes(changes: DataFrame, key_columns: list[str], order: list[Column]) -> DataFrame:
