@@ -24,7 +24,6 @@ from cdc.raw.config import Continuous, GapPolicy, RawJobConfig, TopicList
 from cdc.raw.gaps import find_gaps, record_gaps
 from cdc.raw.rows import raw_rows
 from cdc.raw.table import (
-    PAYLOAD_COLUMNS,
     RESET_ALLOWED_PROPERTY,
     checkpoint_location,
     create_raw_table,
@@ -93,8 +92,6 @@ class LandBatch:
                 return  # committed before the last run died, not yet recorded in the checkpoint
             if landed is None:  # a table landed without markers: Delta's idempotent write decides
                 writer = writer.option("txnAppId", f"cdc-raw-{query_id}").option("txnVersion", batch_id)
-        for column in PAYLOAD_COLUMNS:
-            writer = writer.option(f"parquet.enable.dictionary#{column}", "false")
         writer.save(self.table)
 
 

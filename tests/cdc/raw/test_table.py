@@ -1,0 +1,77 @@
+"""Raw tables' Parquet settings: set at creation, added to tables of earlier versions, honoured by Delta."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+
+import pyarrow.parquet as pq
+from delta.tables import DeltaTable
+
+from cdc.raw.rows import raw_rows
+from cdc.raw.table import PARQUET_PROPERTIES, PAYLOAD_COLUMNS, create_raw_table
+
+KAFKA_SCHEMA = (
+    "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
+    "timestampType int, headers array<struct<key:string, value:binary>>"
+)
+
+
+def append_records(spark, table: str, first_offset: int, count: int) -> None:
+    """``count`` records whose keys and values repeat (Parquet would keep them in a dictionary), one
+    invalid UTF-8 value among them (so value_bytes is written too)."""
+    records = [
+        (f"k{offset % 3}".encode(), b"\xff" if offset == first_offset else f"v{offset % 3}".encode(), "t", 0, offset,
+         datetime(2026, 1, 1), 0, None)
+        for offset in range(first_offset, first_offset + count)
+    ]  # fmt: skip
+    raw_rows(spark.createDataFrame(records, KAFKA_SCHEMA), first_offset).write.format("delta").mode("append").save(table)
+
+
+def column_chunks(table: str) -> dict[str, list]:
+    """Every Parquet column chunk's metadata of the table's files, by column."""
+    chunks: dict[str, list] = {}
+    for file in Path(table).rglob("*.parquet"):
+        metadata = pq.ParquetFile(file).metadata
+        for group in range(metadata.num_row_groups):
+            for index in range(metadata.num_columns):
+                chunk = metadata.row_group(group).column(index)
+                chunks.setdefault(chunk.path_in_schema, []).append(chunk)
+    return chunks
+
+
+def test_payload_columns_are_written_without_dictionary_or_statistics(spark, tmp_path):
+    table = str(tmp_path / "raw" / "t")
+    create_raw_table(spark, table, "t")
+    append_records(spark, table, 0, 100)
+    chunks = column_chunks(table)
+    for column in PAYLOAD_COLUMNS:
+        assert chunks[column], column
+        for chunk in chunks[column]:
+            assert not chunk.has_dictionary_page and chunk.statistics is None, (column, chunk)
+    # The other columns keep Parquet's defaults.
+    assert all(chunk.has_dictionary_page and chunk.statistics is not None for chunk in chunks["topic"])
+
+
+def test_a_raw_table_of_an_earlier_version_gets_the_settings_and_its_change_feed_reads_on(spark, tmp_path):
+    table, copy = str(tmp_path / "raw" / "t"), str(tmp_path / "copy")
+    create_raw_table(spark, table, "t")
+    keys = ", ".join(f"'{key}'" for key in PARQUET_PROPERTIES)
+    spark.sql(f"ALTER TABLE delta.`{table}` UNSET TBLPROPERTIES ({keys})")  # as an earlier version created it
+    append_records(spark, table, 0, 5)
+
+    def copy_change_feed() -> None:  # as refine reads it: a stream with a checkpoint
+        (spark.readStream.format("delta").option("readChangeFeed", "true").option("startingVersion", 0).load(table)
+         .select("offset").writeStream.format("delta").option("checkpointLocation", f"{copy}/_checkpoint")
+         .trigger(availableNow=True).start(copy).awaitTermination())  # fmt: skip
+
+    copy_change_feed()
+    create_raw_table(spark, table, "t")  # a later run: adds the settings
+    properties = DeltaTable.forPath(spark, table).detail().select("properties").head()[0]
+    assert {key: properties.get(key) for key in PARQUET_PROPERTIES} == PARQUET_PROPERTIES
+    version = DeltaTable.forPath(spark, table).history(1).head().version
+    create_raw_table(spark, table, "t")  # nothing missing: no commit
+    assert DeltaTable.forPath(spark, table).history(1).head().version == version
+    append_records(spark, table, 5, 5)
+    copy_change_feed()
+    assert sorted(row.offset for row in spark.read.format("delta").load(copy).collect()) == list(range(10))
