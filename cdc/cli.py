@@ -258,6 +258,7 @@ def jars_fetch(args: argparse.Namespace, settings: Settings) -> int:
     for bundle in (jars.SPARK_BUNDLE, jars.KAFKA_BUNDLE, jars.DEBEZIUM_POSTGRES_BUNDLE):
         resolved = jars.resolve(bundle)
         print(f"{bundle.name:<28} {len(resolved):>3} jars in {resolved[0].parent.parent}")
+    print(f"{'helpers (cdc/jvm)':<28} {1:>3} jar  at {jars.helpers_jar()}")
     return 0
 
 
@@ -363,7 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
     jar_commands = commands.add_parser("jars", help="JVM dependencies").add_subparsers(
         dest="action", required=True, metavar="ACTION"
     )
-    _add(jar_commands, "fetch", jars_fetch, "resolve and cache every jar bundle from Maven Central")
+    _add(jar_commands, "fetch", jars_fetch, "resolve and cache every jar bundle from Maven Central, build the helpers")
     return parser
 
 

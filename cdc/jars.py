@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import subprocess
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from xml.sax.saxutils import quoteattr
@@ -97,14 +98,18 @@ def default_cache_dir() -> Path:
 
 def java_executable() -> str:
     """The ``java`` of ``$JAVA_HOME``, else the one on ``PATH``."""
+    return _jdk_tool("java")
+
+
+def _jdk_tool(name: str) -> str:
     if os.environ.get("JAVA_HOME"):
-        candidate = Path(os.environ["JAVA_HOME"]) / "bin" / "java"
+        candidate = Path(os.environ["JAVA_HOME"]) / "bin" / name
         if candidate.exists():
             return str(candidate)
-    found = shutil.which("java")
+    found = shutil.which(name)
     if not found:
         raise DependencyError(
-            "java not found: install a JDK 17 or newer (Debian: apt-get install openjdk-17-jre-headless) "
+            f"{name} not found: install a JDK 17 or newer (Debian: apt-get install openjdk-17-jdk-headless) "
             "or set JAVA_HOME"
         )
     return found
@@ -135,6 +140,49 @@ def resolve(bundle: Bundle, cache_dir: Path | None = None) -> list[Path]:
         if cached is not None:
             return cached
         return _fetch(bundle, target, cache_dir / "ivy-cache")
+
+
+HELPERS_SOURCES = Path(__file__).parent / "jvm"
+HELPERS_JAR = "cdc-helpers.jar"
+
+
+def helpers_jar(cache_dir: Path | None = None) -> Path:
+    """The jar of the project's own JVM code (``cdc/jvm/*.java``: Spark functions Spark lacks),
+    compiled with ``javac`` against pyspark's jars on the first call for these sources and this
+    Spark version, then cached beside the bundles."""
+    cache_dir = Path(cache_dir or default_cache_dir())
+    sources = sorted(HELPERS_SOURCES.glob("*.java"))
+    digest = hashlib.sha256("\n".join([SPARK_VERSION, *(source.read_text() for source in sources)]).encode())
+    target = cache_dir / f"helpers-{digest.hexdigest()[:12]}"
+    if (target / HELPERS_JAR).exists():
+        return target / HELPERS_JAR
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with open(cache_dir / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / HELPERS_JAR).exists():
+            _compile_helpers(sources, target)
+    return target / HELPERS_JAR
+
+
+def _compile_helpers(sources: list[Path], target: Path) -> None:
+    import pyspark
+
+    staging = target.with_name(target.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    classes = staging / "classes"
+    classpath = str(Path(pyspark.__file__).parent / "jars" / "*")
+    command = [_jdk_tool("javac"), "--release", "17", "-nowarn", "-cp", classpath, "-d", str(classes),
+               *(str(source) for source in sources)]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise DependencyError(f"could not compile the project's JVM helpers:\n{result.stderr.strip()}",
+                              sources=str(HELPERS_SOURCES))  # fmt: skip
+    with zipfile.ZipFile(staging / HELPERS_JAR, "w", zipfile.ZIP_DEFLATED) as jar:  # a jar is a zip
+        for path in sorted(classes.rglob("*.class")):
+            jar.write(path, path.relative_to(classes).as_posix())
+    shutil.rmtree(classes)
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
 
 
 def _read_manifest(target: Path) -> list[Path] | None:

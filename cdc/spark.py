@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import sys
 
+from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
+from pyspark.sql.types import BooleanType
 
 from cdc import jars
 from cdc.config import LocalJars, MavenJars, SparkConfig
@@ -72,13 +74,30 @@ def build_spark_session(config: SparkConfig | None = None) -> SparkSession:
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    _register_helpers(spark)
     return spark
+
+
+# The project's JVM functions (cdc/jvm, built by cdc.jars.helpers_jar): SQL name -> (class, return type).
+IS_UTF8_FUNCTION = "cdc_is_utf8"
+_HELPER_FUNCTIONS = {IS_UTF8_FUNCTION: ("cdc.jvm.IsUtf8", BooleanType())}
+
+
+def _register_helpers(spark: SparkSession) -> None:
+    """Register the helper functions whose classes are on the classpath. Without the helpers jar (a
+    folder of jars that lacks it) callers fall back to Spark's own, slower, functions."""
+    for name, (class_name, return_type) in _HELPER_FUNCTIONS.items():
+        try:
+            spark.udf.registerJavaFunction(name, class_name, return_type)
+        except AnalysisException as error:
+            if (error.getMessageParameters() or {}).get("className") != class_name:  # not "cannot load the class"
+                raise
 
 
 def _jar_paths(config: SparkConfig) -> list[str]:
     match config.jars:
         case MavenJars(cache_dir=cache_dir):
-            return [str(path) for path in jars.resolve(jars.SPARK_BUNDLE, cache_dir)]
+            return [str(path) for path in [*jars.resolve(jars.SPARK_BUNDLE, cache_dir), jars.helpers_jar(cache_dir)]]
         case LocalJars(folder=folder):
             return sorted(str(path) for path in folder.glob("*.jar"))
         case _:

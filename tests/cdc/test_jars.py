@@ -1,6 +1,10 @@
 import xml.etree.ElementTree as ET
+import zipfile
+
+import pytest
 
 from cdc import jars
+from cdc.errors import DependencyError
 
 
 def test_second_resolution_reads_the_manifest_without_a_jvm(monkeypatch):
@@ -42,3 +46,13 @@ def test_ivy_module_lists_dependencies_and_excludes():
 def test_pyspark_artifacts_are_named_without_versions():
     provided = jars._pyspark_artifacts()
     assert {"scala-library", "spark-core_2.13", "hadoop-client-api"} <= provided
+
+
+def test_helpers_are_compiled_once_then_read_from_the_cache(tmp_path, monkeypatch):
+    jar = jars.helpers_jar(tmp_path)
+    assert "cdc/jvm/IsUtf8.class" in zipfile.ZipFile(jar).namelist()
+    monkeypatch.setenv("JAVA_HOME", "/nonexistent")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert jars.helpers_jar(tmp_path) == jar  # no javac needed now
+    with pytest.raises(DependencyError, match="javac not found: install a JDK 17 or newer"):
+        jars.helpers_jar(tmp_path / "elsewhere")

@@ -3,7 +3,11 @@ from datetime import datetime
 from pyspark.sql import Row
 from pyspark.testing import assertDataFrameEqual
 
-from cdc.raw.rows import original_bytes, raw_rows
+import pytest
+from pyspark.sql import functions as F
+
+from cdc.raw.rows import is_utf8, original_bytes, raw_rows
+from cdc.spark import IS_UTF8_FUNCTION, _register_helpers
 from cdc.raw.table import RAW_SCHEMA
 
 KAFKA_SCHEMA = (
@@ -51,3 +55,50 @@ def test_rows_follow_the_table_schema_and_partition_by_ingest_date(spark):
     assert rows.columns == RAW_SCHEMA.fieldNames()
     row = rows.head()
     assert row.ingest_date == row.ingested_at.date()
+
+
+# Valid and invalid UTF-8 at the edges of the standard (Unicode 15, table 3-7).
+UTF8_CASES = [
+    b"", b"plain ascii", "é ü 中 😀".encode(), b"\xef\xbf\xbd", "\ufffe\U0010ffff".encode(), b"\x00",
+    b"\xff", b"\x80", b"\xc3", b"\xc3\x28", b"\xc0\xaf", b"\xc1\xbf",  # bad bytes, cut short, overlong
+    b"\xe0\x80\xaf", b"\xed\xa0\x80", b"\xf0\x8f\xbf\xbf", b"\xf4\x90\x80\x80", b"\xf5\x80\x80\x80",
+    b"x" * 5000 + b"\xff",  # past the reused buffer's first size
+    "é".encode() * 3000,
+]
+
+
+@pytest.mark.parametrize("check", ["project's JVM function", "Spark's is_valid_utf8"])
+def test_utf8_checks_agree_with_pythons_strict_decoder(spark, check):
+    values = spark.createDataFrame([(number, value) for number, value in enumerate(UTF8_CASES)] + [(-1, None)],
+                                   "number int, value binary")  # fmt: skip
+    column = F.col("value")
+    valid = F.call_function(IS_UTF8_FUNCTION, column) if check.startswith("project") else F.is_valid_utf8(column.cast("string"))
+    expected = {-1: None} | {number: _decodes(value) for number, value in enumerate(UTF8_CASES)}
+    assert {row.number: row.valid for row in values.select("number", valid.alias("valid")).collect()} == expected
+
+
+def _decodes(value: bytes) -> bool:
+    try:
+        value.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def test_sessions_have_the_fast_utf8_check(spark):
+    """Built with the default jars, a session has the project's function: raw_rows uses it."""
+    assert spark.catalog.functionExists(IS_UTF8_FUNCTION)
+    assert "cdc_is_utf8" in str(is_utf8(spark)(F.col("value")))
+
+
+def test_without_the_helpers_jar_spark_checks_utf8_with_the_same_rows(spark):
+    records = kafka_records(spark, [(b"k\xff", "é".encode(), "t", 0, 0, datetime(2026, 1, 1), 0, None)])
+    with_helper = raw_rows(records, 0).drop("ingested_at", "ingest_date")
+    expected = with_helper.collect()
+    spark.sql(f"DROP TEMPORARY FUNCTION {IS_UTF8_FUNCTION}")  # as a session built without the jar
+    try:
+        assert "is_valid_utf8" in str(is_utf8(spark)(F.col("value")))
+        assertDataFrameEqual(raw_rows(records, 0).drop("ingested_at", "ingest_date"), expected)
+    finally:
+        _register_helpers(spark)
+    assert spark.catalog.functionExists(IS_UTF8_FUNCTION)
