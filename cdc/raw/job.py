@@ -66,12 +66,14 @@ class TopicSummary:
 class LandBatch:
     """The foreachBatch function: one micro-batch of Kafka records appended to the raw table."""
 
-    def __init__(self, config: RawJobConfig, topic: str, table: str, checkpoint: str) -> None:
+    def __init__(self, config: RawJobConfig, topic: str, table: str, checkpoint: str, new_table: bool = False) -> None:
         self.config = config
         self.topic = topic
         self.table = table
         self.checkpoint = checkpoint
-        self.first_batch = True  # of this run: the only one that can be a replay
+        # The first batch of this run is the only one that can be a replay; never into a table this
+        # run created (looking it up took ~0.1 s of every run, ~0.8 s on a fresh JVM).
+        self.first_batch = not new_table
 
     def __call__(self, records: DataFrame, batch_id: int) -> None:
         spark = records.sparkSession
@@ -105,8 +107,9 @@ def resolve_topics(config: RawJobConfig, kafka: KafkaTopics) -> list[str]:
     return matching
 
 
-def prepare_topic(spark: SparkSession, config: RawJobConfig, kafka: KafkaTopics, topic: str) -> tuple[str, str]:
-    """Check or create the topic's table and checkpoint; return (table, checkpoint) locations."""
+def prepare_topic(spark: SparkSession, config: RawJobConfig, kafka: KafkaTopics, topic: str) -> tuple[str, str, bool]:
+    """Check or create the topic's table and checkpoint; return (table, checkpoint) locations and
+    whether the table was created now."""
     storage = Storage(spark)
     table = raw_table_location(config.warehouse, topic)
     checkpoint = checkpoint_location(config.warehouse, topic)
@@ -128,8 +131,9 @@ def prepare_topic(spark: SparkSession, config: RawJobConfig, kafka: KafkaTopics,
             checkpoint=checkpoint,
         )
     create_raw_table(spark, table, topic)
-    if config.on_gap is GapPolicy.FAIL:
-        gaps = find_gaps(committed_offsets(storage, checkpoint), kafka.offsets([topic]))
+    committed = committed_offsets(storage, checkpoint)
+    if config.on_gap is GapPolicy.FAIL and committed:  # a new checkpoint starts from the earliest offsets
+        gaps = find_gaps(committed, kafka.offsets([topic]))
         if gaps:
             gap = gaps[0]
             raise OffsetGapError(
@@ -137,10 +141,12 @@ def prepare_topic(spark: SparkSession, config: RawJobConfig, kafka: KafkaTopics,
                 "rerun with --allow-gaps to continue and record the gap",
                 topic=gap.topic, partition=gap.partition, missing=f"{gap.first_missing}-{gap.last_missing}", table=table,
             )  # fmt: skip
-    return table, checkpoint
+    return table, checkpoint, existing_topic is None
 
 
-def start_query(spark: SparkSession, config: RawJobConfig, topic: str, table: str, checkpoint: str) -> StreamingQuery:
+def start_query(
+    spark: SparkSession, config: RawJobConfig, topic: str, table: str, checkpoint: str, new_table: bool
+) -> StreamingQuery:
     reader = (
         spark.readStream.format("kafka")
         # Larger fetches: on loopback these read ~1 KB records ~40% faster than Kafka's defaults.
@@ -158,7 +164,7 @@ def start_query(spark: SparkSession, config: RawJobConfig, topic: str, table: st
         reader = reader.option("maxOffsetsPerTrigger", config.max_offsets_per_trigger)
     writer = (
         reader.load().writeStream.queryName(f"raw {topic}")
-        .foreachBatch(LandBatch(config, topic, table, checkpoint))
+        .foreachBatch(LandBatch(config, topic, table, checkpoint, new_table))
         .option("checkpointLocation", checkpoint)
     )  # fmt: skip
     return with_trigger(writer, config.trigger).start()
@@ -210,8 +216,8 @@ def run_raw_job(
     runs: dict[str, TopicRun] = {}
 
     def start(topic: str) -> None:
-        table, checkpoint = prepare_topic(spark, config, kafka, topic)
-        runs[topic] = TopicRun(topic, table, start_query(spark, config, topic, table, checkpoint))
+        table, checkpoint, new_table = prepare_topic(spark, config, kafka, topic)
+        runs[topic] = TopicRun(topic, table, start_query(spark, config, topic, table, checkpoint, new_table))
         say(f"raw {topic} -> {table}")
 
     try:
