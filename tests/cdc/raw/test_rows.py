@@ -10,19 +10,9 @@ from cdc.raw.rows import is_utf8, original_bytes, raw_rows
 from cdc.spark import IS_UTF8_FUNCTION, _register_helpers
 from cdc.raw.table import RAW_SCHEMA
 
-KAFKA_SCHEMA = (
-    "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
-    "timestampType int, headers array<struct<key:string, value:binary>>"
-)
-
-
-def kafka_records(spark, rows):
-    return spark.createDataFrame(rows, KAFKA_SCHEMA)
-
-
-def test_text_when_utf8_and_bytes_when_not(spark):
+def test_text_when_utf8_and_bytes_when_not(spark, kafka_records):
     at = datetime(2026, 1, 1)
-    records = kafka_records(spark, [
+    records = kafka_records([
         (b'{"id":1}', "é ünïcode".encode(), "t", 0, 0, at, 0, [("h", b"\x00\xff")]),
         (b"\xc3\x28", b"\xff\xfe", "t", 0, 1, at, 1, []),  # invalid UTF-8
         (None, None, "t", 1, 7, at, 0, None),  # tombstone without key
@@ -43,14 +33,14 @@ def test_text_when_utf8_and_bytes_when_not(spark):
     assertDataFrameEqual(rows, expected)
 
 
-def test_original_bytes_round_trip(spark):
-    records = kafka_records(spark, [(b"\xc3\x28", "ü".encode(), "t", 0, 0, datetime(2026, 1, 1), 0, None)])
+def test_original_bytes_round_trip(kafka_records):
+    records = kafka_records([(b"\xc3\x28", "ü".encode(), "t", 0, 0, datetime(2026, 1, 1), 0, None)])
     landed = raw_rows(records, 0).select(original_bytes("key", "key_bytes").alias("k"), original_bytes("value", "value_bytes").alias("v"))
     assert landed.head() == Row(k=bytearray(b"\xc3\x28"), v=bytearray("ü".encode()))
 
 
-def test_rows_follow_the_table_schema_and_partition_by_ingest_date(spark):
-    records = kafka_records(spark, [(b"k", b"v", "t", 0, 0, datetime(2026, 1, 1), 0, None)])
+def test_rows_follow_the_table_schema_and_partition_by_ingest_date(kafka_records):
+    records = kafka_records([(b"k", b"v", "t", 0, 0, datetime(2026, 1, 1), 0, None)])
     rows = raw_rows(records, 0)
     assert rows.columns == RAW_SCHEMA.fieldNames()
     row = rows.head()
@@ -91,8 +81,8 @@ def test_sessions_have_the_fast_utf8_check(spark):
     assert "cdc_is_utf8" in str(is_utf8(spark)(F.col("value")))
 
 
-def test_without_the_helpers_jar_spark_checks_utf8_with_the_same_rows(spark):
-    records = kafka_records(spark, [(b"k\xff", "é".encode(), "t", 0, 0, datetime(2026, 1, 1), 0, None)])
+def test_without_the_helpers_jar_spark_checks_utf8_with_the_same_rows(spark, kafka_records):
+    records = kafka_records([(b"k\xff", "é".encode(), "t", 0, 0, datetime(2026, 1, 1), 0, None)])
     with_helper = raw_rows(records, 0).drop("ingested_at", "ingest_date")
     expected = with_helper.collect()
     spark.sql(f"DROP TEMPORARY FUNCTION {IS_UTF8_FUNCTION}")  # as a session built without the jar

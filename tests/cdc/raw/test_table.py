@@ -11,13 +11,7 @@ from delta.tables import DeltaTable
 from cdc.raw.rows import raw_rows
 from cdc.raw.table import PARQUET_PROPERTIES, PAYLOAD_COLUMNS, create_raw_table
 
-KAFKA_SCHEMA = (
-    "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
-    "timestampType int, headers array<struct<key:string, value:binary>>"
-)
-
-
-def append_records(spark, table: str, first_offset: int, count: int) -> None:
+def append_records(kafka_records, table: str, first_offset: int, count: int) -> None:
     """``count`` records whose keys and values repeat (Parquet would keep them in a dictionary), one
     invalid UTF-8 value among them (so value_bytes is written too)."""
     records = [
@@ -25,7 +19,7 @@ def append_records(spark, table: str, first_offset: int, count: int) -> None:
          datetime(2026, 1, 1), 0, None)
         for offset in range(first_offset, first_offset + count)
     ]  # fmt: skip
-    raw_rows(spark.createDataFrame(records, KAFKA_SCHEMA), first_offset).write.format("delta").mode("append").save(table)
+    raw_rows(kafka_records(records), first_offset).write.format("delta").mode("append").save(table)
 
 
 def column_chunks(table: str) -> dict[str, list]:
@@ -40,10 +34,10 @@ def column_chunks(table: str) -> dict[str, list]:
     return chunks
 
 
-def test_payload_columns_are_written_without_dictionary_or_statistics(spark, tmp_path):
+def test_payload_columns_are_written_without_dictionary_or_statistics(spark, kafka_records, tmp_path):
     table = str(tmp_path / "raw" / "t")
     create_raw_table(spark, table, "t")
-    append_records(spark, table, 0, 100)
+    append_records(kafka_records, table, 0, 100)
     chunks = column_chunks(table)
     for column in PAYLOAD_COLUMNS:
         assert chunks[column], column
@@ -53,12 +47,12 @@ def test_payload_columns_are_written_without_dictionary_or_statistics(spark, tmp
     assert all(chunk.has_dictionary_page and chunk.statistics is not None for chunk in chunks["topic"])
 
 
-def test_a_raw_table_of_an_earlier_version_gets_the_settings_and_its_change_feed_reads_on(spark, tmp_path):
+def test_a_raw_table_of_an_earlier_version_gets_the_settings_and_its_change_feed_reads_on(spark, kafka_records, tmp_path):
     table, copy = str(tmp_path / "raw" / "t"), str(tmp_path / "copy")
     create_raw_table(spark, table, "t")
     keys = ", ".join(f"'{key}'" for key in PARQUET_PROPERTIES)
     spark.sql(f"ALTER TABLE delta.`{table}` UNSET TBLPROPERTIES ({keys})")  # as an earlier version created it
-    append_records(spark, table, 0, 5)
+    append_records(kafka_records, table, 0, 5)
 
     def copy_change_feed() -> None:  # as refine reads it: a stream with a checkpoint
         (spark.readStream.format("delta").option("readChangeFeed", "true").option("startingVersion", 0).load(table)
@@ -72,6 +66,6 @@ def test_a_raw_table_of_an_earlier_version_gets_the_settings_and_its_change_feed
     version = DeltaTable.forPath(spark, table).history(1).head().version
     create_raw_table(spark, table, "t")  # nothing missing: no commit
     assert DeltaTable.forPath(spark, table).history(1).head().version == version
-    append_records(spark, table, 5, 5)
+    append_records(kafka_records, table, 5, 5)
     copy_change_feed()
     assert sorted(row.offset for row in spark.read.format("delta").load(copy).collect()) == list(range(10))
