@@ -42,6 +42,10 @@ def spark_conf(config: SparkConfig) -> dict[str, str]:
         # dictionary encodings only try and give up (building refine's cache of 300k records:
         # ~3.9 s compressed, ~2.5 s not, in one warm JVM).
         "spark.sql.inMemoryColumnarStorage.compressed": "false",
+        # Timestamps as Parquet's int64 microseconds instead of Spark's default, the deprecated INT96:
+        # each INT96 value is a 12-byte binary built and dictionary-hashed per row. A warm refine of
+        # 300k changes into 1M rows took ~8.5 s instead of ~9.6 s. Files of both kinds read alike.
+        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     }
     if config.is_local:
         # A local driver serves only this machine: keep every port it opens on loopback.

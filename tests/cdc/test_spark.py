@@ -1,3 +1,7 @@
+from pathlib import Path
+
+import pyarrow.parquet as pq
+from pyspark.sql import Row
 from pyspark.testing import assertDataFrameEqual
 
 from cdc.config import LocalJars, ProvidedJars, SparkConfig
@@ -61,3 +65,19 @@ def test_session_has_the_kafka_source(spark):
     lookup = spark._jvm.org.apache.spark.sql.execution.datasources.DataSource.lookupDataSource
     provider = lookup("kafka", spark._jsparkSession.sessionState().conf())
     assert provider.getName() == "org.apache.spark.sql.kafka010.KafkaSourceProvider"
+
+
+def test_timestamps_are_written_as_int64_micros_and_read_alike_beside_int96_files(spark, tmp_path):
+    path = str(tmp_path / "table")
+    rows = "SELECT {id} AS id, timestamp'0001-01-01 00:00:00' AS t, timestamp_ntz'2026-11-25 10:00:00.123456' AS n"
+    spark.conf.set("spark.sql.parquet.outputTimestampType", "INT96")  # as files written before
+    try:
+        spark.sql(rows.format(id=1)).write.format("delta").save(path)
+    finally:
+        spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+    spark.sql(rows.format(id=2)).write.format("delta").mode("append").save(path)
+    physical = {str(pq.ParquetFile(file).schema.column(1).physical_type) for file in Path(path).glob("*.parquet")}
+    assert physical == {"INT96", "INT64"}
+    table = spark.read.format("delta").load(path).selectExpr("id", "CAST(t AS STRING) AS t", "CAST(n AS STRING) AS n")
+    assertDataFrameEqual(table, [Row(id=1, t="0001-01-01 00:00:00", n="2026-11-25 10:00:00.123456"),
+                                 Row(id=2, t="0001-01-01 00:00:00", n="2026-11-25 10:00:00.123456")])  # fmt: skip
