@@ -7,7 +7,7 @@ import sys
 
 from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
-from pyspark.sql.types import BooleanType
+from pyspark.sql.types import BooleanType, StringType
 
 from cdc import jars
 from cdc.config import LocalJars, MavenJars, SparkConfig
@@ -84,7 +84,13 @@ def build_spark_session(config: SparkConfig | None = None) -> SparkSession:
 
 # The project's JVM functions (cdc/jvm, built by cdc.jars.helpers_jar): SQL name -> (class, return type).
 IS_UTF8_FUNCTION = "cdc_is_utf8"
-_HELPER_FUNCTIONS = {IS_UTF8_FUNCTION: ("cdc.jvm.IsUtf8", BooleanType())}
+DEBEZIUM_DECIMAL_FUNCTION = "cdc_debezium_decimal"
+_HELPER_FUNCTIONS = {
+    IS_UTF8_FUNCTION: ("cdc.jvm.IsUtf8", BooleanType()),
+    DEBEZIUM_DECIMAL_FUNCTION: ("cdc.jvm.DebeziumDecimal", StringType()),
+}
+# Those registered in this process's session: callers use them, else Spark's own functions.
+registered_helpers: set[str] = set()
 
 
 def _register_helpers(spark: SparkSession) -> None:
@@ -96,6 +102,9 @@ def _register_helpers(spark: SparkSession) -> None:
         except AnalysisException as error:
             if (error.getMessageParameters() or {}).get("className") != class_name:  # not "cannot load the class"
                 raise
+            registered_helpers.discard(name)
+        else:
+            registered_helpers.add(name)
 
 
 def _jar_paths(config: SparkConfig) -> list[str]:

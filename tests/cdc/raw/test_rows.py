@@ -7,7 +7,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from cdc.raw.rows import is_utf8, original_bytes, raw_rows
-from cdc.spark import IS_UTF8_FUNCTION, _register_helpers
+from cdc.spark import IS_UTF8_FUNCTION, registered_helpers
 from cdc.raw.table import RAW_SCHEMA
 
 def test_text_when_utf8_and_bytes_when_not(spark, kafka_records):
@@ -77,18 +77,13 @@ def _decodes(value: bytes) -> bool:
 
 def test_sessions_have_the_fast_utf8_check(spark):
     """Built with the default jars, a session has the project's function: raw_rows uses it."""
-    assert spark.catalog.functionExists(IS_UTF8_FUNCTION)
-    assert "cdc_is_utf8" in str(is_utf8(spark)(F.col("value")))
+    assert spark.catalog.functionExists(IS_UTF8_FUNCTION) and IS_UTF8_FUNCTION in registered_helpers
+    assert "cdc_is_utf8" in str(is_utf8(F.col("value")))
 
 
-def test_without_the_helpers_jar_spark_checks_utf8_with_the_same_rows(spark, kafka_records):
+def test_without_the_helpers_jar_spark_checks_utf8_with_the_same_rows(spark, kafka_records, monkeypatch):
     records = kafka_records([(b"k\xff", "é".encode(), "t", 0, 0, datetime(2026, 1, 1), 0, None)])
-    with_helper = raw_rows(records, 0).drop("ingested_at", "ingest_date")
-    expected = with_helper.collect()
-    spark.sql(f"DROP TEMPORARY FUNCTION {IS_UTF8_FUNCTION}")  # as a session built without the jar
-    try:
-        assert "is_valid_utf8" in str(is_utf8(spark)(F.col("value")))
-        assertDataFrameEqual(raw_rows(records, 0).drop("ingested_at", "ingest_date"), expected)
-    finally:
-        _register_helpers(spark)
-    assert spark.catalog.functionExists(IS_UTF8_FUNCTION)
+    expected = raw_rows(records, 0).drop("ingested_at", "ingest_date").collect()
+    monkeypatch.setattr("cdc.raw.rows.registered_helpers", set())  # as a session built without the jar
+    assert "is_valid_utf8" in str(is_utf8(F.col("value")))
+    assertDataFrameEqual(raw_rows(records, 0).drop("ingested_at", "ingest_date"), expected)
