@@ -16,8 +16,10 @@ import re
 import shutil
 import subprocess
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 from xml.sax.saxutils import quoteattr
 
 from cdc.errors import DependencyError
@@ -30,6 +32,7 @@ DEBEZIUM_VERSION = "3.6.3.Final"
 LOG4J_VERSION = "2.25.4"
 
 MANIFEST = "manifest.txt"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -129,17 +132,18 @@ def resolve(bundle: Bundle, cache_dir: Path | None = None) -> list[Path]:
     """Return the jars of ``bundle`` with their dependencies, fetching them on the first call only."""
     cache_dir = Path(cache_dir or default_cache_dir())
     target = cache_dir / f"{bundle.name}-{bundle.digest}"
-    cached = _read_manifest(target)
-    if cached is not None:
-        return cached
+    return _built_once(cache_dir, lambda: _read_manifest(target), lambda: _fetch(bundle, target, cache_dir / "ivy-cache"))
+
+
+def _built_once(cache_dir: Path, cached: Callable[[], T | None], build: Callable[[], T]) -> T:
+    """What ``cached`` finds in the cache, else what ``build`` puts there, under the cache's lock:
+    two processes building at once (tests, a job and the stack) must not half-write one folder."""
+    if (found := cached()) is not None:
+        return found
     cache_dir.mkdir(parents=True, exist_ok=True)
-    # Two processes resolving at once (tests, a job and the stack) must not half-write one folder.
     with open(cache_dir / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        cached = _read_manifest(target)
-        if cached is not None:
-            return cached
-        return _fetch(bundle, target, cache_dir / "ivy-cache")
+        return found if (found := cached()) is not None else build()
 
 
 HELPERS_SOURCES = Path(__file__).parent / "jvm"
@@ -154,17 +158,11 @@ def helpers_jar(cache_dir: Path | None = None) -> Path:
     sources = sorted(HELPERS_SOURCES.glob("*.java"))
     digest = hashlib.sha256("\n".join([SPARK_VERSION, *(source.read_text() for source in sources)]).encode())
     target = cache_dir / f"helpers-{digest.hexdigest()[:12]}"
-    if (target / HELPERS_JAR).exists():
-        return target / HELPERS_JAR
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    with open(cache_dir / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (target / HELPERS_JAR).exists():
-            _compile_helpers(sources, target)
-    return target / HELPERS_JAR
+    jar = target / HELPERS_JAR
+    return _built_once(cache_dir, lambda: jar if jar.exists() else None, lambda: _compile_helpers(sources, target))
 
 
-def _compile_helpers(sources: list[Path], target: Path) -> None:
+def _compile_helpers(sources: list[Path], target: Path) -> Path:
     import pyspark
 
     staging = target.with_name(target.name + ".partial")
@@ -183,6 +181,7 @@ def _compile_helpers(sources: list[Path], target: Path) -> None:
     shutil.rmtree(classes)
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
+    return target / HELPERS_JAR
 
 
 def _read_manifest(target: Path) -> list[Path] | None:

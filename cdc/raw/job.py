@@ -131,8 +131,8 @@ def prepare_topic(spark: SparkSession, config: RawJobConfig, kafka: KafkaTopics,
             checkpoint=checkpoint,
         )
     create_raw_table(spark, table, topic)
-    committed = committed_offsets(storage, checkpoint)
-    if config.on_gap is GapPolicy.FAIL and committed:  # a new checkpoint starts from the earliest offsets
+    # A checkpoint without committed batches starts from the earliest offsets: no gap to look for.
+    if config.on_gap is GapPolicy.FAIL and (committed := committed_offsets(storage, checkpoint)):
         gaps = find_gaps(committed, kafka.offsets([topic]))
         if gaps:
             gap = gaps[0]

@@ -1,14 +1,14 @@
 from datetime import datetime
 
+import pytest
 from pyspark.sql import Row
+from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-import pytest
-from pyspark.sql import functions as F
-
 from cdc.raw.rows import is_utf8, original_bytes, raw_rows
-from cdc.spark import IS_UTF8_FUNCTION, registered_helpers
 from cdc.raw.table import RAW_SCHEMA
+from cdc.spark import IS_UTF8_FUNCTION, registered_helpers
+
 
 def test_text_when_utf8_and_bytes_when_not(spark, kafka_records):
     at = datetime(2026, 1, 1)
