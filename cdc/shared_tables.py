@@ -7,19 +7,57 @@ import time
 from collections.abc import Callable
 
 from delta.tables import DeltaMergeBuilder, DeltaTable
+from py4j.java_gateway import is_instance_of
+from pyspark import SparkContext
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
 CONFLICT_RETRIES = 5
 
 
+# Delta's error conditions for a commit refused because another writer committed first, or was
+# creating the table: its log folder exists before its first commit, so the location is for a moment
+# "not empty and also not a Delta table".
+CONFLICT_CONDITIONS = frozenset({
+    "DELTA_CONCURRENT_APPEND", "DELTA_CONCURRENT_DELETE_DELETE", "DELTA_CONCURRENT_DELETE_READ",
+    "DELTA_CONCURRENT_TRANSACTION", "DELTA_CONCURRENT_WRITE", "DELTA_METADATA_CHANGED",
+    "DELTA_PROTOCOL_CHANGED", "DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION",
+})  # fmt: skip
+
+
 def is_conflict(error: BaseException) -> bool:
     """Whether Delta refused because another stream committed, or was creating the table, at the same
-    time: running again on the table's new version resolves it."""
-    message = str(error).lower()  # py4j wraps Delta's ConcurrentAppendException and its kin
-    # A creation that has made the table's log folder but not yet its first commit: the location is
-    # then "not empty and also not a Delta table" for a moment.
+    time: running again on the table's new version resolves it.
+
+    Decided by the error condition (of PySpark's exception, or of the Java exception py4j wraps and its
+    causes), and by the message only for errors that carry neither: a message may be empty."""
+    if condition_of(error) in CONFLICT_CONDITIONS:
+        return True
+    # The Java exception: py4j's own error wraps it, PySpark's converted ones (AnalysisException...) keep
+    # it as their origin, whose message may be null and so theirs empty.
+    java = getattr(error, "java_exception", None) or getattr(error, "_origin", None)
+    while java is not None:
+        # Delta's conflicts all extend java.util.ConcurrentModificationException.
+        if _java_condition(java) in CONFLICT_CONDITIONS or is_instance_of(
+            SparkContext._gateway, java, "java.util.ConcurrentModificationException"
+        ):
+            return True
+        java = java.getCause()
+    message = str(error).lower()
     return "concurrent" in message or "delta_create_table_with_non_empty_location" in message
+
+
+def condition_of(error: BaseException) -> str | None:
+    """The error condition of a PySpark exception (``DELTA_PROTOCOL_CHANGED``...), if it has one."""
+    get_condition = getattr(error, "getCondition", None)
+    return get_condition() if callable(get_condition) else None
+
+
+def _java_condition(java) -> str | None:  # noqa: ANN001 - a py4j JavaObject
+    try:
+        return java.getErrorClass()
+    except Exception:  # noqa: BLE001 - not a SparkThrowable
+        return None
 
 
 def merge_into_shared_table(

@@ -2,6 +2,8 @@
 
 import threading
 
+from py4j.protocol import Py4JJavaError
+from pyspark.errors.exceptions.captured import AnalysisException
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 from pyspark.testing import assertDataFrameEqual
 
@@ -47,7 +49,9 @@ def test_without_retries_concurrent_merges_conflict(spark, tmp_path, monkeypatch
     """The conflict the retries absorb is real: the same MERGEs, tried once each, fail."""
     monkeypatch.setattr(shared_tables, "CONFLICT_RETRIES", 1)
     errors = merge_from_threads(spark, str(tmp_path / "shared"), streams=3, batches=2)
-    assert errors and shared_tables.is_conflict(errors[0]), errors[0]
+    assert errors, "no MERGE conflicted"
+    first = errors[0]
+    assert shared_tables.is_conflict(first), f"{type(first).__name__} {shared_tables.condition_of(first)}: {first!r}"
 
 
 def test_a_creation_under_way_and_a_concurrent_commit_are_conflicts_but_other_errors_are_not():
@@ -56,3 +60,23 @@ def test_a_creation_under_way_and_a_concurrent_commit_are_conflicts_but_other_er
         "location ('/w/shared') is not empty and also not a Delta table."))  # fmt: skip
     assert shared_tables.is_conflict(RuntimeError("io.delta.exceptions.ConcurrentAppendException: Files were added"))
     assert not shared_tables.is_conflict(RuntimeError("[DELTA_MERGE_UNRESOLVED_EXPRESSION] Cannot resolve s.x"))
+
+
+
+def converted_without_message(java_exception) -> AnalysisException:
+    """PySpark's exception for a Java one whose message was null: its own message is then empty."""
+    error = AnalysisException.__new__(AnalysisException)
+    error._desc, error._stackTrace, error._origin, error._cause = "", "", java_exception, None
+    return error
+
+
+def test_a_conflict_without_a_message_is_told_by_its_condition_or_its_java_exception(spark):
+    jvm = spark.sparkContext._jvm
+    refused = converted_without_message(jvm.io.delta.exceptions.ProtocolChangedException(None))
+    assert str(refused) == "" and shared_tables.condition_of(refused) == "DELTA_PROTOCOL_CHANGED"
+    assert shared_tables.is_conflict(refused)
+    # Delta's conflicts extend ConcurrentModificationException, here as the cause of another error.
+    wrapped = converted_without_message(jvm.java.lang.RuntimeException(None, jvm.java.util.ConcurrentModificationException()))
+    assert str(wrapped) == "" and shared_tables.is_conflict(wrapped)
+    assert not shared_tables.is_conflict(converted_without_message(jvm.java.lang.RuntimeException()))
+    assert shared_tables.is_conflict(Py4JJavaError("", jvm.io.delta.exceptions.ConcurrentAppendException("")))
