@@ -27,6 +27,9 @@ from refine.envelope import TOMBSTONE, ConnectSchema, Op
 # prefix is a memory compare. A value written any other way (spaces, another key order) is parsed
 # whole. (A schema cannot contain the payload mark: quotes inside its strings are escaped.)
 _WRAPPER_START, _PAYLOAD_MARK = '{"schema":', ',"payload":'
+# The problem of a record whose wrapper schema is not among those a parser was built for, when it
+# parses only those (``only_schemas``).
+OTHER_SCHEMA = "the record's schema is not among the batch's"
 # Passes that each find one new schema, before the rest are grouped in one (slower) pass.
 _DISCOVERY_PASSES = 4
 
@@ -43,6 +46,25 @@ def wrapped_schema(text: Column) -> Column:
     return F.when(compact, head.substr(F.lit(len(_WRAPPER_START) + 1), F.length(head))).otherwise(
         F.get_json_object(text, "$.schema")
     )
+
+
+def first_wrapper_schemas(records: DataFrame) -> dict[str, list[str]] | None:
+    """The wrapper schemas (JSON texts) of the first record that has a value: ``{"value": [text],
+    "key": [text] or []}``; None when that value or key is not a compact wrapper. A guess for the
+    whole batch (most batches hold one schema), read from one record: see :class:`ChangeParser`'s
+    ``only_schemas``."""
+    def compact_schema(text: Column) -> Column:
+        head = F.substring_index(text, _PAYLOAD_MARK, 1)
+        compact = text.startswith(_WRAPPER_START) & (F.length(head) < F.length(text))
+        return F.when(compact, head.substr(F.lit(len(_WRAPPER_START) + 1), F.length(head)))
+
+    first = records.where(F.col("value").isNotNull()).select(
+        compact_schema(F.col("value")).alias("value"), F.col("key").isNull().alias("keyless"),
+        compact_schema(F.col("key")).alias("key"),
+    ).first()  # fmt: skip
+    if first is None or first.value is None or (first.key is None and not first.keyless):
+        return None
+    return {"value": [first.value], "key": [] if first.keyless else [first.key]}
 
 
 def wrapper_schemas(records: DataFrame, known: dict[str, Sequence[str]]) -> dict[str, list[str]]:
@@ -166,6 +188,7 @@ class ChangeParser:
         value_schema: ConnectSchema,
         wrapped: bool = True,
         schema_texts: dict[str, Sequence[str]] | None = None,
+        only_schemas: bool = False,
     ) -> None:
         texts = schema_texts or {}
 
@@ -180,6 +203,11 @@ class ChangeParser:
             read("value", value_schema).alias("envelope"),
             (read("key", key_schema) if key_schema else F.lit(None)).alias("raw_key"),
         ]
+        if only_schemas:
+            self._envelopes.append(reduce(Column.__and__, [
+                F.col(column).isNull() | reduce(Column.__or__, [F.col(column).startswith(_wrapper_prefix(text))
+                                                                for text in texts.get(column, ())], F.lit(False))
+                for column in ("value", "key")]).alias("schema_known"))  # fmt: skip
         op = F.when(F.col("value").isNull(), F.lit(TOMBSTONE)).otherwise(F.col("envelope.op"))
         self._decoded = [
             "*",
@@ -189,7 +217,10 @@ class ChangeParser:
             decode(F.col("envelope.after"), row_schema).alias("after"),
         ]
         known_ops = [member.value for member in Op] + [TOMBSTONE]
-        problem = F.when(
+        problem = F
+        if only_schemas:  # a record of another schema is not decoded: the batch is parsed again
+            problem = problem.when(~F.col("schema_known"), F.lit(OTHER_SCHEMA))
+        problem = problem.when(
             F.col("value").isNotNull() & F.col("envelope").isNull(), F.lit("value is not a Debezium JSON envelope")
         ).when(~F.col("op").isin(*known_ops) | F.col("op").isNull(), F.concat(F.lit("unknown op "), F.coalesce("op", F.lit("null"))))
         for image in ("before", "after"):
@@ -210,15 +241,18 @@ def parse_changes(
     value_schema: ConnectSchema,
     wrapped: bool = True,
     schema_texts: dict[str, Sequence[str]] | None = None,
+    only_schemas: bool = False,
 ) -> DataFrame:
     """Typed changes from raw rows (columns of :data:`cdc.raw.table.RAW_SCHEMA`).
 
     ``value_schema`` is the envelope's Connect schema (``before``, ``after``, ``source``, ``op``...),
     ``key_schema`` the key's (None for a table without a primary key, whose keys are null);
     ``wrapped``: key and value are JsonConverter's ``{schema, payload}`` (else the payload alone);
-    ``schema_texts``: the batch's wrapper schemas by column (``key``, ``value``), see :func:`wrapped_payload`.
+    ``schema_texts``: the batch's wrapper schemas by column (``key``, ``value``), see :func:`wrapped_payload`;
+    ``only_schemas``: a record (key or value) that is no compact wrapper of one of them gets the problem
+    :data:`OTHER_SCHEMA` (``schema_texts`` was a guess, and the batch is to be parsed again).
     """
-    return change_parser(key_schema, value_schema, wrapped, schema_texts)(raw)
+    return change_parser(key_schema, value_schema, wrapped, schema_texts, only_schemas)(raw)
 
 
 # Parsers by schemas, least recently used first, for the life of the process: a refine run's next
@@ -234,12 +268,14 @@ def change_parser(
     value_schema: ConnectSchema,
     wrapped: bool = True,
     schema_texts: dict[str, Sequence[str]] | None = None,
+    only_schemas: bool = False,
 ) -> ChangeParser:
     """The :class:`ChangeParser` of these schemas, built on first use and kept."""
     schemas = (key_schema and key_schema.model_dump_json(), value_schema.model_dump_json(), wrapped,
-               tuple((column, tuple(seen)) for column, seen in sorted((schema_texts or {}).items())))  # fmt: skip
+               tuple((column, tuple(seen)) for column, seen in sorted((schema_texts or {}).items())), only_schemas)  # fmt: skip
     with _PARSERS_LOCK:
-        parser = _PARSERS.pop(schemas, None) or ChangeParser(key_schema, value_schema, wrapped, schema_texts)
+        parser = _PARSERS.pop(schemas, None) or ChangeParser(key_schema, value_schema, wrapped, schema_texts,
+                                                             only_schemas)  # fmt: skip
         _PARSERS[schemas] = parser  # now the most recently used
         while len(_PARSERS) > _PARSERS_KEPT:
             _PARSERS.pop(next(iter(_PARSERS)))

@@ -149,3 +149,47 @@ def test_wrapper_schemas_are_the_batchs_own_in_order_of_appearance(spark):
     # Known schemas are matched by prefix; one the batch lacks is not among its own.
     assert wrapper_schemas(raw, {"value": [text("c"), text("z"), text("a")], "key": [text("k")]}) == expected
     assert wrapper_schemas(raw.where("value IS NULL"), {"value": [text("a")]}) == {"value": []}
+
+
+def test_a_parser_of_guessed_schemas_flags_the_records_of_any_other(spark):
+    """The guess is the first record's schemas; a record of another schema, or no compact wrapper,
+    gets OTHER_SCHEMA (so that the batch is parsed again), not a wrong decoding."""
+    from refine.parse import OTHER_SCHEMA, first_wrapper_schemas
+
+    def schema(*names: str) -> dict:
+        row = {"type": "struct", "optional": True, "fields": [{"type": "int64", "field": n} for n in names]}
+        source = {"type": "struct", "field": "source", "fields": [
+            {"type": "int64", "field": "lsn"}, {"type": "int64", "field": "txId"}, {"type": "int64", "field": "ts_ms"}]}
+        return {"type": "struct", "fields": [{**row, "field": "before"}, {**row, "field": "after"}, source,
+                                             {"type": "string", "field": "op"}]}  # fmt: skip
+
+    def wrapped(schema_: dict, payload: dict, separators=(",", ":")) -> str:
+        return json.dumps({"schema": schema_, "payload": payload}, separators=separators)
+
+    key_schema = {"type": "struct", "fields": [{"type": "int64", "field": "id"}]}
+    first, added = schema("id"), schema("id", "extra")
+    records = [
+        (None, wrapped(key_schema, {"id": 0})),  # a tombstone first: no value to guess from
+        (wrapped(first, {"after": {"id": 1}, "op": "c"}), wrapped(key_schema, {"id": 1})),
+        (wrapped(added, {"after": {"id": 2, "extra": 5}, "op": "c"}), wrapped(key_schema, {"id": 2})),
+        (wrapped(first, {"after": {"id": 3}, "op": "c"}, separators=None), wrapped(key_schema, {"id": 3})),
+        (wrapped(first, {"after": {"id": 4}, "op": "c"}), wrapped({"type": "int64"}, 4)),
+        (wrapped(first, {"after": {"id": 5}, "op": "u"}), wrapped(key_schema, {"id": 5})),
+    ]
+    raw = spark.createDataFrame([(v, k, 0, i) for i, (v, k) in enumerate(records)],
+                                "value string, key string, partition int, offset long").withColumn(
+        "headers", F.lit(None).cast("array<struct<key:string,value:binary>>"))  # fmt: skip
+
+    compact = lambda schema_: json.dumps(schema_, separators=(",", ":"))  # noqa: E731
+    texts = first_wrapper_schemas(raw)
+    assert texts == {"value": [compact(first)], "key": [compact(key_schema)]}
+    parsed = parse_changes(raw, ConnectSchema.model_validate(key_schema), ConnectSchema.model_validate(first),
+                           schema_texts=texts, only_schemas=True).orderBy("kafka_offset").collect()  # fmt: skip
+    assert [row.problem for row in parsed] == [None, None, OTHER_SCHEMA, OTHER_SCHEMA, OTHER_SCHEMA, None]
+    assert [(row.op, row.key.id if row.key else None) for row in parsed if row.problem is None] == [
+        (TOMBSTONE, 0), ("c", 1), ("u", 5)]  # fmt: skip
+
+    assert first_wrapper_schemas(raw.where("offset = 3")) is None  # with spaces: no compact wrapper
+    keyless = first_wrapper_schemas(raw.where("offset = 1").withColumn("key", F.lit(None).cast("string")))
+    assert keyless == {"value": [compact(first)], "key": []}
+    assert first_wrapper_schemas(raw.where("offset = 0")) is None

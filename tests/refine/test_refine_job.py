@@ -184,6 +184,52 @@ def test_scripted_workload_refines_equal_to_postgres(spark, kafka, stack_config,
     assert refined_table(warehouse, topics["customers"]).where(F.col("notes").contains("__debezium_unavailable")).count() == 0
 
 
+def test_batches_are_parsed_with_the_last_schemas_or_again_when_a_record_has_another(
+    spark, kafka, stack_config, postgres_connector, tmp_path, orders_note_column, land, refined_table, monkeypatch
+):
+    """A batch is parsed in one pass with the wrapper schemas of the last batch (in a new process:
+    of the raw table's first record); a batch holding another is parsed again from its records, and
+    its changes are still counted once."""
+    import refine.job
+    from cdc.config import validate
+    from cdc.raw.table import raw_table_location
+    from refine.job import RefineBatch, RefineJobConfig, run_refine_job
+
+    dsn, warehouse = stack_config.postgres.dsn(), str(tmp_path)
+    topic = f"{postgres_connector.topic_prefix}.shop.orders"
+    config = validate(RefineJobConfig, {"table": topic, "warehouse": warehouse, "trigger": {"kind": "available_now"}},
+                      "refine job")  # fmt: skip
+    run_workload(dsn, customers=2, seed=15)
+    with psycopg.connect(dsn) as conn:
+        conn.execute("ALTER TABLE shop.orders ADD COLUMN note text")
+        conn.execute("INSERT INTO shop.orders VALUES (0, 101, 'pending', 5, '2026-03-03 00:00:00', 'first note')")
+    kafka.wait_for_last_value(topic, lambda value: value is not None and b"first note" in value)
+    land(warehouse, topic)
+    monkeypatch.setattr(refine.job, "_LAST_SCHEMAS", {})  # as in a new process
+    parsed_again = []
+    refine_again = RefineBatch._refine
+    monkeypatch.setattr(RefineBatch, "_refine", lambda self, *args: parsed_again.append(1) or refine_again(self, *args))
+
+    def refine_and_compare() -> None:
+        lines = []
+        run_refine_job(spark, config, say=lines.append)
+        with psycopg.connect(dsn) as conn:
+            orders = spark.createDataFrame(conn.execute(ORDERS_WITH_NOTE[0]).fetchall(), ORDERS_WITH_NOTE[1])
+        assertDataFrameEqual(refined_table(warehouse, topic), orders)
+        return lines[-1]
+
+    records = spark.read.format("delta").load(raw_table_location(warehouse, topic)).count()
+    # The first record has the schema before the column was added: the batch is parsed again.
+    assert refine_and_compare().startswith(f"refine {topic}: {records:,} changes")
+    assert parsed_again == [1]
+    with psycopg.connect(dsn) as conn:
+        conn.execute("UPDATE shop.orders SET note = 'second note' WHERE order_no = 101")
+    kafka.wait_for_last_value(topic, lambda value: value is not None and b"second note" in value)
+    land(warehouse, topic)
+    assert refine_and_compare().startswith(f"refine {topic}: 1 changes")  # parsed with the last batch's schemas
+    assert parsed_again == [1]
+
+
 @pytest.mark.timeout(2400)  # three Spark processes started and killed: slow on a loaded machine
 def test_refine_killed_in_the_middle_then_rerun_gives_the_same_tables(
     kafka, stack_config, postgres_connector, tmp_path, cdc_process, wait_for, land, refine, postgres_table, refined_table
