@@ -38,33 +38,31 @@ def _wrapper_prefix(schema_text: str) -> str:
     return f"{_WRAPPER_START}{schema_text}{_PAYLOAD_MARK}"
 
 
+def compact_wrapper_schema(text: Column) -> Column:
+    """The ``schema`` of JsonConverter's compact ``{schema, payload}`` wrapper, as JSON text; null for
+    any other text."""
+    head = F.substring_index(text, _PAYLOAD_MARK, 1)
+    compact = text.startswith(_WRAPPER_START) & (F.length(head) < F.length(text)) & text.endswith("}")
+    return F.when(compact, head.substr(F.lit(len(_WRAPPER_START) + 1), F.length(head)))
+
+
 def wrapped_schema(text: Column) -> Column:
     """The ``schema`` of JsonConverter's ``{schema, payload}`` wrapper, as JSON text (found by
     searching: for the few records whose schema is not known yet)."""
-    head = F.substring_index(text, _PAYLOAD_MARK, 1)
-    compact = text.startswith(_WRAPPER_START) & (F.length(head) < F.length(text)) & text.endswith("}")
-    return F.when(compact, head.substr(F.lit(len(_WRAPPER_START) + 1), F.length(head))).otherwise(
-        F.get_json_object(text, "$.schema")
-    )
+    return F.coalesce(compact_wrapper_schema(text), F.get_json_object(text, "$.schema"))
 
 
 def first_wrapper_schemas(records: DataFrame) -> dict[str, list[str]] | None:
     """The wrapper schemas (JSON texts) of the first record that has a value: ``{"value": [text],
-    "key": [text] or []}``; None when that value or key is not a compact wrapper. A guess for the
-    whole batch (most batches hold one schema), read from one record: see :class:`ChangeParser`'s
-    ``only_schemas``."""
-    def compact_schema(text: Column) -> Column:
-        head = F.substring_index(text, _PAYLOAD_MARK, 1)
-        compact = text.startswith(_WRAPPER_START) & (F.length(head) < F.length(text))
-        return F.when(compact, head.substr(F.lit(len(_WRAPPER_START) + 1), F.length(head)))
-
+    "key": [text] or []}`` (no key schema for a null key, or one written without a wrapper); None when
+    that value is not a compact wrapper. A guess for a whole batch, as most hold one schema: see
+    :class:`ChangeParser`'s ``only_schemas``."""
     first = records.where(F.col("value").isNotNull()).select(
-        compact_schema(F.col("value")).alias("value"), F.col("key").isNull().alias("keyless"),
-        compact_schema(F.col("key")).alias("key"),
+        compact_wrapper_schema(F.col("value")).alias("value"), compact_wrapper_schema(F.col("key")).alias("key"),
     ).first()  # fmt: skip
-    if first is None or first.value is None or (first.key is None and not first.keyless):
+    if first is None or first.value is None:
         return None
-    return {"value": [first.value], "key": [] if first.keyless else [first.key]}
+    return {"value": [first.value], "key": [first.key] if first.key is not None else []}
 
 
 def wrapper_schemas(records: DataFrame, known: dict[str, Sequence[str]]) -> dict[str, list[str]]:
@@ -132,6 +130,14 @@ def wrapped_payload(text: Column, schema: ConnectSchema, schema_texts: Sequence[
     return F.when(payload_text.isNotNull() & text.endswith("}"), F.from_json(payload_text, payload_type)).otherwise(
         F.from_json(text, wrapper)["payload"]
     )
+
+
+def _has_one_of(text: Column, schema_texts: Sequence[str]) -> Column:
+    """``text`` is the compact wrapper of one of ``schema_texts``; without any, it is no wrapper at all
+    (the schemas of a batch hold none for keys written without one: a keyless table's)."""
+    if not schema_texts:
+        return ~text.startswith(_WRAPPER_START)
+    return reduce(Column.__or__, [text.startswith(_wrapper_prefix(schema_text)) for schema_text in schema_texts])
 
 
 def record_columns() -> list[Column]:
@@ -205,8 +211,7 @@ class ChangeParser:
         ]
         if only_schemas:
             self._envelopes.append(reduce(Column.__and__, [
-                F.col(column).isNull() | reduce(Column.__or__, [F.col(column).startswith(_wrapper_prefix(text))
-                                                                for text in texts.get(column, ())], F.lit(False))
+                F.col(column).isNull() | _has_one_of(F.col(column), texts.get(column, ()))
                 for column in ("value", "key")]).alias("schema_known"))  # fmt: skip
         op = F.when(F.col("value").isNull(), F.lit(TOMBSTONE)).otherwise(F.col("envelope.op"))
         self._decoded = [

@@ -190,6 +190,14 @@ def test_a_parser_of_guessed_schemas_flags_the_records_of_any_other(spark):
         (TOMBSTONE, 0), ("c", 1), ("u", 5)]  # fmt: skip
 
     assert first_wrapper_schemas(raw.where("offset = 3")) is None  # with spaces: no compact wrapper
-    keyless = first_wrapper_schemas(raw.where("offset = 1").withColumn("key", F.lit(None).cast("string")))
-    assert keyless == {"value": [compact(first)], "key": []}
     assert first_wrapper_schemas(raw.where("offset = 0")) is None
+    # Keys without a wrapper (null, or written without a schema) give no key schema; a batch parsed
+    # without one takes such keys, and flags a key in a wrapper.
+    for key in (F.lit(None), F.lit('{"id":1}')):
+        unwrapped = raw.where("offset IN (1, 2)").withColumn("key", key.cast("string"))
+        assert first_wrapper_schemas(unwrapped) == {"value": [compact(first)], "key": []}
+    mixed = raw.where("offset IN (1, 5)").withColumn("key", F.when(F.col("offset") == 1, F.lit('{"id":1}'))
+                                                     .otherwise(F.col("key")))  # fmt: skip
+    keyless = parse_changes(mixed, None, ConnectSchema.model_validate(first), schema_texts={"value": [compact(first)],
+                            "key": []}, only_schemas=True).orderBy("kafka_offset").collect()  # fmt: skip
+    assert [row.problem for row in keyless] == [None, OTHER_SCHEMA]
