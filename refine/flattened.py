@@ -28,7 +28,9 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from cdc.raw.table import is_delta_table
 from refine.decode import decode
 from refine.envelope import FLATTENED_METADATA_FIELDS, ConnectSchema, Op
-from refine.parse import change_columns, decoding_problems, record_columns, wrapped_payload
+from refine.parse import (
+    change_columns, decoding_problems, of_known_schemas, record_columns, with_other_schemas, wrapped_payload,
+)
 
 ENVELOPE_FIELDS = ("op", "source")
 SCHEMA_PROPERTY = "cdc.flattened.schema"  # the refined table's last row schema (Connect JSON)
@@ -75,9 +77,11 @@ def parse_flattened(
     value_schema: ConnectSchema,
     with_lsn: bool,
     schema_texts: dict[str, Sequence[str]] | None = None,
+    only_schemas: bool = False,
 ) -> DataFrame:
     """Typed changes from raw rows of a flattened topic; ``value_schema`` from :func:`as_envelope`,
-    ``with_lsn``: the transform adds ``__lsn``; ``schema_texts`` as for :func:`refine.parse.parse_changes`."""
+    ``with_lsn``: the transform adds ``__lsn``; ``schema_texts`` and ``only_schemas`` as for
+    :func:`refine.parse.parse_changes`."""
     row_schema = value_schema.field_named("after")
     texts = schema_texts or {}
     # The row and the transform's fields, parsed together (and split below).
@@ -91,6 +95,7 @@ def parse_flattened(
         *record_columns(),
         wrapped_payload(F.col("value"), value_type, texts.get("value", ())).alias("row"),
         decode(wrapped_payload(F.col("key"), key_schema, texts.get("key", ())), key_schema).alias("key"),
+        (of_known_schemas(texts) if only_schemas else F.lit(True)).alias("schema_known"),
     ).withColumn("metadata", F.struct(*[F.col(f"row.`{f.name}`").cast(f.dataType).alias(f.name) for f in _METADATA]))
     deleted = (F.col("metadata.__deleted") == "true") | (F.col("metadata.__op") == Op.DELETE.value)
     op = (
@@ -112,7 +117,8 @@ def parse_flattened(
         .cast(decoded.schema["decoded"].dataType[f.field].dataType).alias(f.field)
         for f in row_schema.fields or ()
     ])  # fmt: skip
-    problem = F.when(F.col("value").isNotNull() & F.col("row").isNull(), F.lit("value is not a JSON row"))
+    problem = (with_other_schemas(F.col("schema_known")) if only_schemas else F).when(
+        F.col("value").isNotNull() & F.col("row").isNull(), F.lit("value is not a JSON row"))
     problem = decoding_problems(problem, "row", "decoded", row_schema)
     return decoded.select(*change_columns(
         F.when(F.col("op") == Op.DELETE.value, image),

@@ -140,6 +140,19 @@ def _has_one_of(text: Column, schema_texts: Sequence[str]) -> Column:
     return reduce(Column.__or__, [text.startswith(_wrapper_prefix(schema_text)) for schema_text in schema_texts])
 
 
+def of_known_schemas(schema_texts: dict[str, Sequence[str]]) -> Column:
+    """Whether a record's ``value`` and ``key`` are each null or the compact wrapper of one of its
+    column's ``schema_texts`` (a key without any: no wrapper at all)."""
+    return reduce(Column.__and__, [F.col(column).isNull() | _has_one_of(F.col(column), schema_texts.get(column, ()))
+                                   for column in ("value", "key")])  # fmt: skip
+
+
+def with_other_schemas(known: Column) -> Column:
+    """The start of a ``problem`` column: :data:`OTHER_SCHEMA` where not ``known``
+    (:func:`of_known_schemas`), so that the batch is parsed again rather than decoded wrongly."""
+    return F.when(~known, F.lit(OTHER_SCHEMA))
+
+
 def record_columns() -> list[Column]:
     """A raw record's value and Kafka coordinates, as every parsed change keeps them."""
     return [
@@ -210,9 +223,7 @@ class ChangeParser:
             (read("key", key_schema) if key_schema else F.lit(None)).alias("raw_key"),
         ]
         if only_schemas:
-            self._envelopes.append(reduce(Column.__and__, [
-                F.col(column).isNull() | _has_one_of(F.col(column), texts.get(column, ()))
-                for column in ("value", "key")]).alias("schema_known"))  # fmt: skip
+            self._envelopes.append(of_known_schemas(texts).alias("schema_known"))
         op = F.when(F.col("value").isNull(), F.lit(TOMBSTONE)).otherwise(F.col("envelope.op"))
         self._decoded = [
             "*",
@@ -222,9 +233,7 @@ class ChangeParser:
             decode(F.col("envelope.after"), row_schema).alias("after"),
         ]
         known_ops = [member.value for member in Op] + [TOMBSTONE]
-        problem = F
-        if only_schemas:  # a record of another schema is not decoded: the batch is parsed again
-            problem = problem.when(~F.col("schema_known"), F.lit(OTHER_SCHEMA))
+        problem = with_other_schemas(F.col("schema_known")) if only_schemas else F
         problem = problem.when(
             F.col("value").isNotNull() & F.col("envelope").isNull(), F.lit("value is not a Debezium JSON envelope")
         ).when(~F.col("op").isin(*known_ops) | F.col("op").isNull(), F.concat(F.lit("unknown op "), F.coalesce("op", F.lit("null"))))

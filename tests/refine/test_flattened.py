@@ -7,6 +7,7 @@ followed by tombstones, or tombstones alone.
 
 from __future__ import annotations
 
+import functools
 import json
 from decimal import Decimal
 
@@ -28,24 +29,37 @@ ADDED = [
 PRICES = {"12.50": "BOI=", "3.00": "ASw=", "7.25": "AtU="}  # base64 of the unscaled big-endian integers
 
 
-def key(topic: str, item_id: int) -> bytes:
+def key(topic: str, item_id: int, separators: tuple[str, str] | None = None) -> bytes:
     schema = {"type": "struct", "optional": False, "name": f"{topic}.Key",
               "fields": [{"type": "int64", "optional": False, "field": "id"}]}  # fmt: skip
-    return json.dumps({"schema": schema, "payload": {"id": item_id}}).encode()
+    return json.dumps({"schema": schema, "payload": {"id": item_id}}, separators=separators).encode()
 
 
-def row(topic: str, item_id: int, name: str, price: str, op: str, lsn: int, deleted: bool = False) -> bytes:
+def row(topic: str, item_id: int, name: str, price: str, op: str, lsn: int, deleted: bool = False,
+        separators: tuple[str, str] | None = None) -> bytes:  # fmt: skip
     schema = {"type": "struct", "optional": False, "name": f"{topic}.Value", "fields": [
         {"type": "int64", "optional": False, "field": "id"}, {"type": "string", "optional": True, "field": "name"},
         {**DECIMAL, "field": "price"}, *ADDED]}  # fmt: skip
     payload = {"id": item_id, "name": name, "price": PRICES[price], "__op": op, "__lsn": lsn,
                "__source_ts_ms": 1_763_700_000_000 + lsn, "__deleted": "true" if deleted else "false"}  # fmt: skip
-    return json.dumps({"schema": schema, "payload": payload}).encode()
+    return json.dumps({"schema": schema, "payload": payload}, separators=separators).encode()
 
 
-def test_flattened_rows_are_upserted_and_deleted_in_lsn_order(spark, kafka, land_and_refine, unique_name, tmp_path):
+@pytest.mark.parametrize("compact", [True, False], ids=["compact JSON", "JSON with spaces"])
+def test_flattened_rows_are_upserted_and_deleted_in_lsn_order(spark, kafka, land_and_refine, unique_name, tmp_path,
+                                                              compact, monkeypatch):  # fmt: skip
+    """JsonConverter writes compact JSON: batches are then parsed in one pass with the last batch's
+    schemas. Values with spaces are read all the same, after their schemas are found."""
+    from refine.job import RefineBatch
+
     topic = kafka.create_topic(f"{unique_name}.shop.items")
     warehouse = str(tmp_path)
+    searched = []  # batches whose schemas were searched for
+    search = RefineBatch._refine
+    monkeypatch.setattr(RefineBatch, "_refine", lambda self, *args: searched.append(1) or search(self, *args))
+    separators = (",", ":") if compact else None
+    key = functools.partial(globals()["key"], separators=separators)
+    row = functools.partial(globals()["row"], separators=separators)
     kafka.produce(topic, [
         (key(topic, 1), row(topic, 1, "a", "12.50", "r", 100)),
         (key(topic, 2), row(topic, 2, "b", "3.00", "c", 200)),
@@ -71,6 +85,7 @@ def test_flattened_rows_are_upserted_and_deleted_in_lsn_order(spark, kafka, land
     land_and_refine(warehouse, topic)
     refined = spark.read.format("delta").load(refined_table_location(warehouse, topic))
     assertDataFrameEqual(refined.select(*expected.columns), expected.where("id = 4"))
+    assert len(searched) == (0 if compact else 2)  # with spaces: each of the two batches
 
 
 def test_flattened_documents_are_keyed_by_the_kafka_key(spark, kafka, land_and_refine, unique_name, tmp_path):
