@@ -2,12 +2,12 @@
 
     .venv/bin/python bench/latency.py [--warmup 180] [--commits 120] [--every 1.0] [--trigger-interval 1]
 
-Brings the local stack up (or uses the running one), creates a table of its own, registers a
-Debezium connector for it, and starts `cdc raw` and `cdc refine` as two continuous processes, as a
-user runs them. Once a first row has come through, it commits one row every EVERY seconds. Each
-row's latency is the commit time of the refined table's Delta version that made it visible (read
-from the table's Change Data Feed afterwards, so nothing polls the table while it is measured)
-minus the moment Postgres acknowledged the commit. Prints p50, p95 and max of the first WARMUP
+Brings the local stack up, and down at the end (a stack already running is used and left running),
+creates a table of its own, registers a Debezium connector for it, and starts `cdc raw` and `cdc
+refine` as two continuous processes, as a user runs them. Once a first row has come through, it
+commits one row every EVERY seconds. Each row's latency is the commit time of the refined table's
+Delta version that made it visible (read from the table's Change Data Feed afterwards, so nothing
+polls the table while it is measured) minus the moment Postgres acknowledged the commit. Prints p50, p95 and max of the first WARMUP
 commits (fresh JVMs: the JIT still compiles, ~3 minutes here) and of the COMMITS after them (the
 steady state of a long-running job). Figures only.
 """
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import psycopg  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
-from cdc.config import load_settings  # noqa: E402
+from cdc.config import Settings, load_settings  # noqa: E402
 from cdc.spark import build_spark_session  # noqa: E402
 from cdc.stack.local import LocalStack  # noqa: E402
 from connectors import definitions  # noqa: E402
@@ -85,7 +85,18 @@ def main() -> None:
     args = parser.parse_args()
 
     settings = load_settings()
-    LocalStack(settings.stack).up()
+    stack = LocalStack(settings.stack)
+    started = not all(component.up for component in stack.status())
+    stack.up()
+    try:
+        measure(args, settings)
+    finally:
+        if started:  # a stack that was running before is left running
+            stack.down()
+
+
+def measure(args: argparse.Namespace, settings: Settings) -> None:
+    """Run the two jobs against the running stack, commit rows, and print the latencies."""
     name = f"lat{uuid.uuid4().hex[:8]}"
     dsn = settings.stack.postgres.dsn()
     with psycopg.connect(dsn, autocommit=True) as conn:
