@@ -7,9 +7,9 @@ creates a table of its own, registers a Debezium connector for it, and starts `c
 refine` as two continuous processes, as a user runs them. Once a first row has come through, it
 commits one row every EVERY seconds. Each row's latency is the commit time of the refined table's
 Delta version that made it visible (read from the table's Change Data Feed afterwards, so nothing
-polls the table while it is measured) minus the moment Postgres acknowledged the commit. Prints p50, p95 and max of the first WARMUP
-commits (fresh JVMs: the JIT still compiles, ~3 minutes here) and of the COMMITS after them (the
-steady state of a long-running job). Figures only.
+polls the table while it is measured) minus the moment Postgres acknowledged the commit. Prints
+p50, p95 and max of the first WARMUP commits (fresh JVMs: the JIT still compiles, ~3 minutes here)
+and of the COMMITS after them (the steady state of a long-running job). Figures only.
 """
 
 from __future__ import annotations

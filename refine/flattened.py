@@ -34,6 +34,7 @@ from refine.parse import (
 
 ENVELOPE_FIELDS = ("op", "source")
 SCHEMA_PROPERTY = "cdc.flattened.schema"  # the refined table's last row schema (Connect JSON)
+_REMEMBERED: dict[str, ConnectSchema] = {}  # the schema each refined table holds, as this process set it
 _MAX_LSN = 2**63 - 1
 _METADATA = StructType([
     StructField("__op", StringType()), StructField("__lsn", LongType()),
@@ -117,7 +118,7 @@ def parse_flattened(
         .cast(decoded.schema["decoded"].dataType[f.field].dataType).alias(f.field)
         for f in row_schema.fields or ()
     ])  # fmt: skip
-    problem = (with_other_schemas(F.col("schema_known")) if only_schemas else F).when(
+    problem = with_other_schemas(F.col("schema_known")).when(
         F.col("value").isNotNull() & F.col("row").isNull(), F.lit("value is not a JSON row"))
     problem = decoding_problems(problem, "row", "decoded", row_schema)
     return decoded.select(*change_columns(
@@ -141,7 +142,11 @@ def remembered_schema(spark: SparkSession, refined: str) -> ConnectSchema | None
 
 
 def remember_schema(spark: SparkSession, refined: str, row_schema: ConnectSchema) -> None:
-    text = row_schema.model_dump_json(exclude_none=True)
+    # Known in this process: most batches have their table's last schema, and reading the table's
+    # properties to see so is a Delta command per batch.
+    if _REMEMBERED.get(refined) == row_schema:
+        return
     if (known := remembered_schema(spark, refined)) is None or known != row_schema:
-        escaped = text.replace("\\", "\\\\").replace("'", "\\'")
+        escaped = row_schema.model_dump_json(exclude_none=True).replace("\\", "\\\\").replace("'", "\\'")
         spark.sql(f"ALTER TABLE delta.`{refined}` SET TBLPROPERTIES ('{SCHEMA_PROPERTY}' = '{escaped}')")
+    _REMEMBERED[refined] = row_schema

@@ -2,9 +2,9 @@
 
 Per micro-batch: the records are parsed and decoded in Spark with the Debezium schemas of the last
 batch, in one pass; a batch that holds others (a handful of distinct strings) has them read on the
-driver first, and is parsed with them; undecodable records go to the
-quarantine; the last change per key (by LSN, then offset) is MERGEd with position guards, so the
-job can be rerun or replayed any number of times.
+driver first, and is parsed with them; undecodable records go to the quarantine; the last change
+per key (by LSN, then offset) is MERGEd with position guards, so the job can be rerun or replayed
+any number of times.
 
 Supported so far: Debezium Postgres topics (snapshot reads, creates, updates with TOAST placeholders,
 deletes, tombstones, truncates, added columns), with a primary key (primary-key changes:

@@ -222,8 +222,7 @@ class ChangeParser:
             read("value", value_schema).alias("envelope"),
             (read("key", key_schema) if key_schema else F.lit(None)).alias("raw_key"),
         ]
-        if only_schemas:
-            self._envelopes.append(of_known_schemas(texts).alias("schema_known"))
+        self._envelopes.append((of_known_schemas(texts) if only_schemas else F.lit(True)).alias("schema_known"))
         op = F.when(F.col("value").isNull(), F.lit(TOMBSTONE)).otherwise(F.col("envelope.op"))
         self._decoded = [
             "*",
@@ -233,8 +232,7 @@ class ChangeParser:
             decode(F.col("envelope.after"), row_schema).alias("after"),
         ]
         known_ops = [member.value for member in Op] + [TOMBSTONE]
-        problem = with_other_schemas(F.col("schema_known")) if only_schemas else F
-        problem = problem.when(
+        problem = with_other_schemas(F.col("schema_known")).when(
             F.col("value").isNotNull() & F.col("envelope").isNull(), F.lit("value is not a Debezium JSON envelope")
         ).when(~F.col("op").isin(*known_ops) | F.col("op").isNull(), F.concat(F.lit("unknown op "), F.coalesce("op", F.lit("null"))))
         for image in ("before", "after"):
