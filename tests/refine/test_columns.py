@@ -66,7 +66,16 @@ def test_schemaless_values_are_read_with_the_declared_columns(spark, kafka, land
     assert (bad.offset, bad.reason) == (6, "field after.amount: cannot convert the value to the declared type decimal(12,2)")
 
 
-def test_string_mode_decimals_become_the_declared_decimal(spark, kafka, land_and_refine, unique_name, tmp_path):
+@pytest.mark.parametrize("separators", [(",", ":"), None], ids=["compact JSON", "JSON with spaces"])
+def test_string_mode_decimals_become_the_declared_decimal(spark, kafka, land_and_refine, unique_name, tmp_path,
+                                                          separators, monkeypatch):  # fmt: skip
+    """Compact JSON, as JsonConverter writes it, is parsed in one pass with the guessed schemas; JSON
+    with spaces after its schemas are found. Either way the undecodable record is quarantined."""
+    from refine.job import RefineBatch
+
+    searched = []  # batches whose schemas were searched for
+    search = RefineBatch._refine
+    monkeypatch.setattr(RefineBatch, "_refine", lambda self, *args: searched.append(1) or search(self, *args))
     topic = kafka.create_topic(f"{unique_name}.shop.items")
     row = {"type": "struct", "optional": True, "fields": [
         {"type": "int64", "optional": False, "field": "id"}, {"type": "string", "optional": True, "field": "name"},
@@ -81,8 +90,8 @@ def test_string_mode_decimals_become_the_declared_decimal(spark, kafka, land_and
                                                  {"type": "string", "field": "op"}]}  # fmt: skip
     key_schema = {"type": "struct", "fields": [{"type": "int64", "optional": False, "field": "id"}]}
     kafka.produce(topic, [
-        (json.dumps({"schema": key_schema, "payload": k}).encode(),
-         v and json.dumps({"schema": value_schema, "payload": v}).encode())
+        (json.dumps({"schema": key_schema, "payload": k}, separators=separators).encode(),
+         v and json.dumps({"schema": value_schema, "payload": v}, separators=separators).encode())
         for k, v in changes()
     ])  # fmt: skip
     warehouse = str(tmp_path)
@@ -93,6 +102,8 @@ def test_string_mode_decimals_become_the_declared_decimal(spark, kafka, land_and
     assertDataFrameEqual(refined.select(*COLUMNS), spark.createDataFrame(EXPECTED, EXPECTED_SCHEMA))
     [bad] = spark.read.format("delta").load(quarantine_location(warehouse)).collect()
     assert bad.reason == "field after.amount: cannot convert the value to the declared type decimal(12,2)"
+    assert '"twelve"' in bad.raw_value
+    assert len(searched) == (0 if separators else 1)
 
 
 def test_declared_columns_are_validated_up_front():
