@@ -18,7 +18,7 @@ from typing import Any
 
 from cdc import jars
 from cdc.config import Settings, load_settings, validate
-from cdc.errors import CdcError, ConfigError
+from cdc.errors import CdcError, ConfigError, DependencyError
 
 Command = Callable[[argparse.Namespace, Settings], int]
 
@@ -255,10 +255,18 @@ def _stop_on_signals() -> threading.Event:
 
 
 def jars_fetch(args: argparse.Namespace, settings: Settings) -> int:
+    from cdc.spark import build_class_archive
+
     for bundle in (jars.SPARK_BUNDLE, jars.KAFKA_BUNDLE, jars.DEBEZIUM_POSTGRES_BUNDLE):
         resolved = jars.resolve(bundle)
         print(f"{bundle.name:<28} {len(resolved):>3} jars in {resolved[0].parent.parent}")
     print(f"{'helpers (cdc/jvm)':<28} {1:>3} jar  at {jars.helpers_jar()}")
+    try:
+        archive = build_class_archive(settings.spark)
+    except DependencyError as error:  # an optimisation: jobs run without it, only start slower
+        print(f"{'class archive (driver JVM)':<28} not built, jobs start without it: {error}")
+    else:
+        print(f"{'class archive (driver JVM)':<28} {archive.stat().st_size >> 20:>3} MiB at {archive}")
     return 0
 
 

@@ -132,10 +132,10 @@ def resolve(bundle: Bundle, cache_dir: Path | None = None) -> list[Path]:
     """Return the jars of ``bundle`` with their dependencies, fetching them on the first call only."""
     cache_dir = Path(cache_dir or default_cache_dir())
     target = cache_dir / f"{bundle.name}-{bundle.digest}"
-    return _built_once(cache_dir, lambda: _read_manifest(target), lambda: _fetch(bundle, target, cache_dir / "ivy-cache"))
+    return built_once(cache_dir, lambda: _read_manifest(target), lambda: _fetch(bundle, target, cache_dir / "ivy-cache"))
 
 
-def _built_once(cache_dir: Path, cached: Callable[[], T | None], build: Callable[[], T]) -> T:
+def built_once(cache_dir: Path, cached: Callable[[], T | None], build: Callable[[], T]) -> T:
     """What ``cached`` finds in the cache, else what ``build`` puts there, under the cache's lock:
     two processes building at once (tests, a job and the stack) must not half-write one folder."""
     if (found := cached()) is not None:
@@ -159,7 +159,7 @@ def helpers_jar(cache_dir: Path | None = None) -> Path:
     digest = hashlib.sha256("\n".join([SPARK_VERSION, *(source.read_text() for source in sources)]).encode())
     target = cache_dir / f"helpers-{digest.hexdigest()[:12]}"
     jar = target / HELPERS_JAR
-    return _built_once(cache_dir, lambda: jar if jar.exists() else None, lambda: _compile_helpers(sources, target))
+    return built_once(cache_dir, lambda: jar if jar.exists() else None, lambda: _compile_helpers(sources, target))
 
 
 def _compile_helpers(sources: list[Path], target: Path) -> Path:
