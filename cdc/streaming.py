@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
+from py4j.protocol import Py4JError
 from pyspark.errors import StreamingQueryException
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
+from cdc.errors import StreamError
 from cdc.raw.config import AvailableNow, Continuous, Trigger
 from cdc.source import redact
 
@@ -32,6 +37,31 @@ def failure(query: StreamingQuery, secrets: list[str] | None = None) -> str | No
         return None
     message = redact(str(getattr(error, "desc", None) or error), secrets or []).strip()
     return message or type(error).__name__
+
+
+@contextmanager
+def ending_on_request(stop: threading.Event) -> Iterator[None]:
+    """Watch streaming queries inside this block: once ``stop`` is set, a JVM that no longer answers
+    or a query that failed is the stop, not an error.
+
+    A service manager stopping the job signals its whole process group (systemd's default), so the
+    JVM gets the same SIGTERM as Python and its shutdown hook stops the SparkContext while Python is
+    still stopping the queries. Either way the micro-batch cut short is replayed by the next run.
+    """
+    try:
+        yield
+    # py4j raises the socket's own error once the JVM has exited.
+    except (Py4JError, ConnectionError, StreamError):
+        if not stop.is_set():
+            raise
+
+
+def stop_queries(queries: Iterable[StreamingQuery], stop: threading.Event) -> None:
+    """Stop the queries still running (see :func:`ending_on_request` for a stop that was asked for)."""
+    for query in queries:
+        with ending_on_request(stop):
+            if query.isActive:
+                query.stop()
 
 
 class ProgressReports:

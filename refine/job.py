@@ -32,7 +32,7 @@ from cdc.errors import CdcError, ConfigError, StreamError, TableError
 from cdc.raw.config import TOPIC_NAME, Continuous, Trigger
 from cdc.raw.table import raw_table_location, raw_table_topic
 from cdc.storage import normalize_location
-from cdc.streaming import ProgressReports, failure, with_trigger
+from cdc.streaming import ProgressReports, ending_on_request, failure, stop_queries, with_trigger
 from refine.columns import connect_type, declared_schemas, declared_types
 from refine.deleted import (
     deleted_location,
@@ -433,25 +433,26 @@ def watch_refine_queries(
     changes = dict.fromkeys(queries, 0)
     reports = {name: ProgressReports(query) for name, query in queries.items()}
     try:
-        while any(query.isActive for query in queries.values()) and not stop.is_set():
-            for name, query in queries.items():
-                try:
-                    query.awaitTermination(0.5)
-                except StreamingQueryException:
-                    pass  # reported just below, by _raise_failure
-                read = getattr((batches or {}).get(name), "records_read", {})
-                for report in reports[name].new():
-                    batch, rows = report["batchId"], read.pop(report["batchId"], report["numInputRows"])
-                    if rows:  # not one of Spark's idle reports between batches
-                        changes[name] += rows
-                        say(f"refine {name} batch {batch}: {rows:,} changes")
+        with ending_on_request(stop):
+            while any(query.isActive for query in queries.values()) and not stop.is_set():
+                for name, query in queries.items():
+                    try:
+                        query.awaitTermination(0.5)
+                    except StreamingQueryException:
+                        pass  # reported just below, by _raise_failure
+                    read = getattr((batches or {}).get(name), "records_read", {})
+                    for report in reports[name].new():
+                        batch, rows = report["batchId"], read.pop(report["batchId"], report["numInputRows"])
+                        if rows:  # not one of Spark's idle reports between batches
+                            changes[name] += rows
+                            say(f"refine {name} batch {batch}: {rows:,} changes")
+                    _raise_failure(name, query, batches)
+            for name, query in queries.items():  # one may have failed while another was awaited
                 _raise_failure(name, query, batches)
-        for name, query in queries.items():  # one may have failed while another was awaited
-            _raise_failure(name, query, batches)
     finally:
-        for query in queries.values():
-            if query.isActive:
-                query.stop()
+        if stop.is_set():
+            say("stopping: a micro-batch cut short is replayed by the next run")
+        stop_queries(queries.values(), stop)
     return changes
 
 

@@ -33,6 +33,7 @@ from cdc.pipeline.config import (
     Source,
 )
 from cdc.raw.config import AvailableNow, Continuous, RawJobConfig
+from cdc.streaming import stop_queries
 from cdc.pipeline.checks import sql_tables, table_names
 from refine.business import BusinessTableConfig, run_business_tables
 from refine.events import EventsBatch, EventsRefineJobConfig, events_batch, history_spec
@@ -223,8 +224,7 @@ def run_pipeline_refine(
                 for job in group:
                     queries[job.target], batches[job.target] = _start(spark, job)
             except BaseException:
-                for query in queries.values():
-                    query.stop()
+                stop_queries(queries.values(), stop)
                 raise
             counts |= watch_refine_queries(queries, say, stop, batches)
     finally:

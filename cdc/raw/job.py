@@ -34,7 +34,7 @@ from cdc.raw.table import (
 )
 from cdc.source import KafkaTopics
 from cdc.storage import Storage
-from cdc.streaming import ProgressReports, failure, with_trigger
+from cdc.streaming import ProgressReports, ending_on_request, failure, stop_queries, with_trigger
 
 # With a pattern, a continuous run looks for new matching topics this often.
 TOPIC_RESCAN_S = 30.0
@@ -221,30 +221,29 @@ def run_raw_job(
         say(f"raw {topic} -> {table}")
 
     try:
-        for topic in resolve_topics(config, kafka):
-            start(topic)
-        last_scan = time.monotonic()
-        while any(run.query.isActive for run in runs.values()) and not stop.is_set():
+        with ending_on_request(stop):
+            for topic in resolve_topics(config, kafka):
+                start(topic)
+            last_scan = time.monotonic()
+            while any(run.query.isActive for run in runs.values()) and not stop.is_set():
+                for run in runs.values():
+                    run.query.awaitTermination(0.5)
+                    _raise_failure(run, config)
+                    for line in progress_lines(run):
+                        say(line)
+                if isinstance(config.trigger, Continuous) and not isinstance(config.topics, TopicList):
+                    if time.monotonic() - last_scan > TOPIC_RESCAN_S:
+                        for topic in set(resolve_topics(config, kafka)) - runs.keys():
+                            start(topic)
+                        last_scan = time.monotonic()
             for run in runs.values():
-                run.query.awaitTermination(0.5)
                 _raise_failure(run, config)
                 for line in progress_lines(run):
                     say(line)
-            if isinstance(config.trigger, Continuous) and not isinstance(config.topics, TopicList):
-                if time.monotonic() - last_scan > TOPIC_RESCAN_S:
-                    for topic in set(resolve_topics(config, kafka)) - runs.keys():
-                        start(topic)
-                    last_scan = time.monotonic()
-        for run in runs.values():
-            _raise_failure(run, config)
-            for line in progress_lines(run):
-                say(line)
     finally:
         if stop.is_set():
             say("stopping: a micro-batch cut short is replayed by the next run")
-        for run in runs.values():
-            if run.query.isActive:
-                run.query.stop()
+        stop_queries([run.query for run in runs.values()], stop)
     summaries = [TopicSummary(run.topic, run.table, run.rows, run.batches) for run in runs.values()]
     for summary in summaries:
         say(f"raw {summary.topic}: landed {summary.rows:,} records in {summary.batches} micro-batches -> {summary.table}")

@@ -294,7 +294,10 @@ def test_continuous_refine_follows_postgres_and_stops_on_sigterm(
         wait_for(lambda: is_delta_table(spark, location) and refined_table(warehouse, topic).where(
             "full_name = 'Streamed'").count() == 1, 600, "the change in the refined table", 1.0)  # fmt: skip
     finally:
-        process.send_signal(signal.SIGTERM)
+        # As a service manager stops a job: SIGTERM to its whole process group, so to the JVM too.
+        os.killpg(process.pid, signal.SIGTERM)
         output, _ = process.communicate(timeout=180)
     assert process.returncode == 0, output
+    assert "stopping: a micro-batch cut short is replayed by the next run" in output
+    assert "Traceback" not in output, output
     assertDataFrameEqual(refined_table(warehouse, topic), postgres_table("customers"))

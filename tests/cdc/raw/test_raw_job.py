@@ -167,9 +167,12 @@ def test_continuous_run_lands_as_records_arrive_and_stops_on_sigterm(spark, kafk
             wait_for(lambda: is_delta_table(spark, table) and spark.read.format("delta").load(table).count() == 100 * round_,
                      120, f"round {round_} to land", 0.5)  # fmt: skip
     finally:
-        process.send_signal(signal.SIGTERM)
+        # As a service manager stops a job: SIGTERM to its whole process group, so to the JVM too.
+        os.killpg(process.pid, signal.SIGTERM)
         output, _ = process.communicate(timeout=60)
     assert process.returncode == 0, output
+    assert "stopping: a micro-batch cut short is replayed by the next run" in output
+    assert "Traceback" not in output, output
     assert f"raw {topic}: landed 200 records" in output
     assertDataFrameEqual(landed(spark, tmp_path, topic), on_kafka(spark, kafka, topic))
 
