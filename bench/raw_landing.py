@@ -8,7 +8,9 @@ settings: cold (the first landing of a fresh JVM, as a scheduled `--available-no
 (the second, as a long-running job after the JIT compiled its hot paths). Prints rows/s of each
 landing (Spark start-up excluded), the CPU seconds it took (which, unlike wall time, barely move
 when other work shares the machine) and the peak resident memory of each worker's whole process
-tree (Python and its JVM). Prints figures; asserts nothing.
+tree (Python and its JVM). `--class-archive both` runs every variant also without the driver JVM's
+class archive (see README, Configuration), to show what it saves of a fresh JVM; the start column is
+the Spark session's start. Prints figures; asserts nothing.
 """
 
 from __future__ import annotations
@@ -84,9 +86,10 @@ def worker(variant: str, topic: str, bootstrap: str, warehouse: str) -> None:
     shows the steady state of a long-running job, after the JIT compiled the hot paths (on two
     cores, compiling alone takes ~20 CPU s of the first million records).
     """
+    started = time.monotonic()
     settings = load_settings()
     spark = build_spark_session(settings.spark)
-    result: dict[str, float] = {}
+    result: dict[str, float] = {"start_seconds": time.monotonic() - started}
     for run in ("cold", "warm"):
         started, cpu_before = time.monotonic(), tree_cpu_seconds(os.getpid())
         rows = land(spark, variant, topic, bootstrap, f"{warehouse}/{run}")
@@ -127,12 +130,13 @@ def tree_cpu_seconds(root: int) -> float:
     return _tree_sum(root, lambda stat: (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK"))
 
 
-def run_worker(variant: str, topic: str, bootstrap: str) -> dict[str, float]:
+def run_worker(variant: str, topic: str, bootstrap: str, class_archive: bool) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="bench-raw-") as warehouse:
         process = subprocess.Popen(
             [sys.executable, __file__, "--worker", variant, "--topic", topic, "--bootstrap", bootstrap,
              "--warehouse", warehouse],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            env={**os.environ, "CDC_SPARK__CLASS_ARCHIVE": str(class_archive).lower()},
         )  # fmt: skip
         peak = 0
 
@@ -158,6 +162,8 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=1000, help="approximate value size in bytes")
     parser.add_argument("--partitions", type=int, default=4, help="partitions of the benchmark topic")
     parser.add_argument("--rounds", type=int, default=2, help="runs of each variant, alternating (default 2)")
+    parser.add_argument("--class-archive", choices=("on", "off", "both"), default="on",
+                        help="start the workers' JVMs from the class archive (default), without it, or both ways")
     parser.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--topic", help=argparse.SUPPRESS)
     parser.add_argument("--bootstrap", help=argparse.SUPPRESS)
@@ -180,29 +186,33 @@ def main() -> None:
           f"in {time.monotonic() - started:.1f} s")  # fmt: skip
     spark.stop()
     # Alternating rounds: this machine's speed drifts, and neither variant should always go first.
-    print(f"{'variant':<14} {'round':>5} {'rows':>10} {'cold s':>7} {'cold rows/s':>12} {'CPU s':>6} "
+    archives = {"on": [True], "off": [False], "both": [True, False]}[args.class_archive]
+    workers = {variant + ("" if archive else ", no archive"): (variant, archive) for variant in VARIANTS for archive in archives}
+    width = max(map(len, workers))
+    print(f"{'variant':<{width}} {'round':>5} {'start s':>7} {'rows':>10} {'cold s':>7} {'cold rows/s':>12} {'CPU s':>6} "
           f"{'warm s':>7} {'warm rows/s':>12} {'CPU s':>6} {'peak RSS MiB':>13}")  # fmt: skip
-    results: dict[str, list[dict[str, float]]] = {variant: [] for variant in VARIANTS}
+    results: dict[str, list[dict[str, float]]] = {label: [] for label in workers}
     for round_ in range(1, args.rounds + 1):
-        for variant in VARIANTS:
-            result = run_worker(variant, topic, bootstrap)
+        for label, (variant, archive) in workers.items():
+            result = run_worker(variant, topic, bootstrap, archive)
             for run in ("cold", "warm"):
                 result[f"{run}_rows_per_s"] = result[f"{run}_rows"] / result[f"{run}_seconds"]
-            results[variant].append(result)
-            print(f"{variant:<14} {round_:>5} {result['cold_rows']:>10,} {result['cold_seconds']:>7.1f} "
+            results[label].append(result)
+            print(f"{label:<{width}} {round_:>5} {result['start_seconds']:>7.1f} {result['cold_rows']:>10,} {result['cold_seconds']:>7.1f} "
                   f"{result['cold_rows_per_s']:>12,.0f} {result['cold_cpu_seconds']:>6.1f} {result['warm_seconds']:>7.1f} "
                   f"{result['warm_rows_per_s']:>12,.0f} {result['warm_cpu_seconds']:>6.1f} {result['peak_rss_mib']:>13,.0f}",
                   flush=True)  # fmt: skip
     for run in ("cold", "warm"):
         best = {variant: max(runs, key=lambda result: result[f"{run}_rows_per_s"]) for variant, runs in results.items()}
-        for variant, result in best.items():
-            print(f"best {run} {variant:<14} {result[f'{run}_rows_per_s']:>10,.0f} rows/s, "
+        for label, result in best.items():
+            print(f"best {run} {label:<{width}} {result[f'{run}_rows_per_s']:>10,.0f} rows/s, "
                   f"{result[f'{run}_cpu_seconds']:.1f} CPU s")  # fmt: skip
-        print(f"{run}: cdc raw / plain stream: "
-              f"{best['cdc raw'][f'{run}_rows_per_s'] / best['plain stream'][f'{run}_rows_per_s']:.2f}")  # fmt: skip
-    for variant, runs in results.items():
+        for suffix in {label.removeprefix(VARIANTS[0]) for label in workers if label.startswith(VARIANTS[0])}:
+            ratio = best[VARIANTS[0] + suffix][f"{run}_rows_per_s"] / best[VARIANTS[1] + suffix][f"{run}_rows_per_s"]
+            print(f"{run}: cdc raw / plain stream{suffix}: {ratio:.2f}")
+    for label, runs in results.items():
         peak = max(result["peak_rss_mib"] for result in runs)
-        print(f"peak RSS {variant}: {peak:,.0f} MiB (Python and its JVM, both landings)")
+        print(f"peak RSS {label}: {peak:,.0f} MiB (Python and its JVM, both landings)")
 
 
 if __name__ == "__main__":
