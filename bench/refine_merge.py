@@ -7,8 +7,10 @@ For each refined-table size it builds, in a fresh warehouse:
 - a refined table of SIZE rows of a Debezium Postgres table ``bench.accounts`` (written directly, as
   a finished snapshot would leave it);
 - a raw table holding CHANGES Debezium envelopes (JsonConverter with schemas, as the connector
-  writes them; ~90% updates of random existing rows, ~10% inserts), refined by ``cdc refine
-  --available-now`` in one run: changes/s;
+  writes them; ~90% updates of existing rows, ~10% inserts of new ids), refined by ``cdc refine
+  --available-now`` in one run: changes/s. The updated rows are random over the whole table
+  (``--updates uniform``, the default) or over its newest 5% (``--updates recent``: the rows a
+  workload keeps changing, such as this week's orders);
 - then ROUNDS more raw appends of BATCH changes each, each refined by its own run: the wall time of
   the run and the MERGE's own time from the Delta history;
 - the naive approach on the same table: every batch applied by a full outer join of the whole
@@ -100,9 +102,10 @@ def row_image(id_: str, version: str) -> str:
     )
 
 
-def refined_snapshot(spark: SparkSession, location: str, size: int) -> None:
+def refined_snapshot(spark: SparkSession, location: str, size: int, rows_per_file: int | None) -> None:
     """The refined table as a finished snapshot of ``size`` rows leaves it, written directly as typed
-    rows (generating and parsing 10M envelopes would only slow the set-up)."""
+    rows (generating and parsing 10M envelopes would only slow the set-up), in key order, in files of
+    ``rows_per_file`` rows (None: as many files as Spark has cores)."""
     one = spark.range(1).selectExpr(
         "'r' AS op", f"{row_image('id', '0')} AS after", "CAST(NULL AS STRUCT<id: BIGINT>) AS before",
         "0L AS source_lsn", "0L AS kafka_offset", f"timestamp_micros({BASE_MICROS}) AS source_committed_at",
@@ -110,7 +113,8 @@ def refined_snapshot(spark: SparkSession, location: str, size: int) -> None:
     # The refined table's exact schema: one row through the same decoding refine uses.
     typed = parse_changes(envelopes(one), ConnectSchema.model_validate(KEY_SCHEMA), ConnectSchema.model_validate(VALUE_SCHEMA))
     schema = refined_rows(typed, [field["field"] for field in ROW_FIELDS]).schema
-    rows = spark.range(size).selectExpr(
+    files = -(-size // rows_per_file) if rows_per_file else None
+    rows = spark.range(0, size, 1, files).selectExpr(
         "id", "concat('account ', id)", "pmod(xxhash64(id, 0), 2000000000) / 100",
         f"timestamp_micros({BASE_MICROS})", f"element_at({STATUSES}, cast(pmod(id, 3) + 1 as int))",
         "0L", "0L", f"timestamp_micros({BASE_MICROS})", "'r'", "current_timestamp()",
@@ -139,12 +143,16 @@ def envelopes(changes: DataFrame) -> DataFrame:
     )  # fmt: skip
 
 
-def append_raw_changes(spark: SparkSession, location: str, size: int, first: int, count: int) -> None:
+def append_raw_changes(
+    spark: SparkSession, location: str, size: int, first: int, count: int, updated: str = "uniform"
+) -> None:
     """Append ``count`` changes (from change number ``first``) to the raw table as Kafka records:
-    updates of random existing rows, and inserts of new ids for ~10%."""
+    updates of random existing rows (of all, or of the newest 5% when ``updated`` is "recent"), and
+    inserts of new ids for ~10%."""
+    hot = size if updated == "uniform" else size // 20  # the rows updates pick from: the last ones
     seq = spark.range(first, first + count)
     changes = seq.selectExpr(
-        f"pmod(xxhash64(id, 17), {size + size // 9}) AS row_id", "id AS seq",
+        f"{size - hot} + pmod(xxhash64(id, 17), {hot + hot // 9}) AS row_id", "id AS seq",
     ).selectExpr(
         f"CASE WHEN row_id < {size} THEN 'u' ELSE 'c' END AS op",
         f"{row_image('row_id', 'seq + 1')} AS after",
@@ -172,11 +180,13 @@ def last_merge_ms(spark: SparkSession, location: str) -> float:
     return float(history.operationMetrics["executionTimeMs"])
 
 
-def naive_apply(spark: SparkSession, warehouse: str, location: str, size: int, first: int, count: int) -> float:
+def naive_apply(
+    spark: SparkSession, warehouse: str, location: str, size: int, first: int, count: int, updated: str
+) -> float:
     """The naive way: the batch's last change per key, full-outer-joined with the whole table, overwritten."""
     scratch = f"{warehouse}/naive_raw_{first}"
     create_raw_table(spark, scratch, TOPIC)
-    append_raw_changes(spark, scratch, size, first, count)
+    append_raw_changes(spark, scratch, size, first, count, updated)
     started = time.monotonic()
     raw = spark.read.format("delta").load(scratch)
     schema = ConnectSchema.model_validate(VALUE_SCHEMA)
@@ -191,27 +201,29 @@ def naive_apply(spark: SparkSession, warehouse: str, location: str, size: int, f
     return time.monotonic() - started
 
 
-def bench_size(spark: SparkSession, size: int, changes: int, batch: int, rounds: int) -> dict[str, float]:
+def bench_size(
+    spark: SparkSession, size: int, changes: int, batch: int, rounds: int, updated: str, rows_per_file: int | None
+) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="bench-refine-") as warehouse:
         refined = refined_table_location(warehouse, TOPIC)
         raw = raw_table_location(warehouse, TOPIC)
         started = time.monotonic()
-        refined_snapshot(spark, refined, size)
+        refined_snapshot(spark, refined, size, rows_per_file)
         print(f"  {size:,}-row refined table written in {time.monotonic() - started:.0f} s", flush=True)
         create_raw_table(spark, raw, TOPIC)
-        append_raw_changes(spark, raw, size, 0, changes)
+        append_raw_changes(spark, raw, size, 0, changes, updated)
         seconds = refine(spark, warehouse)
         result = {"changes_per_s": changes / seconds}
         print(f"  refine of {changes:,} changes: {seconds:.1f} s, {result['changes_per_s']:,.0f} changes/s", flush=True)
         runs, merges, naive = [], [], []
         first = changes
         for _ in range(rounds):
-            append_raw_changes(spark, raw, size, first, batch)
+            append_raw_changes(spark, raw, size, first, batch, updated)
             first += batch
             runs.append(refine(spark, warehouse))
             merges.append(last_merge_ms(spark, refined) / 1000)
         for _ in range(rounds):
-            naive.append(naive_apply(spark, warehouse, refined, size, first, batch))
+            naive.append(naive_apply(spark, warehouse, refined, size, first, batch, updated))
             first += batch
         result |= {"run_s": statistics.median(runs), "merge_s": statistics.median(merges),
                    "naive_s": statistics.median(naive)}  # fmt: skip
@@ -226,6 +238,9 @@ def main() -> None:
     parser.add_argument("--changes", type=int, default=1_000_000, help="changes refined in one run, per size")
     parser.add_argument("--batch", type=int, default=10_000, help="changes in each timed MERGE batch")
     parser.add_argument("--rounds", type=int, default=3, help="timed batches per size (medians are printed)")
+    parser.add_argument("--updates", choices=("uniform", "recent"), default="uniform",
+                        help="which rows updates change: random rows of the whole table, or of its newest 5%%")
+    parser.add_argument("--rows-per-file", type=int, help="rows per file of the refined table (default: one file per core)")
     parser.add_argument("--no-warmup", dest="warmup", action="store_false",
                         help="measure from a cold JVM (default: a small unreported round first)")
     args = parser.parse_args()
@@ -234,11 +249,11 @@ def main() -> None:
         # A fresh JVM compiles for the first minute or so: whichever size came first was measured cold
         # (MERGE of 10,000 changes into 10M rows: 8.8 s first, 6.1 s second, same machine).
         print(f"warm-up (not reported): refined table of {WARMUP_SIZE:,} rows", flush=True)
-        bench_size(spark, WARMUP_SIZE, min(args.changes, WARMUP_SIZE), args.batch, 1)
+        bench_size(spark, WARMUP_SIZE, min(args.changes, WARMUP_SIZE), args.batch, 1, args.updates, args.rows_per_file)
     results = {}
     for size in [int(size) for size in args.sizes.split(",")]:
         print(f"refined table of {size:,} rows", flush=True)
-        results[size] = bench_size(spark, size, args.changes, args.batch, args.rounds)
+        results[size] = bench_size(spark, size, args.changes, args.batch, args.rounds, args.updates, args.rows_per_file)
     print(f"\n{'table rows':>12} {'changes/s':>10} {'batch run s':>12} {'MERGE s':>8} {'naive s':>8}")
     for size, result in results.items():
         print(f"{size:>12,} {result['changes_per_s']:>10,.0f} {result['run_s']:>12.1f} {result['merge_s']:>8.1f} "
