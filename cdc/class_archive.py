@@ -32,16 +32,17 @@ _QUIET = ("-Xlog:cds=off", "-Xlog:cds+dynamic=off")
 
 
 def archive_path(cache_dir: Path, java: str, jars: list[str]) -> Path:
-    """Where the archive for this JDK (``java``, the launcher Spark starts) and these jars (the
-    session's ``spark.jars``) is kept: any change to either names another file."""
+    """Where the archive for this JDK (``java``, the launcher Spark starts), this pyspark's jars and
+    these jars (the session's ``spark.jars``) is kept: any change to them names another file."""
     import pyspark
 
     jdk = Path(os.path.realpath(java)).parent.parent
     release = jdk / "release"
     pyspark_jars = sorted((Path(pyspark.__file__).parent / "jars").glob("*.jar"))
     parts = [str(jdk), release.read_text() if release.exists() else ""]
-    parts += [f"{path.name} {path.stat().st_size}" for path in pyspark_jars]
-    parts += [f"{path} {Path(path).stat().st_size} {Path(path).stat().st_mtime_ns}" for path in jars]
+    # The JVM maps an archive only for the class path it was written with, jar for jar (path, size
+    # and time): another virtualenv's pyspark, even of the same version, needs an archive of its own.
+    parts += [f"{path} {Path(path).stat().st_size} {Path(path).stat().st_mtime_ns}" for path in [*pyspark_jars, *jars]]
     digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
     return cache_dir / "class-archives" / f"spark-{digest}.jsa"
 

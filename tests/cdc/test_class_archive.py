@@ -18,6 +18,21 @@ def test_archive_is_named_by_the_jdk_and_the_jars(tmp_path):
     assert first != class_archive.archive_path(tmp_path, java, [str(jar)])
 
 
+def test_another_pyspark_install_of_the_same_jars_names_another_archive(tmp_path, monkeypatch):
+    """The JVM checks the class path an archive was written with: a second virtualenv (another
+    checkout) must not find the first one's archive under its name, or it would run without any."""
+    import pyspark
+
+    java = jars.java_executable()
+    first = class_archive.archive_path(tmp_path, java, [])
+    other = tmp_path / "other-venv" / "pyspark"
+    (other / "jars").mkdir(parents=True)
+    for jar in (Path(pyspark.__file__).parent / "jars").glob("*.jar"):  # the same files, seen at another path
+        (other / "jars" / jar.name).symlink_to(jar)
+    monkeypatch.setattr(pyspark, "__file__", str(other / "__init__.py"))
+    assert class_archive.archive_path(tmp_path, java, []) != first
+
+
 def test_sessions_map_the_archive_only_when_it_exists(tmp_path):
     java = jars.java_executable()
     assert class_archive.java_options(tmp_path, java, []) == []
