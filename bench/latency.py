@@ -9,7 +9,9 @@ commits one row every EVERY seconds. Each row's latency is the commit time of th
 Delta version that made it visible (read from the table's Change Data Feed afterwards, so nothing
 polls the table while it is measured) minus the moment Postgres acknowledged the commit. Prints
 p50, p95 and max of the first WARMUP commits (fresh JVMs: the JIT still compiles, ~3 minutes here)
-and of the COMMITS after them (the steady state of a long-running job). Figures only.
+and of the COMMITS after them (the steady state of a long-running job), each also split where the
+row was on its way: in Kafka (the record's time, stamped by Connect's producer), in the raw table
+(the commit that landed it). Figures only.
 """
 
 from __future__ import annotations
@@ -151,7 +153,25 @@ def measure(args: argparse.Namespace, settings: Settings) -> None:
             .where("_change_type = 'insert' AND id > 0").groupBy("id")
             .agg(F.min(F.unix_millis("_commit_timestamp")).alias("visible_ms")).collect()
         )  # fmt: skip
-    latencies = {row.id: row.visible_ms / 1000 - committed[row.id] for row in visible}
+        # Where each row was on its way: Kafka's record time (Connect's producer stamps it) and the
+        # raw table's commit that landed it.
+        landed = (
+            spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 0)
+            .load(raw_table_location(warehouse, topic)).where("_change_type = 'insert'")
+            .select(F.get_json_object("value", "$.payload.after.id").cast("long").alias("id"),
+                    F.unix_millis("timestamp").alias("kafka_ms"), F.unix_millis("_commit_timestamp").alias("raw_ms"))
+            .where("id > 0").groupBy("id").agg(F.min("kafka_ms").alias("kafka_ms"), F.min("raw_ms").alias("raw_ms"))
+            .collect()
+        )  # fmt: skip
+    at_kafka = {row.id: row.kafka_ms / 1000 for row in landed}
+    at_raw = {row.id: row.raw_ms / 1000 for row in landed}
+    at_refined = {row.id: row.visible_ms / 1000 for row in visible}
+    segments = {
+        "latency": (committed, at_refined),
+        "  Postgres -> Kafka (Debezium)": (committed, at_kafka),
+        "  Kafka -> raw table (cdc raw)": (at_kafka, at_raw),
+        "  raw -> refined table (cdc refine)": (at_raw, at_refined),
+    }
     print(f"one commit every {args.every} s, both jobs triggered every {interval} s")
     total = args.warmup + args.commits
     # Blocks of 60 commits show how long the fresh JVMs take to settle.
@@ -160,10 +180,11 @@ def measure(args: argparse.Namespace, settings: Settings) -> None:
     for label, ids in [*blocks, (f"all {total} commits", range(1, total + 1)),
                        (f"first {args.warmup} commits (warm-up)", range(1, args.warmup + 1)),
                        (f"next {args.commits} commits (steady)", range(args.warmup + 1, total + 1))]:
-        measured = [latencies[row_id] for row_id in ids]
-        if measured:
-            print(f"{label}: latency p50 {statistics.median(measured):.2f} s, p95 {percentile(measured, 0.95):.2f} s, "
-                  f"max {max(measured):.2f} s")  # fmt: skip
+        for segment, (start, end) in segments.items():
+            measured = [end[row_id] - start[row_id] for row_id in ids if row_id in start and row_id in end]
+            if measured:
+                print(f"{label if segment == 'latency' else '':<34} {segment:<36} p50 {statistics.median(measured):6.2f} s, "
+                      f"p95 {percentile(measured, 0.95):6.2f} s, max {max(measured):6.2f} s")  # fmt: skip
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f"SELECT pg_drop_replication_slot('{name}') WHERE EXISTS "
                      f"(SELECT 1 FROM pg_replication_slots WHERE slot_name = '{name}' AND NOT active)")  # fmt: skip
