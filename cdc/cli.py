@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import signal
 import sys
 import threading
@@ -249,9 +250,21 @@ def _stop_on_signals() -> threading.Event:
     Raising KeyboardInterrupt instead could land in the middle of a call into Spark's JVM.
     """
     stop = threading.Event()
+
+    def on_signal(*_: object) -> None:
+        stop.set()
+        # A stop of the whole process group (systemd's) signals the JVM too, and it exits on its own:
+        # py4j then logs every later call's failure, even one the job expects and catches (stopping
+        # its queries, Python's own clean-up at exit), with a traceback, through the root logger.
+        logging.getLogger().addFilter(_not_py4j_send_failures)
+
     for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
+        signal.signal(signum, on_signal)
     return stop
+
+
+def _not_py4j_send_failures(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("Exception while sending command")
 
 
 def jars_fetch(args: argparse.Namespace, settings: Settings) -> int:
