@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 from cdc.errors import DependencyError
+from cdc.jars import built_once
 
 # The JDK's own messages about the archive (classes it skips while writing, an archive it will not
 # use) are for JDK developers: the archive is an optimisation, and a run without it is still right.
@@ -56,8 +57,6 @@ def java_options(cache_dir: Path, java: str, jars: list[str]) -> list[str]:
 def build(cache_dir: Path, java: str, jars: list[str]) -> Path:
     """The archive for this JDK and these jars: made by a training run in a process of its own on the
     first call (~1 minute), then found in the cache."""
-    from cdc.jars import built_once
-
     archive = archive_path(cache_dir, java, jars)
     return built_once(cache_dir, lambda: archive if archive.exists() else None, lambda: _train(archive))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -56,8 +56,11 @@ def ending_on_request(stop: threading.Event) -> Iterator[None]:
             raise
 
 
-def stop_queries(queries: Iterable[StreamingQuery], stop: threading.Event) -> None:
-    """Stop the queries still running (see :func:`ending_on_request` for a stop that was asked for)."""
+def stop_queries(queries: Iterable[StreamingQuery], stop: threading.Event, say: Callable[[str], None]) -> None:
+    """Stop the queries still running; after a stop that was asked for (see :func:`ending_on_request`),
+    say so first."""
+    if stop.is_set():
+        say("stopping: a micro-batch cut short is replayed by the next run")
     for query in queries:
         with ending_on_request(stop):
             if query.isActive:

@@ -450,9 +450,7 @@ def watch_refine_queries(
             for name, query in queries.items():  # one may have failed while another was awaited
                 _raise_failure(name, query, batches)
     finally:
-        if stop.is_set():
-            say("stopping: a micro-batch cut short is replayed by the next run")
-        stop_queries(queries.values(), stop)
+        stop_queries(queries.values(), stop, say)
     return changes
 
 

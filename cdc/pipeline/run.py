@@ -224,7 +224,7 @@ def run_pipeline_refine(
                 for job in group:
                     queries[job.target], batches[job.target] = _start(spark, job)
             except BaseException:
-                stop_queries(queries.values(), stop)
+                stop_queries(queries.values(), stop, say)
                 raise
             counts |= watch_refine_queries(queries, say, stop, batches)
     finally:

@@ -241,9 +241,7 @@ def run_raw_job(
                 for line in progress_lines(run):
                     say(line)
     finally:
-        if stop.is_set():
-            say("stopping: a micro-batch cut short is replayed by the next run")
-        stop_queries([run.query for run in runs.values()], stop)
+        stop_queries([run.query for run in runs.values()], stop, say)
     summaries = [TopicSummary(run.topic, run.table, run.rows, run.batches) for run in runs.values()]
     for summary in summaries:
         say(f"raw {summary.topic}: landed {summary.rows:,} records in {summary.batches} micro-batches -> {summary.table}")
