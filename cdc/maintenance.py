@@ -16,7 +16,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
 
 from cdc.errors import ConfigError, TableError
-from cdc.raw.table import KIND_PROPERTY, RAW_KIND, is_delta_table
+from cdc.raw.table import KIND_PROPERTY, RAW_KIND, is_delta_table, delta_properties
 from cdc.storage import normalize_location
 
 SAFE_RETENTION_HOURS = 168.0
@@ -74,7 +74,7 @@ def vacuum_table(
     if retain_hours is None or retain_hours >= SAFE_RETENTION_HOURS:
         _vacuum(spark, table, retain_hours)
         return
-    if table.detail().select("properties").head()[0].get(KIND_PROPERTY) == RAW_KIND:
+    if delta_properties(spark, location).get(KIND_PROPERTY) == RAW_KIND:
         raise ConfigError(f"refusing to vacuum a raw table with a retention below {SAFE_RETENTION_HOURS:g} hours: "
                           "its files may be the only copy of the topic's records", table=location,
                           retain_hours=retain_hours)  # fmt: skip

@@ -47,7 +47,7 @@ from pydantic import Field, field_validator
 from cdc.config import _Strict
 from cdc.errors import ConfigError, TableError
 from cdc.raw.config import AvailableNow, Continuous, Trigger
-from cdc.raw.table import KIND_PROPERTY, is_delta_table
+from cdc.raw.table import KIND_PROPERTY, is_delta_table, delta_properties
 from cdc.storage import Storage, normalize_location
 
 BUSINESS_KIND = "business"
@@ -196,7 +196,7 @@ def _state(spark: SparkSession, location: str) -> dict[str, str] | None:
     """The business table's properties; None when there is no table yet."""
     if not is_delta_table(spark, location):
         return None
-    properties = DeltaTable.forPath(spark, location).detail().select("properties").head()[0]
+    properties = delta_properties(spark, location)
     if properties.get(KIND_PROPERTY) != BUSINESS_KIND:
         raise TableError("a Delta table exists there but it is not a business table (no cdc.kind=business)",
                          table=location)  # fmt: skip

@@ -30,7 +30,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
-from cdc.raw.table import is_delta_table
+from cdc.raw.table import is_delta_table, delta_properties
 from refine.envelope import Op
 from refine.latest import at_or_after
 from refine.merge import LSN, OFFSET, OP, ensure_refined_table
@@ -89,7 +89,7 @@ def record_truncate(spark: SparkSession, location: str, truncated_at: tuple[int,
 
 
 def _truncated_at(spark: SparkSession, location: str) -> tuple[int, int] | None:
-    properties = DeltaTable.forPath(spark, location).detail().first().properties  # metadata, not data
+    properties = delta_properties(spark, location)
     if TRUNCATED_AT_PROPERTY not in properties:
         return None
     lsn, offset = properties[TRUNCATED_AT_PROPERTY].split(":")

@@ -18,14 +18,13 @@ job (last change per key, MERGE with position guards) is the same as for envelop
 
 from __future__ import annotations
 
-from delta.tables import DeltaTable
 from collections.abc import Sequence
 
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from cdc.raw.table import is_delta_table
+from cdc.raw.table import is_delta_table, delta_properties
 from refine.decode import decode
 from refine.envelope import FLATTENED_METADATA_FIELDS, ConnectSchema, Op
 from refine.parse import (
@@ -136,7 +135,7 @@ def remembered_schema(spark: SparkSession, refined: str) -> ConnectSchema | None
     only (deletes, in this form) carries none."""
     if not is_delta_table(spark, refined):
         return None
-    properties = DeltaTable.forPath(spark, refined).detail().head().properties
+    properties = delta_properties(spark, refined)
     text = properties.get(SCHEMA_PROPERTY)
     return ConnectSchema.model_validate_json(text) if text else None
 

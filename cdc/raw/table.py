@@ -116,6 +116,13 @@ def is_delta_table(spark: SparkSession, location: str) -> bool:
     return any(name.endswith(".json") for name in Storage(spark).list_names(f"{location}/_delta_log"))
 
 
+def delta_properties(spark: SparkSession, location: str) -> dict[str, str]:
+    """The Delta table's properties, from its metadata alone. (``DeltaTable.detail()`` also counts
+    the table's files: it rebuilds the state of every new version, ~0.5 s on a warm JVM for a small
+    table and more with every file, where this takes ~25 ms.)"""
+    return {row.key: row.value for row in spark.sql(f"SHOW TBLPROPERTIES delta.`{location}`").collect()}
+
+
 def raw_table_topic(spark: SparkSession, location: str) -> str | None:
     """The topic of the raw table at ``location``; None when no Delta table is there.
 
@@ -128,7 +135,7 @@ def raw_table_topic(spark: SparkSession, location: str) -> str | None:
 def _raw_table_properties(spark: SparkSession, location: str) -> dict[str, str] | None:
     if not is_delta_table(spark, location):
         return None
-    properties = DeltaTable.forPath(spark, location).detail().select("properties").head()[0]
+    properties = delta_properties(spark, location)
     if properties.get(KIND_PROPERTY) != RAW_KIND:
         raise TableError("a Delta table exists there but it is not a raw table (no cdc.kind=raw)", table=location)
     return properties
