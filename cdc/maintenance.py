@@ -16,7 +16,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
 
 from cdc.errors import ConfigError, TableError
-from cdc.raw.table import KIND_PROPERTY, RAW_KIND, is_delta_table, delta_properties
+from cdc.raw.table import KIND_PROPERTY, RAW_KIND, delta_properties, is_delta_table
 from cdc.storage import normalize_location
 
 SAFE_RETENTION_HOURS = 168.0

@@ -47,7 +47,7 @@ from pydantic import Field, field_validator
 from cdc.config import _Strict
 from cdc.errors import ConfigError, TableError
 from cdc.raw.config import AvailableNow, Continuous, Trigger
-from cdc.raw.table import KIND_PROPERTY, is_delta_table, delta_properties
+from cdc.raw.table import KIND_PROPERTY, delta_properties, is_delta_table
 from cdc.storage import Storage, normalize_location
 
 BUSINESS_KIND = "business"
