@@ -403,6 +403,8 @@ def _add(
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # Progress lines reach a pipe (a log collector, `tee`) as they are printed, not in 8 KiB blocks.
+    sys.stdout.reconfigure(line_buffering=True)
     try:
         return args.handler(args, _settings(args))
     except CdcError as error:

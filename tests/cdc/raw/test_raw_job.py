@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -160,21 +162,35 @@ def test_continuous_run_lands_as_records_arrive_and_stops_on_sigterm(spark, kafk
                                                                      wait_for):
     topic = kafka.create_topic(unique_name)
     process = cdc_process(["raw", "--topic", topic, "--warehouse", str(tmp_path), "--trigger-interval", "0.5"])
+    printed: list[str] = []
+    reader = threading.Thread(target=lambda: printed.extend(process.stdout), daemon=True)
+    reader.start()
     table = raw_table_location(str(tmp_path), topic)
     try:
         for round_ in range(1, 3):
             kafka.produce(topic, [(b"k", f"round {round_} record {i}".encode()) for i in range(100)])
             wait_for(lambda: is_delta_table(spark, table) and spark.read.format("delta").load(table).count() == 100 * round_,
                      120, f"round {round_} to land", 0.5)  # fmt: skip
+            # A batch's Delta commit is visible before the job's progress report of it: wait for the
+            # report, as the job's summary counts what was reported.
+            wait_for(lambda: reported_rows(printed, topic) == 100 * round_, 60, f"the progress line of round {round_}", 0.1)
     finally:
         # As a service manager stops a job: SIGTERM to its whole process group, so to the JVM too.
         os.killpg(process.pid, signal.SIGTERM)
-        output, _ = process.communicate(timeout=60)
+        process.wait(timeout=60)
+        reader.join(timeout=10)
+    output = "".join(printed)
     assert process.returncode == 0, output
     assert "stopping: a micro-batch cut short is replayed by the next run" in output
     assert "Traceback" not in output, output
-    assert f"raw {topic}: landed 200 records" in output
+    assert f"raw {topic}: landed 200 records" in output, output
     assertDataFrameEqual(landed(spark, tmp_path, topic), on_kafka(spark, kafka, topic))
+
+
+def reported_rows(printed: list[str], topic: str) -> int:
+    """The rows a raw job's progress lines (``raw <topic> batch <id>: <rows> rows, ...``) report."""
+    pattern = re.compile(rf"^raw {re.escape(topic)} batch \d+: ([\d,]+) rows")
+    return sum(int(match[1].replace(",", "")) for line in list(printed) if (match := pattern.match(line)))
 
 
 def test_retention_gap_stops_the_job_unless_allowed_and_then_is_recorded(spark, kafka, tmp_path, unique_name):
