@@ -158,6 +158,28 @@ def refine(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def sync(args: argparse.Namespace, settings: Settings) -> int:
+    from cdc.spark import build_spark_session
+    from cdc.sync import SyncJobConfig, run_sync_job
+
+    run = {"warehouse": settings.warehouse, "trigger": _trigger(args)}
+    raw = {**run, "kafka": kafka_settings(settings), "max_offsets_per_trigger": args.max_offsets_per_trigger,
+           "on_gap": "record" if args.allow_gaps else None}  # fmt: skip
+    if args.pipeline:
+        from cdc.pipeline.load import load_pipeline
+        from cdc.pipeline.run import raw_job_config
+
+        pipeline = load_pipeline(args.pipeline)
+        document = {"raw": raw_job_config(pipeline, raw), "refine": {"kind": "pipeline", "pipeline": pipeline, "run": run}}
+    else:
+        topics = {"kind": "topics", "topics": args.topics}
+        document = {"raw": {**raw, "topics": topics, "on_gap": raw["on_gap"] or "fail"},
+                    "refine": {"kind": "topics", "jobs": [{**run, "table": topic} for topic in args.topics]}}  # fmt: skip
+    config = validate(SyncJobConfig, document, "sync job settings")
+    run_sync_job(build_spark_session(settings.spark), config, stop=_stop_on_signals())
+    return 0
+
+
 def validate_pipeline(args: argparse.Namespace, settings: Settings) -> int:
     from cdc.pipeline.load import PipelineError, load_pipeline
 
@@ -359,6 +381,19 @@ def build_parser() -> argparse.ArgumentParser:
                           help="a column's Spark type (e.g. amount=decimal(12,2)): the row's schema for values written "
                           "without one (then --key too), else an override of the decoded type; repeatable")
     refining.add_argument("--key", action="append", metavar="NAME", help="a primary-key column of a schemaless topic; repeatable")
+
+    syncing = _add(commands, "sync", sync, "land topics and refine them in one Spark application (one JVM)", [warehouse])
+    synced = syncing.add_mutually_exclusive_group(required=True)
+    synced.add_argument("--topic", action="append", dest="topics", metavar="TOPIC",
+                        help="a Debezium topic to land and refine (repeatable)")
+    synced.add_argument("--pipeline", type=Path, metavar="FILE", help="the topics and tables of a pipeline file")
+    sync_trigger = syncing.add_mutually_exclusive_group()
+    sync_trigger.add_argument("--available-now", action="store_true", help="land what is there, refine it, then stop")
+    sync_trigger.add_argument("--trigger-interval", type=float, metavar="SECONDS",
+                              help="run continuously, a micro-batch every SECONDS (default 2)")  # fmt: skip
+    syncing.add_argument("--max-offsets-per-trigger", type=int, metavar="N", help="at most N records per raw micro-batch")
+    syncing.add_argument("--allow-gaps", action="store_true",
+                         help="when Kafka deleted offsets not landed yet, go on and record the gap (default: stop)")
 
     checking = _add(commands, "validate", validate_pipeline,
                     "check a pipeline file: OK, or one line per problem naming the key and the reason (exit 2)")

@@ -67,6 +67,37 @@ def stop_queries(queries: Iterable[StreamingQuery], stop: threading.Event, say: 
                 query.stop()
 
 
+class JobThreads:
+    """Jobs side by side in threads of one process until ``stop``: the first to fail sets ``stop``,
+    which ends the others, and :meth:`join` raises its error."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop = stop
+        self.errors: list[BaseException] = []
+        self.threads: list[threading.Thread] = []
+
+    def start(self, name: str, job: Callable[[], object]) -> None:
+        def run() -> None:
+            try:
+                job()
+            except BaseException as error:  # raised in the main thread by join()
+                self.errors.append(error)
+                self.stop.set()
+
+        thread = threading.Thread(target=run, name=name, daemon=True)
+        self.threads.append(thread)
+        thread.start()
+
+    def join(self) -> None:
+        """Wait until every job has ended, then raise the first failure. The waits are short, so the
+        main thread goes on handling signals (Ctrl-C, SIGTERM) meanwhile."""
+        while any(thread.is_alive() for thread in self.threads):
+            for thread in self.threads:
+                thread.join(0.5)
+        if self.errors:
+            raise self.errors[0]
+
+
 class ProgressReports:
     """A streaming query's progress reports (Spark's JSON, as dicts), each returned once.
 

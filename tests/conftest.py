@@ -276,6 +276,19 @@ def pipeline_run(spark, kafka: KafkaTestClient, tmp_path, monkeypatch) -> Pipeli
 
 
 @pytest.fixture
+def refined_table(spark):
+    """``refined_table(warehouse, topic)``: the refined table without its metadata columns."""
+    from refine.job import refined_table_location
+    from refine.merge import METADATA_COLUMNS
+
+    def read(warehouse: str, topic: str):
+        table = spark.read.format("delta").load(refined_table_location(warehouse, topic))
+        return table.drop(*[column for column in table.columns if column.startswith("_cdc_")], *METADATA_COLUMNS)
+
+    return read
+
+
+@pytest.fixture
 def cdc_process(kafka: KafkaTestClient):
     """``cdc_process(args)``: `cdc` in a process group of its own (Python and its Spark JVM), output to a pipe."""
     import subprocess

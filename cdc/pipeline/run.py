@@ -33,7 +33,7 @@ from cdc.pipeline.config import (
     Source,
 )
 from cdc.raw.config import AvailableNow, Continuous, RawJobConfig
-from cdc.streaming import stop_queries
+from cdc.streaming import JobThreads, stop_queries
 from cdc.pipeline.checks import sql_tables, table_names
 from refine.business import BusinessTableConfig, run_business_tables
 from refine.events import EventsBatch, EventsRefineJobConfig, events_batch, history_spec
@@ -164,37 +164,6 @@ def business_tables(pipeline: Pipeline, warehouse: str) -> list[BusinessTableCon
     return configs
 
 
-class _BusinessThreads:
-    """Continuous runs: each business table refreshed on its own interval, in a thread, until ``stop``;
-    the first failure sets ``stop`` (ending the refine streams too) and is raised by :meth:`join`."""
-
-    def __init__(self, spark: SparkSession, pipeline: Pipeline, tables: list[BusinessTableConfig],
-                 say: Callable[[str], None], stop: threading.Event) -> None:  # fmt: skip
-        self.stop = stop
-        self.errors: list[BaseException] = []
-        self.threads = [
-            threading.Thread(target=self._run, name=f"business {table.name}", daemon=True, args=(
-                spark, table, Continuous(interval_s=pipeline.business[table.name].trigger_interval_s), say))
-            for table in tables
-        ]  # fmt: skip
-        for thread in self.threads:
-            thread.start()
-
-    def _run(self, spark: SparkSession, table: BusinessTableConfig, trigger: Continuous, say: Callable[[str], None]) -> None:
-        try:
-            run_business_tables(spark, [table], trigger, self.stop, say)
-        except BaseException as error:  # raised in the main thread by join()
-            self.errors.append(error)
-            self.stop.set()
-
-    def join(self) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join()
-        if self.errors:
-            raise self.errors[0]
-
-
 def run_pipeline_refine(
     spark: SparkSession,
     pipeline: Pipeline,
@@ -214,7 +183,12 @@ def run_pipeline_refine(
     business = business_tables(pipeline, config.warehouse)
     once = isinstance(config.trigger, AvailableNow)
     groups = [[job] for job in jobs] if once else [jobs]
-    threads = None if once or not business else _BusinessThreads(spark, pipeline, business, say, stop)
+    # Run continuously, each business table is refreshed on its own interval in a thread until ``stop``.
+    threads = JobThreads(stop)
+    for table in [] if once else business:
+        interval = Continuous(interval_s=pipeline.business[table.name].trigger_interval_s)
+        threads.start(f"business {table.name}",
+                      lambda table=table, interval=interval: run_business_tables(spark, [table], interval, stop, say))
     counts: dict[str, int] = {}
     try:
         for group in groups:
@@ -228,7 +202,8 @@ def run_pipeline_refine(
                 raise
             counts |= watch_refine_queries(queries, say, stop, batches)
     finally:
-        if threads:
+        if threads.threads:
+            stop.set()
             threads.join()
     for name, count in counts.items():
         say(f"refine {name}: {count:,} records -> {refined_table_location(config.warehouse, name)}")

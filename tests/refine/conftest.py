@@ -76,19 +76,6 @@ def land_and_refine(land, refine):
     return run
 
 
-@pytest.fixture
-def refined_table(spark):
-    """``refined_table(warehouse, topic)``: the refined table without its metadata columns."""
-    from refine.job import refined_table_location
-    from refine.merge import METADATA_COLUMNS
-
-    def read(warehouse: str, topic: str):
-        table = spark.read.format("delta").load(refined_table_location(warehouse, topic))
-        return table.drop(*[column for column in table.columns if column.startswith("_cdc_")], *METADATA_COLUMNS)
-
-    return read
-
-
 class FakeSchemaRegistry:
     """The two reads of a Confluent-compatible schema registry that refine jobs make, served from this
     process on 127.0.0.1: ``GET /subjects/<subject>/versions/latest`` and ``GET /schemas/ids/<id>``.

@@ -1,0 +1,187 @@
+"""`cdc sync`: landing and refinement in one Spark application, once or continuously; a failure of
+either ends both and is the job's error."""
+
+import json
+import os
+import signal
+import threading
+
+import psycopg
+import pytest
+from pyspark.sql import functions as F
+from pyspark.testing import assertDataFrameEqual
+
+from cdc.cli import main
+from cdc.config import validate
+from cdc.errors import ConfigError, SourceError, TableError
+from cdc.pipeline.config import Pipeline
+from cdc.pipeline.run import PipelineRefineConfig
+from cdc.raw.config import RawJobConfig
+from cdc.raw.table import is_delta_table
+from cdc.stack.workload import run_workload
+from cdc.sync import SyncJobConfig, run_sync_job
+from refine.job import RefineJobConfig, refined_table_location
+
+CONTINUOUS = {"kind": "continuous", "interval_s": 0.5}
+
+
+def sync_config(warehouse: str, topics: list[str], bootstrap_servers: str, trigger: dict = CONTINUOUS,
+                refined: list[str] | None = None) -> SyncJobConfig:  # fmt: skip
+    raw = {"topics": {"kind": "topics", "topics": topics}, "warehouse": warehouse, "trigger": trigger,
+           "kafka": {"bootstrap_servers": bootstrap_servers}}  # fmt: skip
+    jobs = [{"table": topic, "warehouse": warehouse, "trigger": trigger} for topic in refined or topics]
+    return validate(SyncJobConfig, {"raw": raw, "refine": {"kind": "topics", "jobs": jobs}}, "sync job settings")
+
+
+def test_the_refinement_must_read_what_the_landing_lands_in_the_same_run(tmp_path):
+    with pytest.raises(ConfigError, match=r"refine: topics b are not landed by raw.topics"):
+        sync_config(str(tmp_path), ["a"], "127.0.0.1:1", refined=["a", "b"])
+    raw = RawJobConfig(topics={"kind": "topics", "topics": ["a"]}, warehouse=str(tmp_path))
+    elsewhere = RefineJobConfig(table="a", warehouse=str(tmp_path / "other"))
+    with pytest.raises(ConfigError, match=r"refine: warehouse .*/other is not the landing's"):
+        validate(SyncJobConfig, {"raw": raw, "refine": {"kind": "topics", "jobs": [elsewhere]}}, "sync job settings")
+    once = RefineJobConfig(table="a", warehouse=str(tmp_path), trigger={"kind": "available_now"})
+    with pytest.raises(ConfigError, match="refine: the trigger differs from the landing's"):
+        validate(SyncJobConfig, {"raw": raw, "refine": {"kind": "topics", "jobs": [once]}}, "sync job settings")
+
+
+@pytest.mark.integration
+def test_sync_once_lands_and_refines_postgres_tables_and_a_rerun_changes_nothing(
+    spark, kafka, stack_config, postgres_connector, tmp_path, monkeypatch, postgres_table, refined_table
+):
+    dsn, warehouse = stack_config.postgres.dsn(), str(tmp_path)
+    run_workload(dsn, customers=3, seed=91)  # inserts, updates, deletes: the customers topic ends on a tombstone
+    topics = {table: f"{postgres_connector.topic_prefix}.shop.{table}" for table in ("customers", "orders")}
+    kafka.wait_for_last_value(topics["customers"], lambda value: value is None)
+    monkeypatch.setenv("CDC_KAFKA__BOOTSTRAP_SERVERS", kafka.bootstrap_servers)
+    command = ["sync", *[f"--topic={topic}" for topic in topics.values()], "--warehouse", warehouse, "--available-now"]
+    for _ in range(2):
+        assert main(command) == 0
+        for table, topic in topics.items():
+            assertDataFrameEqual(refined_table(warehouse, topic), postgres_table(table))
+
+
+@pytest.mark.integration
+def test_continuous_sync_follows_postgres_and_stops_on_sigterm(
+    spark, kafka, stack_config, postgres_connector, tmp_path, cdc_process, wait_for, postgres_table, refined_table
+):
+    dsn, warehouse = stack_config.postgres.dsn(), str(tmp_path)
+    topic = f"{postgres_connector.topic_prefix}.shop.customers"
+    run_workload(dsn, customers=2, seed=92)
+    kafka.wait_for_last_value(topic, lambda value: value is None)
+    process = cdc_process(["sync", "--topic", topic, "--warehouse", warehouse, "--trigger-interval", "1"])
+    location = refined_table_location(warehouse, topic)
+    try:
+        with psycopg.connect(dsn) as conn:
+            conn.execute("UPDATE shop.customers SET full_name = 'Synced' WHERE id = (SELECT max(id) FROM shop.customers)")
+        wait_for(lambda: process.poll() is not None or is_delta_table(spark, location) and refined_table(
+            warehouse, topic).where("full_name = 'Synced'").count() == 1, 600, "the change in the refined table", 1.0)  # fmt: skip
+        assert process.poll() is None, process.stdout.read()
+    finally:
+        # As a service manager stops a job: SIGTERM to its whole process group, so to the JVM too.
+        os.killpg(process.pid, signal.SIGTERM)
+        output, _ = process.communicate(timeout=180)
+    assert process.returncode == 0, output
+    assert "stopping: a micro-batch cut short is replayed by the next run" in output
+    assert "Traceback" not in output, output
+    assert f"raw {topic} -> " in output and f"refine {topic} batch" in output, output
+    assertDataFrameEqual(refined_table(warehouse, topic), postgres_table("customers"))
+
+
+def in_thread(job) -> tuple[threading.Thread, list[BaseException]]:
+    """``job()`` running in a thread; what it raised, once it has ended, in the list."""
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            job()
+        except BaseException as error:  # asserted by the test
+            failures.append(error)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, failures
+
+
+@pytest.mark.integration
+def test_continuous_pipeline_sync_lands_refines_and_refreshes_its_business_table(spark, kafka, tmp_path, unique_name,
+                                                                                  wait_for):  # fmt: skip
+    topic = kafka.create_topic(f"{unique_name}.scores")
+    warehouse = str(tmp_path)
+    document = {"name": "live", "sources": {"game": {"kind": "events", "format": "json", "topic": topic,
+                                                     "schema": "player string, score int"}},
+                "refined": {"scores": {"source": "game"}},
+                "business": {"totals": {"sql": "SELECT player, sum(score) AS total FROM scores GROUP BY player",
+                                        "trigger_interval_s": 0.5}}}  # fmt: skip
+    pipeline = Pipeline.model_validate(document)
+    raw = {"topics": {"kind": "topics", "topics": [topic]}, "warehouse": warehouse, "trigger": CONTINUOUS,
+           "kafka": {"bootstrap_servers": kafka.bootstrap_servers}}  # fmt: skip
+    config = SyncJobConfig(raw=raw, refine={"kind": "pipeline", "pipeline": pipeline,
+                                            "run": PipelineRefineConfig(warehouse=warehouse, trigger=CONTINUOUS)})
+
+    def total_of(player: str) -> int | None:
+        if not is_delta_table(spark, f"{warehouse}/business/totals"):
+            return None
+        rows = spark.read.format("delta").load(f"{warehouse}/business/totals").where(F.col("player") == player).collect()
+        return rows[0].total if rows else None
+
+    stop, lines = threading.Event(), []
+    thread, failures = in_thread(lambda: run_sync_job(spark, config, lines.append, stop))
+    try:
+        for round_, scores in enumerate([[("ann", 1), ("bob", 2)], [("bob", 3), ("bob", 4)]]):
+            kafka.produce(topic, [(player.encode(), json.dumps({"player": player, "score": score}).encode())
+                                  for player, score in scores])  # fmt: skip
+            wait_for(lambda: failures or total_of("bob") == [2, 9][round_], 300, f"round {round_} in the business table", 0.5)
+    finally:
+        stop.set()
+        thread.join(120)
+    assert not thread.is_alive() and not failures, failures
+    assert spark.read.format("delta").load(f"{warehouse}/refined/scores").count() == 4
+
+
+def flattened_value(row_id: int, name: object, name_type: str) -> bytes:
+    """A Debezium Postgres row after ExtractNewRecordState (JsonConverter, with its schema)."""
+    schema = {"type": "struct", "optional": False, "name": "shop.items.Value", "fields": [
+        {"type": "int64", "optional": False, "field": "id"}, {"type": name_type, "optional": True, "field": "name"},
+        {"type": "string", "optional": True, "field": "__op"}, {"type": "int64", "optional": True, "field": "__lsn"},
+        {"type": "int64", "optional": True, "field": "__source_ts_ms"},
+        {"type": "string", "optional": True, "field": "__deleted"}]}  # fmt: skip
+    payload = {"id": row_id, "name": name, "__op": "c", "__lsn": row_id, "__source_ts_ms": 1_763_700_000_000,
+               "__deleted": "false"}  # fmt: skip
+    return json.dumps({"schema": schema, "payload": payload}).encode()
+
+
+def flattened_key(row_id: int) -> bytes:
+    schema = {"type": "struct", "optional": False, "name": "shop.items.Key",
+              "fields": [{"type": "int64", "optional": False, "field": "id"}]}  # fmt: skip
+    return json.dumps({"schema": schema, "payload": {"id": row_id}}).encode()
+
+
+@pytest.mark.integration
+def test_a_failed_refinement_ends_the_landing_and_is_the_error(spark, kafka, tmp_path, unique_name, wait_for):
+    topic = kafka.create_topic(f"{unique_name}.shop.items")
+    warehouse = str(tmp_path)
+    config = sync_config(warehouse, [topic], kafka.bootstrap_servers)
+    kafka.produce(topic, [(flattened_key(1), flattened_value(1, "one", "string"))])
+    thread, failures = in_thread(lambda: run_sync_job(spark, config, lambda line: None))
+    try:
+        wait_for(lambda: failures or is_delta_table(spark, refined_table_location(warehouse, topic)), 300,
+                 "the first row refined", 0.5)  # fmt: skip
+        kafka.produce(topic, [(flattened_key(2), flattened_value(2, 2, "int64"))])  # `name` turned a number
+        # No stop is ever set here: the landing, which would otherwise run on, ends because refining failed.
+        thread.join(300)
+    finally:
+        assert not thread.is_alive(), "the landing went on after the refinement failed"
+    [failure] = failures
+    assert isinstance(failure, TableError), failure
+    assert "changed type" in str(failure) and "column=name" in str(failure) and "new_type=bigint" in str(failure), failure
+    assert not spark.streams.active, "a stream of the failed sync is still running"
+
+
+@pytest.mark.integration
+def test_an_unknown_topic_ends_a_continuous_sync_with_one_line(kafka, tmp_path, unique_name, monkeypatch, capsys):
+    monkeypatch.setenv("CDC_KAFKA__BOOTSTRAP_SERVERS", kafka.bootstrap_servers)
+    assert main(["sync", "--topic", unique_name, "--warehouse", str(tmp_path), "--trigger-interval", "1"]) == (
+        SourceError.exit_code)
+    error = capsys.readouterr().err
+    assert error.startswith("cdc: error: ") and unique_name in error and error.count("\n") == 1, error
