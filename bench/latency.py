@@ -1,10 +1,12 @@
 """Commit-to-refined latency: from a Postgres commit until its row is in the refined table.
 
-    .venv/bin/python bench/latency.py [--warmup 180] [--commits 120] [--every 1.0] [--trigger-interval 1]
+    .venv/bin/python bench/latency.py [--jobs sync|raw+refine] [--warmup 180] [--commits 120] [--every 1.0]
+                                      [--trigger-interval 1]
 
 Brings the local stack up, and down at the end (a stack already running is used and left running),
-creates a table of its own, registers a Debezium connector for it, and starts `cdc raw` and `cdc
-refine` as two continuous processes, as a user runs them. Once a first row has come through, it
+creates a table of its own, registers a Debezium connector for it, and starts the jobs as a user
+runs them: `cdc sync` (landing and refinement in one process, the default), or `cdc raw` and `cdc
+refine` as two continuous processes. Once a first row has come through, it
 commits one row every EVERY seconds. Each row's latency is the commit time of the refined table's
 Delta version that made it visible (read from the table's Change Data Feed afterwards, so nothing
 polls the table while it is measured) minus the moment Postgres acknowledged the commit. Prints
@@ -83,7 +85,9 @@ def main() -> None:
     parser.add_argument("--commits", type=int, default=120, help="rows committed after them, one per transaction")
     parser.add_argument("--every", type=float, default=1.0, help="seconds between commits")
     parser.add_argument("--trigger-interval", type=float, default=1.0, help="trigger interval of both jobs")
-    parser.add_argument("--logs", type=Path, help="copy the jobs' logs (raw.log, refine.log) into this folder")
+    parser.add_argument("--jobs", choices=["sync", "raw+refine"], default="sync",
+                        help="one `cdc sync` process (default), or `cdc raw` and `cdc refine` processes")
+    parser.add_argument("--logs", type=Path, help="copy the jobs' logs (sync.log, or raw.log and refine.log) here")
     args = parser.parse_args()
 
     settings = load_settings()
@@ -125,13 +129,16 @@ def measure(args: argparse.Namespace, settings: Settings) -> None:
             if time.monotonic() > deadline:
                 raise SystemExit(f"Debezium did not create {topic}")
             time.sleep(0.5)
-        jobs = [start_job(["raw", "--topic", topic, "--warehouse", warehouse, "--trigger-interval", interval],
-                          logs / "raw.log")]  # fmt: skip
+        continuous = ["--topic", topic, "--warehouse", warehouse, "--trigger-interval", interval]
+        if args.jobs == "sync":
+            jobs = [start_job(["sync", *continuous], logs / "sync.log")]
+        else:
+            jobs = [start_job(["raw", *continuous], logs / "raw.log")]
         try:
-            # `cdc refine` refuses to start before `cdc raw` has created the raw table.
-            wait_for_row(spark, raw_table_location(warehouse, topic), 0, timeout_s=180, column="offset")
-            jobs.append(start_job(["refine", "--table", topic, "--warehouse", warehouse, "--trigger-interval",
-                                   interval], logs / "refine.log"))  # fmt: skip
+            if args.jobs == "raw+refine":
+                # `cdc refine` refuses to start before `cdc raw` has created the raw table.
+                wait_for_row(spark, raw_table_location(warehouse, topic), 0, timeout_s=180, column="offset")
+                jobs.append(start_job(["refine", "--table", *continuous[1:]], logs / "refine.log"))
             wait_for_row(spark, refined, 0, timeout_s=180)
             committed: dict[int, float] = {}
             with psycopg.connect(dsn, autocommit=True) as conn:
@@ -172,7 +179,7 @@ def measure(args: argparse.Namespace, settings: Settings) -> None:
         "  Kafka -> raw table (cdc raw)": (at_kafka, at_raw),
         "  raw -> refined table (cdc refine)": (at_raw, at_refined),
     }
-    print(f"one commit every {args.every} s, both jobs triggered every {interval} s")
+    print(f"jobs: {args.jobs}; one commit every {args.every} s, landing and refinement triggered every {interval} s")
     total = args.warmup + args.commits
     # Blocks of 60 commits show how long the fresh JVMs take to settle.
     blocks = [(f"commits {start}-{min(start + 59, total)}", range(start, min(start + 60, total + 1)))

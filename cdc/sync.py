@@ -3,30 +3,33 @@
 Why one process: `cdc raw` and `cdc refine` side by side start two JVMs, and each compiles Spark's
 and Delta's code on the same cores, competing with each other and with Kafka. In one JVM that work
 is done once: over a continuous run's first minute, a Postgres commit reached its refined table in
-6.5 s at p95 instead of 11.9 s (bench/latency.py, README). A scheduled run pays one JVM start, not two.
+6.6-8.1 s at p95 instead of 11.1 s (bench/latency.py, README). A scheduled run starts one JVM, not two.
 
 Run once (available now), the topics are landed, then refined. Run continuously, landing and each
 refinement run side by side in threads of one Spark session, sharing ``stop``: the first failure
-sets it, which ends the others, and is raised. A refinement starts once its raw table exists.
+sets it, which ends the others, and is raised. A refinement starts once its raw tables exist (and,
+for an event source whose schema is inferred, hold rows).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Annotated, Literal, Union
 
 from pydantic import Field, model_validator
 from pyspark.sql import SparkSession
 
 from cdc.config import _Strict
-from cdc.pipeline.config import Pipeline
+from cdc.pipeline.config import JsonEvents, Pipeline
 from cdc.pipeline.run import PipelineRefineConfig, run_pipeline_refine
 from cdc.raw.config import AvailableNow, RawJobConfig, TopicList
 from cdc.raw.job import TopicSummary, run_raw_job
-from cdc.raw.table import is_delta_table, raw_table_location
+from cdc.raw.table import has_landed_data, is_delta_table, raw_table_location
+from cdc.storage import Storage
 from cdc.streaming import JobThreads
 from refine.job import RefineJobConfig, run_refine_job
+from refine.schemas import schema_location
 
 
 class TopicsRefinement(_Strict):
@@ -106,11 +109,15 @@ def _refinements(
 ) -> dict[str, Callable[[], None]]:
     """Each refinement, by name, as a call that first waits (until ``stop``) for the raw tables it reads."""
 
-    def once_landed(topics: list[str], refine: Callable[[], object]) -> Callable[[], None]:
+    def once_landed(topics: list[str], refine: Callable[[], object], with_rows: Collection[str] = ()) -> Callable[[], None]:
+        """``refine`` once the raw tables of ``topics`` exist, and those of ``with_rows`` hold rows."""
+
         def run() -> None:
-            tables = [raw_table_location(config.raw.warehouse, topic) for topic in topics]
-            while not all(is_delta_table(spark, table) for table in tables):
-                if stop.wait(0.2):
+            waiting = {raw_table_location(config.raw.warehouse, topic): topic in with_rows for topic in topics}
+            while waiting:
+                waiting = {table: rows for table, rows in waiting.items()
+                           if not is_delta_table(spark, table) or rows and not has_landed_data(spark, table)}  # fmt: skip
+                if waiting and stop.wait(0.5):
                     return
             refine()
 
@@ -119,7 +126,12 @@ def _refinements(
     match config.refine:
         case PipelineRefinement(pipeline=pipeline, run=run):
             refine_all = lambda: run_pipeline_refine(spark, pipeline, run, say, stop)  # noqa: E731
-            return {pipeline.name: once_landed(config.refined_topics, refine_all)}
+            # An event source without a schema has it inferred from its first rows (refine/schemas.py).
+            storage = Storage(spark)
+            inferred = [source.topic for source in pipeline.sources.values()
+                        if isinstance(source, JsonEvents) and source.schema_ is None
+                        and (run.reinfer_schema or not storage.exists(schema_location(run.warehouse, source.topic)))]
+            return {pipeline.name: once_landed(config.refined_topics, refine_all, inferred)}
         case TopicsRefinement(jobs=jobs):
             return {job.target: once_landed([job.table], lambda job=job: run_refine_job(spark, job, say, stop)) for job in jobs}
     raise AssertionError(f"unknown refinement {config.refine!r}")
