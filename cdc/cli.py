@@ -350,18 +350,17 @@ def build_parser() -> argparse.ArgumentParser:
     demos.add_argument("--output-dir", type=Path, default=Path(".cdc/demo"),
                        help="where the pipeline's graph page is written (default .cdc/demo)")
 
-    land = _add(commands, "raw", raw, "land Kafka topics as-is in raw Delta tables, exactly once", [warehouse])
+    landing = argparse.ArgumentParser(add_help=False)
+    landing.add_argument("--max-offsets-per-trigger", type=int, metavar="N", help="at most N records per raw micro-batch")
+    landing.add_argument("--allow-gaps", action="store_true",
+                         help="when Kafka deleted offsets not landed yet, go on and record the gap (default: stop)")
+
+    land = _add(commands, "raw", raw, "land Kafka topics as-is in raw Delta tables, exactly once", [warehouse, landing])
     selection = land.add_mutually_exclusive_group(required=True)
     selection.add_argument("--topic", action="append", dest="topics", metavar="TOPIC", help="a topic (repeatable)")
     selection.add_argument("--pattern", metavar="REGEX", help="every topic whose whole name matches REGEX")
     selection.add_argument("--pipeline", type=Path, metavar="FILE", help="the topics of a pipeline file's sources")
-    trigger = land.add_mutually_exclusive_group()
-    trigger.add_argument("--available-now", action="store_true", help="land what is there, then stop")
-    trigger.add_argument("--trigger-interval", type=float, metavar="SECONDS",
-                         help="run continuously, a micro-batch every SECONDS (default 2)")  # fmt: skip
-    land.add_argument("--max-offsets-per-trigger", type=int, metavar="N", help="at most N records per micro-batch")
-    land.add_argument("--allow-gaps", action="store_true",
-                      help="when Kafka deleted offsets not landed yet, go on and record the gap (default: stop)")
+    _add_trigger(land, "land what is there, then stop")
     land.add_argument("--reset", action="store_true", help="delete the table and checkpoint, land from the start")
     land.add_argument("--force-destroy-raw-data", action="store_true",
                       help="with --reset: allow deleting raw tables, whose data may exist nowhere else")
@@ -373,27 +372,19 @@ def build_parser() -> argparse.ArgumentParser:
     refined.add_argument("--pipeline", type=Path, metavar="FILE", help="every refined table of a pipeline file")
     refining.add_argument("--reinfer-schema", action="store_true",
                           help="with --pipeline: infer the kept schemas of event sources again from their raw tables")
-    refine_trigger = refining.add_mutually_exclusive_group()
-    refine_trigger.add_argument("--available-now", action="store_true", help="refine what is there, then stop")
-    refine_trigger.add_argument("--trigger-interval", type=float, metavar="SECONDS",
-                                help="run continuously, a micro-batch every SECONDS (default 2)")  # fmt: skip
+    _add_trigger(refining, "refine what is there, then stop")
     refining.add_argument("--column", action="append", metavar="NAME=TYPE",
                           help="a column's Spark type (e.g. amount=decimal(12,2)): the row's schema for values written "
                           "without one (then --key too), else an override of the decoded type; repeatable")
     refining.add_argument("--key", action="append", metavar="NAME", help="a primary-key column of a schemaless topic; repeatable")
 
-    syncing = _add(commands, "sync", sync, "land topics and refine them in one Spark application (one JVM)", [warehouse])
+    syncing = _add(commands, "sync", sync, "land topics and refine them in one Spark application (one JVM)",
+                   [warehouse, landing])
     synced = syncing.add_mutually_exclusive_group(required=True)
     synced.add_argument("--topic", action="append", dest="topics", metavar="TOPIC",
                         help="a Debezium topic to land and refine (repeatable)")
     synced.add_argument("--pipeline", type=Path, metavar="FILE", help="the topics and tables of a pipeline file")
-    sync_trigger = syncing.add_mutually_exclusive_group()
-    sync_trigger.add_argument("--available-now", action="store_true", help="land what is there, refine it, then stop")
-    sync_trigger.add_argument("--trigger-interval", type=float, metavar="SECONDS",
-                              help="run continuously, a micro-batch every SECONDS (default 2)")  # fmt: skip
-    syncing.add_argument("--max-offsets-per-trigger", type=int, metavar="N", help="at most N records per raw micro-batch")
-    syncing.add_argument("--allow-gaps", action="store_true",
-                         help="when Kafka deleted offsets not landed yet, go on and record the gap (default: stop)")
+    _add_trigger(syncing, "land what is there, refine it, then stop")
 
     checking = _add(commands, "validate", validate_pipeline,
                     "check a pipeline file: OK, or one line per problem naming the key and the reason (exit 2)")
@@ -422,6 +413,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add(jar_commands, "fetch", jars_fetch, "resolve and cache every jar bundle from Maven Central, build the helpers")
     return parser
+
+
+def _add_trigger(command: argparse.ArgumentParser, once_help: str) -> None:
+    trigger = command.add_mutually_exclusive_group()
+    trigger.add_argument("--available-now", action="store_true", help=once_help)
+    trigger.add_argument("--trigger-interval", type=float, metavar="SECONDS",
+                         help="run continuously, a micro-batch every SECONDS (default 2)")  # fmt: skip
 
 
 def _add(

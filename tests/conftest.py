@@ -310,6 +310,24 @@ def cdc_process(kafka: KafkaTestClient):
 
 
 @pytest.fixture
+def stop_like_a_service_manager():
+    """``stop(process)``: SIGTERM to a `cdc_process` job's whole process group (so to its JVM too), as
+    systemd stops a job; checks that it stopped cleanly (exit 0, its stopping line, no traceback) and
+    returns its output."""
+    import signal
+
+    def stop(process) -> str:
+        os.killpg(process.pid, signal.SIGTERM)
+        output, _ = process.communicate(timeout=180)
+        assert process.returncode == 0, output
+        assert "stopping: a micro-batch cut short is replayed by the next run" in output
+        assert "Traceback" not in output, output
+        return output
+
+    return stop
+
+
+@pytest.fixture
 def wait_for():
     """``wait_for(condition, timeout_s, what, interval_s=0.02)``: poll until ``condition()`` holds."""
     import time

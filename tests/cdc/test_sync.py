@@ -2,8 +2,6 @@
 either ends both and is the job's error."""
 
 import json
-import os
-import signal
 import threading
 
 import psycopg
@@ -74,7 +72,8 @@ def test_sync_once_lands_and_refines_postgres_tables_alternating_with_raw_and_re
 
 @pytest.mark.integration
 def test_continuous_sync_follows_postgres_and_stops_on_sigterm(
-    spark, kafka, stack_config, postgres_connector, tmp_path, cdc_process, wait_for, postgres_table, refined_table
+    spark, kafka, stack_config, postgres_connector, tmp_path, cdc_process, wait_for, postgres_table, refined_table,
+    stop_like_a_service_manager
 ):
     dsn, warehouse = stack_config.postgres.dsn(), str(tmp_path)
     topic = f"{postgres_connector.topic_prefix}.shop.customers"
@@ -89,12 +88,7 @@ def test_continuous_sync_follows_postgres_and_stops_on_sigterm(
             warehouse, topic).where("full_name = 'Synced'").count() == 1, 600, "the change in the refined table", 1.0)  # fmt: skip
         assert process.poll() is None, process.stdout.read()
     finally:
-        # As a service manager stops a job: SIGTERM to its whole process group, so to the JVM too.
-        os.killpg(process.pid, signal.SIGTERM)
-        output, _ = process.communicate(timeout=180)
-    assert process.returncode == 0, output
-    assert "stopping: a micro-batch cut short is replayed by the next run" in output
-    assert "Traceback" not in output, output
+        output = stop_like_a_service_manager(process)
     assert f"raw {topic} -> " in output and f"refine {topic} batch" in output, output
     assertDataFrameEqual(refined_table(warehouse, topic), postgres_table("customers"))
 

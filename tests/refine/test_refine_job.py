@@ -277,7 +277,8 @@ def test_refine_killed_in_the_middle_then_rerun_gives_the_same_tables(
 
 
 def test_continuous_refine_follows_postgres_and_stops_on_sigterm(
-    spark, kafka, stack_config, postgres_connector, tmp_path, cdc_process, wait_for, land, postgres_table, refined_table
+    spark, kafka, stack_config, postgres_connector, tmp_path, cdc_process, wait_for, land, postgres_table, refined_table,
+    stop_like_a_service_manager
 ):
     dsn, warehouse = stack_config.postgres.dsn(), str(tmp_path)
     topic = f"{postgres_connector.topic_prefix}.shop.customers"
@@ -294,10 +295,5 @@ def test_continuous_refine_follows_postgres_and_stops_on_sigterm(
         wait_for(lambda: is_delta_table(spark, location) and refined_table(warehouse, topic).where(
             "full_name = 'Streamed'").count() == 1, 600, "the change in the refined table", 1.0)  # fmt: skip
     finally:
-        # As a service manager stops a job: SIGTERM to its whole process group, so to the JVM too.
-        os.killpg(process.pid, signal.SIGTERM)
-        output, _ = process.communicate(timeout=180)
-    assert process.returncode == 0, output
-    assert "stopping: a micro-batch cut short is replayed by the next run" in output
-    assert "Traceback" not in output, output
+        stop_like_a_service_manager(process)
     assertDataFrameEqual(refined_table(warehouse, topic), postgres_table("customers"))
