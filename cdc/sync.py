@@ -91,7 +91,7 @@ def run_sync_job(
 
     if isinstance(config.raw.trigger, AvailableNow):
         landed = run_raw_job(spark, config.raw, say_whole, stop)
-        for refine in _refinements(spark, config, say_whole, stop).values():
+        for refine in _refinements(spark, config, say_whole, stop, wait=False).values():
             if not stop.is_set():
                 refine()
         return landed
@@ -105,12 +105,16 @@ def run_sync_job(
 
 
 def _refinements(
-    spark: SparkSession, config: SyncJobConfig, say: Callable[[str], None], stop: threading.Event
+    spark: SparkSession, config: SyncJobConfig, say: Callable[[str], None], stop: threading.Event, wait: bool = True
 ) -> dict[str, Callable[[], None]]:
-    """Each refinement, by name, as a call that first waits (until ``stop``) for the raw tables it reads."""
+    """Each refinement, by name, as a call that first waits (until ``stop``) for the raw tables it reads.
+    Without ``wait`` (after a landing run once) it starts at once: a table still missing or empty is
+    the refinement's own clear error, not a wait that never ends."""
 
     def once_landed(topics: list[str], refine: Callable[[], object], with_rows: Collection[str] = ()) -> Callable[[], None]:
         """``refine`` once the raw tables of ``topics`` exist, and those of ``with_rows`` hold rows."""
+        if not wait:
+            return refine
 
         def run() -> None:
             waiting = {raw_table_location(config.raw.warehouse, topic): topic in with_rows for topic in topics}
