@@ -14,13 +14,16 @@ never overwrite newer state.
 
 from __future__ import annotations
 
+from functools import reduce
+
 from delta.tables import DeltaTable
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
 from cdc.errors import TableError
 from cdc.raw.table import KIND_PROPERTY, is_delta_table
+from cdc.spark import MIGHT_CONTAIN_FUNCTION, registered_helpers
 from refine.envelope import Op
 from refine.flatten import POSITION, child_rows
 from refine.latest import at_or_after
@@ -32,6 +35,12 @@ METADATA_COLUMNS = (LSN, OFFSET, COMMITTED_AT, OP, REFINED_AT)
 PARTITION = "_cdc_partition"
 EVENT_POSITION = (PARTITION, OFFSET)
 SOURCE_POSITION = (LSN, OFFSET)  # a Postgres row's source position, compared in this order
+# A MERGE joins its batch with every row of each file a key of the batch falls in; keys spread over
+# the table fall in all its files, whose rows its left outer join then shuffles. From this size a
+# Bloom filter of the batch's keys, on the table's side of the condition, drops the rows no key
+# can match before that shuffle (10,000 changes into 10M rows: MERGE ~5 s instead of ~7 s).
+KEY_FILTER_MIN_BYTES = 32 * 1024 * 1024
+KEY_FILTER_FALSE_POSITIVES = 0.01
 
 
 def refined_rows(latest: DataFrame, columns: list[str]) -> DataFrame:
@@ -83,9 +92,12 @@ def merge_changes(
     key_columns: list[str],
     truncated_at: tuple[int, int] | None,
     position: tuple[str, ...] = SOURCE_POSITION,
+    keys: DataFrame | None = None,
 ) -> None:
     """Apply one batch's last change per key (and a truncate, if the batch had one); a change applies
-    when its ``position`` columns are at or after the row's."""
+    when its ``position`` columns are at or after the row's. ``keys``, cached, holds every key of
+    ``rows`` (or more): then a large table's rows that none of them matches skip the MERGE's join
+    (:func:`key_filter`)."""
     ensure_refined_table(spark, location, _schema_of(rows))
     newer = at_or_after([F.col(f"s.`{c}`") for c in position], [F.col(f"t.`{c}`") for c in position])
     is_delete = F.col(f"s.{OP}") == Op.DELETE.value
@@ -97,9 +109,13 @@ def merge_changes(
         updates[f"`{field.name}`"] = (
             source if marker is None else F.when(source == marker, F.col(f"t.`{field.name}`")).otherwise(source)
         )
+    condition = reduce(Column.__and__, [F.col(f"t.`{key}`") == F.col(f"s.`{key}`") for key in key_columns])
+    # Not with a truncate: its clause reads every row the batch does not match, so none can be dropped.
+    if keys is not None and truncated_at is None and (held := key_filter(spark, location, keys, key_columns)) is not None:
+        condition = condition & held
     merge = (
         DeltaTable.forPath(spark, location).alias("t")
-        .merge(rows.alias("s"), " AND ".join(f"t.`{key}` = s.`{key}`" for key in key_columns))
+        .merge(rows.alias("s"), condition)
         .whenMatchedDelete(is_delete & newer)
         .whenMatchedUpdate(~is_delete & newer, updates)
         .whenNotMatchedInsert(~is_delete, {f"`{f.name}`": F.col(f"s.`{f.name}`") for f in rows.schema})
@@ -108,6 +124,27 @@ def merge_changes(
         lsn, offset = truncated_at
         merge = merge.whenNotMatchedBySourceDelete(f"t.{LSN} < {lsn} OR (t.{LSN} = {lsn} AND t.{OFFSET} < {offset})")
     merge.execute()
+
+
+def key_filter(spark: SparkSession, location: str, keys: DataFrame, key_columns: list[str]) -> Column | None:
+    """A condition on the refined table's rows (alias ``t``) that is false for every key ``keys`` lacks,
+    and true for all it holds (and ~1% of the others): a Bloom filter of the keys' hashes. None where it
+    would not pay: a table under ``KEY_FILTER_MIN_BYTES``, or a session without the helpers jar."""
+    if MIGHT_CONTAIN_FUNCTION not in registered_helpers:
+        return None
+    if DeltaTable.forPath(spark, location).detail().head().sizeInBytes < KEY_FILTER_MIN_BYTES:
+        return None
+    hashes = keys.select(_key_hash(key_columns, "").alias("key_hash"))
+    # Aggregated on the executors into a sketch whose size the count and the rate set (~1.2 MB per
+    # million keys), which the condition carries as a literal.
+    sketch = hashes._jdf.stat().bloomFilter("key_hash", max(keys.count(), 1), KEY_FILTER_FALSE_POSITIVES)
+    serialized = spark.sparkContext._jvm.java.io.ByteArrayOutputStream()
+    sketch.writeTo(serialized)
+    return F.call_function(MIGHT_CONTAIN_FUNCTION, F.lit(bytes(serialized.toByteArray())), _key_hash(key_columns, "t."))
+
+
+def _key_hash(key_columns: list[str], prefix: str) -> Column:
+    return F.xxhash64(*[F.col(f"{prefix}`{key}`") for key in key_columns])
 
 
 def _schema_of(rows: DataFrame) -> StructType:

@@ -430,7 +430,7 @@ def refine_mongo_batch(spark: SparkSession, records: DataFrame, *, refined: str,
                                   debezium_history_spec([ID], list(POSITION)))  # fmt: skip
                 rows = refined_documents(latest, columns)
                 with rules.enforced(spark, rows, [ID], batch_id, deleted=F.col(OP) == Op.DELETE.value) as passing:
-                    merge_changes(spark, refined, passing.drop(PARTITION), [ID], None, POSITION)
+                    merge_changes(spark, refined, passing.drop(PARTITION), [ID], None, POSITION, keys=latest.select(ID))
                 for path, location in children.items():
                     if has_path(DeltaTable.forPath(spark, refined).toDF().schema, path):
                         refresh_children(spark, refined, location, latest.select(ID), [ID], path)

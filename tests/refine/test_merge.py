@@ -1,0 +1,83 @@
+"""The MERGE of a batch into a refined table, with and without the Bloom filter of the batch's keys."""
+
+from __future__ import annotations
+
+from pyspark.sql import functions as F
+from pyspark.testing import assertDataFrameEqual
+
+import refine.merge
+from refine.merge import COMMITTED_AT, LSN, OFFSET, OP, REFINED_AT, key_filter, merge_changes
+
+KEYS = ["id", "region"]  # a composite key: the filter hashes the key's columns together
+ROW_TYPES = f"id int, region string, name string, {LSN} long, {OFFSET} long, {COMMITTED_AT} timestamp, {OP} string"
+
+
+def changes(spark, rows: list[tuple]):
+    """Refined rows (id, region, name, lsn, op) as the job hands them to the MERGE."""
+    frame = spark.createDataFrame(
+        [(id_, region, name, lsn, lsn, None, op) for id_, region, name, lsn, op in rows], ROW_TYPES
+    )
+    return frame.withColumn(REFINED_AT, F.current_timestamp())
+
+
+def table_rows(spark, count: int):
+    return spark.range(count).selectExpr(
+        "CAST(id AS int) AS id", "IF(id % 2 = 0, 'eu', 'us') AS region", "concat('name ', id) AS name",
+        f"100L AS {LSN}", f"id AS {OFFSET}", f"CAST(NULL AS timestamp) AS {COMMITTED_AT}", f"'r' AS {OP}",
+        f"current_timestamp() AS {REFINED_AT}",
+    )  # fmt: skip
+
+
+def test_the_key_filter_keeps_every_key_of_the_batch_and_few_others(spark, tmp_path, monkeypatch):
+    location = str(tmp_path / "refined")
+    table_rows(spark, 20_000).write.format("delta").save(location)
+    batch = [(id_, "eu" if id_ % 2 == 0 else "us") for id_ in range(0, 20_000, 100)]  # 200 held keys
+    keys = spark.createDataFrame(batch + [(id_, "mars") for id_ in range(50)], "id int, region string")
+    assert key_filter(spark, location, keys, KEYS) is None, "a table this small should not be filtered"
+
+    monkeypatch.setattr(refine.merge, "KEY_FILTER_MIN_BYTES", 0)
+    condition = key_filter(spark, location, keys, KEYS)
+    assert condition is not None, "the session should have the helpers jar"
+    kept = spark.read.format("delta").load(location).alias("t").where(condition)
+    assert kept.join(keys, KEYS, "left_semi").count() == 200  # no false negative
+    others = kept.join(keys, KEYS, "left_anti").count()
+    assert others < 0.03 * 19_800, f"{others} of 19,800 rows whose key the batch lacks passed a 1% filter"
+
+
+def test_a_merge_with_the_key_filter_equals_one_without(spark, tmp_path, monkeypatch):
+    monkeypatch.setattr(refine.merge, "KEY_FILTER_MIN_BYTES", 0)
+    built = []
+    monkeypatch.setattr(refine.merge, "key_filter", lambda *args: built.append(key_filter(*args)) or built[-1])
+    filtered, plain = str(tmp_path / "filtered"), str(tmp_path / "plain")
+    for location in (filtered, plain):
+        table_rows(spark, 5_000).write.format("delta").save(location)
+    batch = changes(spark, [
+        (10, "eu", "updated", 200, "u"),
+        (11, "us", None, 200, "d"),
+        (12, "eu", "stale", 50, "u"),  # older than the row: ignored
+        (13, "eu", "wrong region", 200, "u"),  # (13, eu) is no row: inserted
+        (9_000, "eu", "new", 200, "c"),
+        (9_001, "us", None, 200, "d"),  # a delete of a row never seen: nothing
+    ])  # fmt: skip
+    for _ in range(2):  # a rerun of the batch changes nothing
+        merge_changes(spark, filtered, batch, KEYS, None, keys=batch.select(*KEYS))
+        merge_changes(spark, plain, batch, KEYS, None)
+        read = [spark.read.format("delta").load(location).drop(REFINED_AT) for location in (filtered, plain)]
+        assertDataFrameEqual(read[0], read[1])
+    assert len(built) == 2 and all(condition is not None for condition in built)
+    rows = {(row.id, row.region): row.name for row in read[0].where("id IN (10, 11, 12, 13, 9000, 9001)").collect()}
+    assert rows == {(10, "eu"): "updated", (12, "eu"): "name 12", (13, "us"): "name 13", (13, "eu"): "wrong region",
+                    (9_000, "eu"): "new"}  # fmt: skip
+
+
+def test_no_key_filter_with_a_truncate(spark, tmp_path, monkeypatch):
+    """A truncate's clause deletes the rows the batch does not match: none may be dropped from its join."""
+    monkeypatch.setattr(refine.merge, "KEY_FILTER_MIN_BYTES", 0)
+    built = []
+    monkeypatch.setattr(refine.merge, "key_filter", lambda *args: built.append(args))
+    location = str(tmp_path / "refined")
+    table_rows(spark, 100).write.format("delta").save(location)
+    batch = changes(spark, [(1_000, "eu", "after the truncate", 200, "c")])
+    merge_changes(spark, location, batch, KEYS, (150, 0), keys=batch.select(*KEYS))
+    assert built == []
+    assert [row.id for row in spark.read.format("delta").load(location).collect()] == [1_000]
