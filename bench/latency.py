@@ -47,8 +47,12 @@ from refine.job import refined_table_location  # noqa: E402
 
 
 def start_job(args: list[str], log: Path) -> subprocess.Popen:
-    cdc = Path(sys.executable).with_name("cdc")
-    return subprocess.Popen([str(cdc), *args], stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    """`cdc ARGS` of this checkout (not the installed command's), so that a second worktree measures its own code."""
+    root = str(Path(__file__).resolve().parents[1])
+    # -P: not the working directory first, where another checkout may be.
+    command = [sys.executable, "-P", "-c", "import sys; from cdc.cli import main; sys.exit(main())", *args]
+    return subprocess.Popen(command, env={**os.environ, "PYTHONPATH": root}, stdout=log.open("w"),
+                            stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
 
 
 def stop_job(process: subprocess.Popen) -> None:
