@@ -92,14 +92,17 @@ def build_spark_session(config: SparkConfig | None = None) -> SparkSession:
 # The project's JVM functions (cdc/jvm, built by cdc.jars.helpers_jar): SQL name -> (class, return type).
 IS_UTF8_FUNCTION = "cdc_is_utf8"
 DEBEZIUM_DECIMAL_FUNCTION = "cdc_debezium_decimal"
-MIGHT_CONTAIN_FUNCTION = "cdc_might_contain"
 _HELPER_FUNCTIONS = {
     IS_UTF8_FUNCTION: ("cdc.jvm.IsUtf8", BooleanType()),
     DEBEZIUM_DECIMAL_FUNCTION: ("cdc.jvm.DebeziumDecimal", StringType()),
-    MIGHT_CONTAIN_FUNCTION: ("cdc.jvm.MightContain", BooleanType()),
 }
 # Those registered in this process's session: callers use them, else Spark's own functions.
 registered_helpers: set[str] = set()
+
+
+def helpers_available() -> bool:
+    """Whether this process's session has the helpers jar (its classes, such as ``cdc.jvm.MightContain``)."""
+    return bool(registered_helpers)
 
 
 def _register_helpers(spark: SparkSession) -> None:

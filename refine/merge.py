@@ -14,16 +14,19 @@ never overwrite newer state.
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from functools import reduce
 
 from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructField, StructType
+from pyspark.sql.types import BooleanType, StructField, StructType
 
 from cdc.errors import TableError
 from cdc.raw.table import KIND_PROPERTY, is_delta_table
-from cdc.spark import MIGHT_CONTAIN_FUNCTION, registered_helpers
+from cdc.spark import helpers_available
 from refine.envelope import Op
 from refine.flatten import POSITION, child_rows
 from refine.latest import at_or_after
@@ -111,36 +114,43 @@ def merge_changes(
         )
     condition = reduce(Column.__and__, [F.col(f"t.`{key}`") == F.col(f"s.`{key}`") for key in key_columns])
     # Not with a truncate: its clause reads every row the batch does not match, so none can be dropped.
-    if keys is not None and truncated_at is None and (held := key_filter(spark, location, keys, key_columns)) is not None:
-        condition = condition & held
-    merge = (
-        DeltaTable.forPath(spark, location).alias("t")
-        .merge(rows.alias("s"), condition)
-        .whenMatchedDelete(is_delete & newer)
-        .whenMatchedUpdate(~is_delete & newer, updates)
-        .whenNotMatchedInsert(~is_delete, {f"`{f.name}`": F.col(f"s.`{f.name}`") for f in rows.schema})
-    )  # fmt: skip
-    if truncated_at is not None:
-        lsn, offset = truncated_at
-        merge = merge.whenNotMatchedBySourceDelete(f"t.{LSN} < {lsn} OR (t.{LSN} = {lsn} AND t.{OFFSET} < {offset})")
-    merge.execute()
+    filtered = keys is not None and truncated_at is None
+    with key_filter(spark, location, keys, key_columns) if filtered else nullcontext() as held:
+        merge = (
+            DeltaTable.forPath(spark, location).alias("t")
+            .merge(rows.alias("s"), condition if held is None else condition & held)
+            .whenMatchedDelete(is_delete & newer)
+            .whenMatchedUpdate(~is_delete & newer, updates)
+            .whenNotMatchedInsert(~is_delete, {f"`{f.name}`": F.col(f"s.`{f.name}`") for f in rows.schema})
+        )  # fmt: skip
+        if truncated_at is not None:
+            lsn, offset = truncated_at
+            merge = merge.whenNotMatchedBySourceDelete(f"t.{LSN} < {lsn} OR (t.{LSN} = {lsn} AND t.{OFFSET} < {offset})")
+        merge.execute()
 
 
-def key_filter(spark: SparkSession, location: str, keys: DataFrame, key_columns: list[str]) -> Column | None:
+@contextmanager
+def key_filter(spark: SparkSession, location: str, keys: DataFrame, key_columns: list[str]) -> Iterator[Column | None]:
     """A condition on the refined table's rows (alias ``t``) that is false for every key ``keys`` lacks,
-    and true for all it holds (and ~1% of the others): a Bloom filter of the keys' hashes. None where it
-    would not pay: a table under ``KEY_FILTER_MIN_BYTES``, or a session without the helpers jar."""
-    if MIGHT_CONTAIN_FUNCTION not in registered_helpers:
-        return None
-    if DeltaTable.forPath(spark, location).detail().head().sizeInBytes < KEY_FILTER_MIN_BYTES:
-        return None
+    and true for all it holds (and ~1% of the others): a Bloom filter of the keys' hashes, valid within
+    the ``with`` block. None where it would not pay: a table under ``KEY_FILTER_MIN_BYTES``, or a
+    session without the helpers jar."""
+    if not helpers_available() or DeltaTable.forPath(spark, location).detail().head().sizeInBytes < KEY_FILTER_MIN_BYTES:
+        yield None
+        return
     hashes = keys.select(_key_hash(key_columns, "").alias("key_hash"))
-    # Aggregated on the executors into a sketch whose size the count and the rate set (~1.2 MB per
-    # million keys), which the condition carries as a literal.
+    # Aggregated on the executors into a sketch (~1.2 MB per million keys) that is broadcast to them,
+    # and tested by a function registered for this MERGE alone (refinements share a session).
     sketch = hashes._jdf.stat().bloomFilter("key_hash", max(keys.count(), 1), KEY_FILTER_FALSE_POSITIVES)
-    serialized = spark.sparkContext._jvm.java.io.ByteArrayOutputStream()
-    sketch.writeTo(serialized)
-    return F.call_function(MIGHT_CONTAIN_FUNCTION, F.lit(bytes(serialized.toByteArray())), _key_hash(key_columns, "t."))
+    broadcast = spark.sparkContext._jsc.broadcast(sketch)
+    name = f"cdc_batch_keys_{uuid.uuid4().hex}"
+    function = spark.sparkContext._jvm.cdc.jvm.MightContain(broadcast)
+    spark._jsparkSession.udf().register(name, function, spark._jsparkSession.parseDataType(BooleanType().json()))
+    try:
+        yield F.call_function(name, _key_hash(key_columns, "t."))
+    finally:
+        spark.sql(f"DROP TEMPORARY FUNCTION IF EXISTS {name}")
+        broadcast.destroy()
 
 
 def _key_hash(key_columns: list[str], prefix: str) -> Column:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
@@ -28,26 +30,45 @@ def table_rows(spark, count: int):
     )  # fmt: skip
 
 
+def recorded_key_filters(monkeypatch) -> list:
+    """The conditions merge_changes gets from key_filter (None where it builds none), as it gets them."""
+    built, build = [], refine.merge.key_filter
+
+    @contextmanager
+    def recording(*args):
+        with build(*args) as condition:
+            built.append(condition)
+            yield condition
+
+    monkeypatch.setattr(refine.merge, "key_filter", recording)
+    return built
+
+
+def batch_key_functions(spark) -> list[str]:
+    return [function.name for function in spark.catalog.listFunctions() if function.name.startswith("cdc_batch_keys_")]
+
+
 def test_the_key_filter_keeps_every_key_of_the_batch_and_few_others(spark, tmp_path, monkeypatch):
     location = str(tmp_path / "refined")
     table_rows(spark, 20_000).write.format("delta").save(location)
     batch = [(id_, "eu" if id_ % 2 == 0 else "us") for id_ in range(0, 20_000, 100)]  # 200 held keys
     keys = spark.createDataFrame(batch + [(id_, "mars") for id_ in range(50)], "id int, region string")
-    assert key_filter(spark, location, keys, KEYS) is None, "a table this small should not be filtered"
+    with key_filter(spark, location, keys, KEYS) as condition:
+        assert condition is None, "a table this small should not be filtered"
 
     monkeypatch.setattr(refine.merge, "KEY_FILTER_MIN_BYTES", 0)
-    condition = key_filter(spark, location, keys, KEYS)
-    assert condition is not None, "the session should have the helpers jar"
-    kept = spark.read.format("delta").load(location).alias("t").where(condition)
-    assert kept.join(keys, KEYS, "left_semi").count() == 200  # no false negative
-    others = kept.join(keys, KEYS, "left_anti").count()
+    with key_filter(spark, location, keys, KEYS) as condition:
+        assert condition is not None, "the session should have the helpers jar"
+        kept = spark.read.format("delta").load(location).alias("t").where(condition)
+        assert kept.join(keys, KEYS, "left_semi").count() == 200  # no false negative
+        others = kept.join(keys, KEYS, "left_anti").count()
     assert others < 0.03 * 19_800, f"{others} of 19,800 rows whose key the batch lacks passed a 1% filter"
+    assert batch_key_functions(spark) == [], "the filter's function outlived its block"
 
 
 def test_a_merge_with_the_key_filter_equals_one_without(spark, tmp_path, monkeypatch):
     monkeypatch.setattr(refine.merge, "KEY_FILTER_MIN_BYTES", 0)
-    built = []
-    monkeypatch.setattr(refine.merge, "key_filter", lambda *args: built.append(key_filter(*args)) or built[-1])
+    built = recorded_key_filters(monkeypatch)
     filtered, plain = str(tmp_path / "filtered"), str(tmp_path / "plain")
     for location in (filtered, plain):
         table_rows(spark, 5_000).write.format("delta").save(location)
@@ -68,13 +89,16 @@ def test_a_merge_with_the_key_filter_equals_one_without(spark, tmp_path, monkeyp
     rows = {(row.id, row.region): row.name for row in read[0].where("id IN (10, 11, 12, 13, 9000, 9001)").collect()}
     assert rows == {(10, "eu"): "updated", (12, "eu"): "name 12", (13, "us"): "name 13", (13, "eu"): "wrong region",
                     (9_000, "eu"): "new"}  # fmt: skip
+    # Delta writes the condition into each commit: the filter is in it by name, not as its bytes.
+    predicate = spark.sql(f"DESCRIBE HISTORY delta.`{filtered}` LIMIT 1").head().operationParameters["predicate"]
+    assert "cdc_batch_keys_" in predicate and len(predicate) < 1_000, predicate[:300]
+    assert batch_key_functions(spark) == []
 
 
 def test_no_key_filter_with_a_truncate(spark, tmp_path, monkeypatch):
     """A truncate's clause deletes the rows the batch does not match: none may be dropped from its join."""
     monkeypatch.setattr(refine.merge, "KEY_FILTER_MIN_BYTES", 0)
-    built = []
-    monkeypatch.setattr(refine.merge, "key_filter", lambda *args: built.append(args))
+    built = recorded_key_filters(monkeypatch)
     location = str(tmp_path / "refined")
     table_rows(spark, 100).write.format("delta").save(location)
     batch = changes(spark, [(1_000, "eu", "after the truncate", 200, "c")])
