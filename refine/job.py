@@ -366,10 +366,11 @@ class RefineBatch:
                 if truncated_at is not None:
                     record_truncate(spark, self.deleted, truncated_at)
                 guarded = without_resurrections(spark, self.deleted, rows, key_columns)
-                merge_changes(spark, self.refined, guarded, key_columns, truncated_at, keys=rows.select(*[F.col(f"`{k}`") for k in key_columns]))
+                keys = rows.select(*[F.col(f"`{key}`") for key in key_columns])  # cached with rows
+                merge_changes(spark, self.refined, guarded, key_columns, truncated_at, keys=keys)
                 for path in self.config.explode:
-                    refresh_children(spark, self.refined, self._child_location(path), rows.select(*key_columns),
-                                     key_columns, path, truncated=truncated_at is not None)  # fmt: skip
+                    refresh_children(spark, self.refined, self._child_location(path), keys, key_columns, path,
+                                     truncated=truncated_at is not None)  # fmt: skip
             finally:
                 rows.unpersist()
         if self.config.history:
