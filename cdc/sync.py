@@ -26,10 +26,9 @@ from cdc.pipeline.run import PipelineRefineConfig, run_pipeline_refine
 from cdc.raw.config import AvailableNow, RawJobConfig, TopicList
 from cdc.raw.job import TopicSummary, run_raw_job
 from cdc.raw.table import has_landed_data, is_delta_table, raw_table_location
-from cdc.storage import Storage
 from cdc.streaming import JobThreads
 from refine.job import RefineJobConfig, run_refine_job
-from refine.schemas import schema_location
+from refine.schemas import infers_schema
 
 
 class TopicsRefinement(_Strict):
@@ -131,10 +130,8 @@ def _refinements(
         case PipelineRefinement(pipeline=pipeline, run=run):
             refine_all = lambda: run_pipeline_refine(spark, pipeline, run, say, stop)  # noqa: E731
             # An event source without a schema has it inferred from its first rows (refine/schemas.py).
-            storage = Storage(spark)
-            inferred = [source.topic for source in pipeline.sources.values()
-                        if isinstance(source, JsonEvents) and source.schema_ is None
-                        and (run.reinfer_schema or not storage.exists(schema_location(run.warehouse, source.topic)))]
+            inferred = [source.topic for source in pipeline.sources.values() if isinstance(source, JsonEvents)
+                        and infers_schema(spark, run.warehouse, source.topic, source.schema_, run.reinfer_schema)]
             return {pipeline.name: once_landed(config.refined_topics, refine_all, inferred)}
         case TopicsRefinement(jobs=jobs):
             return {job.target: once_landed([job.table], lambda job=job: run_refine_job(spark, job, say, stop)) for job in jobs}

@@ -115,9 +115,10 @@ def merge_changes(
     condition = reduce(Column.__and__, [F.col(f"t.`{key}`") == F.col(f"s.`{key}`") for key in key_columns])
     # Not with a truncate: its clause reads every row the batch does not match, so none can be dropped.
     filtered = keys is not None and truncated_at is None
-    with key_filter(spark, location, keys, key_columns) if filtered else nullcontext() as held:
+    table = DeltaTable.forPath(spark, location)
+    with key_filter(spark, table, keys, key_columns) if filtered else nullcontext() as held:
         merge = (
-            DeltaTable.forPath(spark, location).alias("t")
+            table.alias("t")
             .merge(rows.alias("s"), condition if held is None else condition & held)
             .whenMatchedDelete(is_delete & newer)
             .whenMatchedUpdate(~is_delete & newer, updates)
@@ -130,12 +131,12 @@ def merge_changes(
 
 
 @contextmanager
-def key_filter(spark: SparkSession, location: str, keys: DataFrame, key_columns: list[str]) -> Iterator[Column | None]:
-    """A condition on the refined table's rows (alias ``t``) that is false for every key ``keys`` lacks,
+def key_filter(spark: SparkSession, table: DeltaTable, keys: DataFrame, key_columns: list[str]) -> Iterator[Column | None]:
+    """A condition on the rows of the refined ``table`` (alias ``t``) that is false for every key ``keys`` lacks,
     and true for all it holds (and ~1% of the others): a Bloom filter of the keys' hashes, valid within
     the ``with`` block. None where it would not pay: a table under ``KEY_FILTER_MIN_BYTES``, or a
     session without the helpers jar."""
-    if not helpers_available() or DeltaTable.forPath(spark, location).detail().head().sizeInBytes < KEY_FILTER_MIN_BYTES:
+    if not helpers_available() or table.detail().head().sizeInBytes < KEY_FILTER_MIN_BYTES:
         yield None
         return
     hashes = keys.select(_key_hash(key_columns, "").alias("key_hash"))

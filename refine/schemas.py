@@ -35,6 +35,12 @@ def infer_schema(spark: SparkSession, raw_table: str) -> StructType:
     return inferred_schema(merged)
 
 
+def infers_schema(spark: SparkSession, warehouse: str, topic: str, ddl: str | None, reinfer: bool = False) -> bool:
+    """Whether :func:`event_schema` infers ``topic``'s schema from its raw table (which must then hold
+    events): no ``ddl``, and no kept schema yet or ``reinfer``."""
+    return ddl is None and (reinfer or not Storage(spark).exists(schema_location(warehouse, topic)))
+
+
 def event_schema(spark: SparkSession, warehouse: str, topic: str, ddl: str | None, reinfer: bool = False) -> StructType:
     """The schema to parse ``topic``'s events with: ``ddl`` when given, else the kept inferred one
     (inferred now when there is none yet, or when ``reinfer``)."""
@@ -42,7 +48,7 @@ def event_schema(spark: SparkSession, warehouse: str, topic: str, ddl: str | Non
         return StructType.fromDDL(ddl)
     storage = Storage(spark)
     location = schema_location(warehouse, topic)
-    if not reinfer and storage.exists(location):
+    if not infers_schema(spark, warehouse, topic, ddl, reinfer):
         return StructType.fromJson(json.loads(storage.read_text(location)))
     schema = infer_schema(spark, raw_table_location(warehouse, topic))
     storage.write_text(location, schema.json())

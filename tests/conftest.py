@@ -9,6 +9,7 @@ that need it fail with the reason; nothing is skipped.
 from __future__ import annotations
 
 import os
+import signal
 import uuid
 from collections.abc import Iterator
 
@@ -314,8 +315,6 @@ def stop_like_a_service_manager():
     """``stop(process)``: SIGTERM to a `cdc_process` job's whole process group (so to its JVM too), as
     systemd stops a job; checks that it stopped cleanly (exit 0, its stopping line, no traceback) and
     returns its output."""
-    import signal
-
     def stop(process) -> str:
         os.killpg(process.pid, signal.SIGTERM)
         output, _ = process.communicate(timeout=180)
