@@ -80,3 +80,16 @@ def test_a_conflict_without_a_message_is_told_by_its_condition_or_its_java_excep
     assert str(wrapped) == "" and shared_tables.is_conflict(wrapped)
     assert not shared_tables.is_conflict(converted_without_message(jvm.java.lang.RuntimeException()))
     assert shared_tables.is_conflict(Py4JJavaError("", jvm.io.delta.exceptions.ConcurrentAppendException("")))
+
+
+def test_a_table_another_stream_is_still_creating_is_a_conflict(spark, tmp_path):
+    """Its log folder exists before its first commit: the location holds no table yet, for a moment."""
+    from delta.tables import DeltaTable
+
+    (tmp_path / "shared" / "_delta_log").mkdir(parents=True)
+    try:
+        DeltaTable.forPath(spark, str(tmp_path / "shared"))
+    except AnalysisException as error:
+        assert shared_tables.is_conflict(error), f"{shared_tables.condition_of(error)}: {error!r}"
+    else:
+        raise AssertionError("a folder with an empty log was read as a Delta table")
