@@ -111,9 +111,12 @@ def table_properties(topic: str) -> dict[str, str]:
 
 
 def is_delta_table(spark: SparkSession, location: str) -> bool:
-    """True when a Delta log is there. (DeltaTable.isDeltaTable caches a "no" per path for the
-    life of the JVM, so it misses a table another process created since.)"""
-    return any(name.endswith(".json") for name in Storage(spark).list_names(f"{location}/_delta_log"))
+    """True when a Delta log is there: its first commit, or, once log cleanup has removed that, the
+    pointer to its last checkpoint (cleanup runs after a checkpoint only). Two probes, not a listing:
+    a log holds a file per commit, and a refinement asks for every batch. (DeltaTable.isDeltaTable
+    caches a "no" per path for the life of the JVM, so it misses a table another process created since.)"""
+    storage, log = Storage(spark), f"{location}/_delta_log"
+    return storage.exists(f"{log}/{0:020d}.json") or storage.exists(f"{log}/_last_checkpoint")
 
 
 def delta_properties(spark: SparkSession, location: str) -> dict[str, str]:

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 from delta.tables import DeltaTable
 
 from cdc.raw.rows import raw_rows
-from cdc.raw.table import PARQUET_PROPERTIES, PAYLOAD_COLUMNS, create_raw_table
+from cdc.raw.table import PARQUET_PROPERTIES, PAYLOAD_COLUMNS, create_raw_table, is_delta_table
 
 def append_records(kafka_records, table: str, first_offset: int, count: int) -> None:
     """``count`` records whose keys and values repeat (Parquet would keep them in a dictionary), one
@@ -69,3 +69,19 @@ def test_a_raw_table_of_an_earlier_version_gets_the_settings_and_its_change_feed
     append_records(kafka_records, table, 5, 5)
     copy_change_feed()
     assert sorted(row.offset for row in spark.read.format("delta").load(copy).collect()) == list(range(10))
+
+
+def test_a_table_is_found_by_its_first_commit_or_after_log_cleanup_by_its_last_checkpoint(spark, tmp_path):
+    table = str(tmp_path / "t")
+    assert not is_delta_table(spark, table)
+    (tmp_path / "t" / "_delta_log").mkdir(parents=True)  # another writer is creating it
+    assert not is_delta_table(spark, table)
+    for _ in range(11):  # a checkpoint at version 10
+        spark.range(1).write.format("delta").mode("append").save(table)
+    assert is_delta_table(spark, table)
+    log = tmp_path / "t" / "_delta_log"
+    assert (log / "_last_checkpoint").exists()
+    for version in range(10):  # as log cleanup leaves it
+        (log / f"{version:020d}.json").unlink()
+    assert is_delta_table(spark, table)
+    assert spark.read.format("delta").load(table).count() == 11
