@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, StructField, StructType
 
 from cdc.errors import TableError
-from cdc.raw.table import KIND_PROPERTY, is_delta_table
+from cdc.raw.table import KIND_PROPERTY, delta_properties, is_delta_table
 from cdc.spark import helpers_available
 from refine.envelope import Op
 from refine.flatten import POSITION, child_rows
@@ -44,6 +44,11 @@ SOURCE_POSITION = (LSN, OFFSET)  # a Postgres row's source position, compared in
 # can match before that shuffle (10,000 changes into 10M rows: MERGE ~5 s instead of ~7 s).
 KEY_FILTER_MIN_BYTES = 32 * 1024 * 1024
 KEY_FILTER_FALSE_POSITIVES = 0.01
+# Every MERGE adds a file (and deletion vectors), so a job that runs a batch a second leaves tens of
+# thousands a day, and each batch's MERGE reads the state of them all: Delta compacts the small ones
+# after a write once there are enough (50), in the writing job. A table's explicit setting is kept.
+AUTO_COMPACT_PROPERTY = "delta.autoOptimize.autoCompact"
+_COMPACTION_CHECKED: set[str] = set()  # tables whose setting this process has seen
 
 
 def refined_rows(latest: DataFrame, columns: list[str]) -> DataFrame:
@@ -69,9 +74,15 @@ def ensure_refined_table(spark: SparkSession, location: str, schema: StructType,
             # A MERGE then marks the rows it replaces in a deletion vector instead of rewriting
             # every file a key of the batch falls in: a batch costs its size, not the table's.
             .property("delta.enableDeletionVectors", "true")
+            .property(AUTO_COMPACT_PROPERTY, "true")
             .execute()
         )  # fmt: skip
+        _COMPACTION_CHECKED.add(location)
         return
+    if location not in _COMPACTION_CHECKED:  # a table created before refined tables compacted
+        if AUTO_COMPACT_PROPERTY not in delta_properties(spark, location):
+            spark.sql(f"ALTER TABLE delta.`{location}` SET TBLPROPERTIES ('{AUTO_COMPACT_PROPERTY}' = 'true')")
+        _COMPACTION_CHECKED.add(location)
     current = {field.name: field.dataType for field in DeltaTable.forPath(spark, location).toDF().schema}
     added = []
     for field in schema:

@@ -9,7 +9,7 @@ from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 import refine.merge
-from refine.merge import COMMITTED_AT, LSN, OFFSET, OP, REFINED_AT, key_filter, merge_changes
+from refine.merge import AUTO_COMPACT_PROPERTY, COMMITTED_AT, LSN, OFFSET, OP, REFINED_AT, key_filter, merge_changes
 
 KEYS = ["id", "region"]  # a composite key: the filter hashes the key's columns together
 ROW_TYPES = f"id int, region string, name string, {LSN} long, {OFFSET} long, {COMMITTED_AT} timestamp, {OP} string"
@@ -106,3 +106,34 @@ def test_no_key_filter_with_a_truncate(spark, tmp_path, monkeypatch):
     merge_changes(spark, location, batch, KEYS, (150, 0), keys=batch.select(*KEYS))
     assert built == []
     assert [row.id for row in spark.read.format("delta").load(location).collect()] == [1_000]
+
+
+def test_refined_tables_compact_their_small_files(spark, tmp_path):
+    location = str(tmp_path / "refined")
+    # Delta compacts once 50 small files are there; 4 keep the test short.
+    spark.conf.set("spark.databricks.delta.autoCompact.minNumFiles", "4")
+    try:
+        for lsn in range(200, 206):
+            merge_changes(spark, location, changes(spark, [(lsn, "eu", f"name {lsn}", lsn, "c")]), KEYS, None)
+    finally:
+        spark.conf.unset("spark.databricks.delta.autoCompact.minNumFiles")
+    table = DeltaTable.forPath(spark, location)
+    assert table.detail().head().properties[AUTO_COMPACT_PROPERTY] == "true"
+    compactions = table.history().where("operation = 'OPTIMIZE'").collect()
+    assert compactions and all(row.operationParameters["auto"] == "true" for row in compactions)
+    assert len(spark.read.format("delta").load(location).inputFiles()) < 6
+    assert sorted(row.id for row in spark.read.format("delta").load(location).collect()) == list(range(200, 206))
+    # Compactions change no data: the Change Data Feed holds the six inserts alone.
+    feed = spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 0).load(location)
+    assert sorted((row.id, row._change_type) for row in feed.collect()) == [(lsn, "insert") for lsn in range(200, 206)]
+
+
+def test_a_refined_table_of_an_earlier_version_gets_compaction_unless_it_says_otherwise(spark, tmp_path):
+    rows = changes(spark, [(1, "eu", "one", 100, "c")])
+    for setting, expected in [(None, "true"), ("false", "false")]:
+        location = str(tmp_path / f"refined-{setting}")
+        rows.write.format("delta").save(location)  # as an earlier version created it: no setting
+        if setting is not None:
+            spark.sql(f"ALTER TABLE delta.`{location}` SET TBLPROPERTIES ('{AUTO_COMPACT_PROPERTY}' = '{setting}')")
+        merge_changes(spark, location, changes(spark, [(2, "us", "two", 100, "c")]), KEYS, None)
+        assert DeltaTable.forPath(spark, location).detail().head().properties[AUTO_COMPACT_PROPERTY] == expected
