@@ -277,16 +277,19 @@ def _stop_on_signals() -> threading.Event:
         stop.set()
         # A stop of the whole process group (systemd's) signals the JVM too, and it exits on its own:
         # py4j then logs every later call's failure, even one the job expects and catches (stopping
-        # its queries, Python's own clean-up at exit), with a traceback, through the root logger.
-        logging.getLogger().addFilter(_not_py4j_send_failures)
+        # its queries, Python's own clean-up at exit), with a traceback, through the root logger; and
+        # the failure of a micro-batch the JVM's exit cut short (replayed by the next run) through its own.
+        for logger in (logging.getLogger(), logging.getLogger("py4j.clientserver")):
+            logger.addFilter(_not_py4j_failures_after_jvm_exit)
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, on_signal)
     return stop
 
 
-def _not_py4j_send_failures(record: logging.LogRecord) -> bool:
-    return not record.getMessage().startswith("Exception while sending command")
+def _not_py4j_failures_after_jvm_exit(record: logging.LogRecord) -> bool:
+    message = record.getMessage()
+    return not message.startswith(("Exception while sending command", "There was an exception while executing the Python Proxy"))
 
 
 def jars_fetch(args: argparse.Namespace, settings: Settings) -> int:

@@ -40,25 +40,32 @@ def test_unreachable_connect_is_a_connector_error(monkeypatch, capsys):
     assert "Kafka Connect does not answer" in capsys.readouterr().err
 
 
-def test_after_a_stop_signal_py4j_send_failures_are_not_logged(caplog):
+def test_after_a_stop_signal_py4j_failures_are_not_logged(caplog):
     """Once the job is told to stop, its JVM may already have exited (a process-group SIGTERM):
-    py4j's tracebacks for calls the job expects to fail must not reach the output."""
+    py4j's tracebacks for calls the job expects to fail, and for the micro-batch the exit cut short,
+    must not reach the output."""
     import logging
     import os
     import signal
 
-    from cdc.cli import _not_py4j_send_failures, _stop_on_signals
+    from cdc.cli import _not_py4j_failures_after_jvm_exit, _stop_on_signals
 
+    proxy = logging.getLogger("py4j.clientserver")
+    proxy_failure = "There was an exception while executing the Python Proxy on the Python Side."
     handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         logging.error("Exception while sending command.")  # before a stop: logged as py4j logs it
+        proxy.error(proxy_failure)
         stop = _stop_on_signals()
         os.kill(os.getpid(), signal.SIGTERM)
         assert stop.wait(5)
         logging.error("Exception while sending command.")
+        proxy.error(proxy_failure)
         logging.error("something else")
     finally:
-        logging.getLogger().removeFilter(_not_py4j_send_failures)
+        for logger in (logging.getLogger(), proxy):
+            logger.removeFilter(_not_py4j_failures_after_jvm_exit)
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
-    assert [record.getMessage() for record in caplog.records] == ["Exception while sending command.", "something else"]
+    assert [record.getMessage() for record in caplog.records] == [
+        "Exception while sending command.", proxy_failure, "something else"]
