@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, StructField, StructType
 
 from cdc.errors import TableError
-from cdc.raw.table import KIND_PROPERTY, delta_properties, is_delta_table
+from cdc.raw.table import KIND_PROPERTY, add_missing_properties, is_delta_table
 from cdc.spark import helpers_available
 from refine.envelope import Op
 from refine.flatten import POSITION, child_rows
@@ -80,8 +80,7 @@ def ensure_refined_table(spark: SparkSession, location: str, schema: StructType,
         _COMPACTION_CHECKED.add(location)
         return
     if location not in _COMPACTION_CHECKED:  # a table created before refined tables compacted
-        if AUTO_COMPACT_PROPERTY not in delta_properties(spark, location):
-            spark.sql(f"ALTER TABLE delta.`{location}` SET TBLPROPERTIES ('{AUTO_COMPACT_PROPERTY}' = 'true')")
+        add_missing_properties(spark, location, {AUTO_COMPACT_PROPERTY: "true"})
         _COMPACTION_CHECKED.add(location)
     current = {field.name: field.dataType for field in DeltaTable.forPath(spark, location).toDF().schema}
     added = []

@@ -126,6 +126,18 @@ def delta_properties(spark: SparkSession, location: str) -> dict[str, str]:
     return {row.key: row.value for row in spark.sql(f"SHOW TBLPROPERTIES delta.`{location}`").collect()}
 
 
+def add_missing_properties(
+    spark: SparkSession, location: str, wanted: dict[str, str], present: dict[str, str] | None = None
+) -> None:
+    """Give the Delta table at ``location`` those of the ``wanted`` properties it lacks (a metadata-only
+    commit; none when it has them all): a table created by an earlier version. A property it has, even
+    with another value, is kept. ``present``: its properties, when already read."""
+    present = delta_properties(spark, location) if present is None else present
+    if missing := {key: value for key, value in wanted.items() if key not in present}:
+        settings = ", ".join(f"'{key}' = '{value}'" for key, value in missing.items())
+        spark.sql(f"ALTER TABLE delta.`{location}` SET TBLPROPERTIES ({settings})")
+
+
 def raw_table_topic(spark: SparkSession, location: str) -> str | None:
     """The topic of the raw table at ``location``; None when no Delta table is there.
 
@@ -152,10 +164,7 @@ def create_raw_table(spark: SparkSession, location: str, topic: str) -> None:
         if properties[TOPIC_PROPERTY] != topic:
             raise TableError(f"the raw table there holds topic {properties[TOPIC_PROPERTY]!r}", table=location,
                              topic=topic)  # fmt: skip
-        missing = {key: value for key, value in PARQUET_PROPERTIES.items() if key not in properties}
-        if missing:
-            settings = ", ".join(f"'{key}' = '{value}'" for key, value in missing.items())
-            spark.sql(f"ALTER TABLE delta.`{location}` SET TBLPROPERTIES ({settings})")
+        add_missing_properties(spark, location, PARQUET_PROPERTIES, properties)
         return
     if Storage(spark).list_names(location):
         raise TableError("the location holds files but no Delta table", table=location)
