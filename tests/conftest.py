@@ -289,25 +289,57 @@ def refined_table(spark):
     return read
 
 
+class CdcProcess:
+    """A `cdc` job in a process group of its own (Python and its Spark JVM). Its output is read as it
+    comes, so a test can wait for a line (a Delta commit is visible before the job reports its batch)."""
+
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
+        import subprocess
+        import sys
+        import threading
+
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "cdc.cli", *args], env=env, start_new_session=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        self.printed: list[str] = []
+        self._reader = threading.Thread(target=lambda: self.printed.extend(self.popen.stdout), daemon=True)
+        self._reader.start()
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.returncode
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def output(self) -> str:
+        """What the job has printed so far (all of it once ``wait`` has returned)."""
+        return "".join(list(self.printed))
+
+    def wait(self, timeout: float | None = None) -> str:
+        """Wait for the job to end and return all it printed."""
+        self.popen.wait(timeout)
+        self._reader.join(timeout=30)
+        return self.output()
+
+    def signal_group(self, signal_number: int) -> None:
+        os.killpg(self.pid, signal_number)
+
+
 @pytest.fixture
 def cdc_process(kafka: KafkaTestClient):
-    """``cdc_process(args)``: `cdc` in a process group of its own (Python and its Spark JVM), output to a pipe."""
-    import subprocess
-    import sys
-
+    """``cdc_process(args)``: a running `cdc` job (a ``CdcProcess``) talking to the test stack's Kafka."""
     env = {**os.environ, "CDC_KAFKA__BOOTSTRAP_SERVERS": kafka.bootstrap_servers, "CDC_SPARK__DRIVER_MEMORY": "1g",
            "CDC_SPARK__SHUFFLE_PARTITIONS": "2",
            # These jobs live a minute at most: with the C1 compiler alone, a JVM reaches its first Delta
            # commit ~3 s sooner (C2 compiles for long runs, on the cores the job needs now).
            "CDC_SPARK__CONF": '{"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}'}  # fmt: skip
-
-    def start(args: list[str]) -> subprocess.Popen:
-        return subprocess.Popen(
-            [sys.executable, "-m", "cdc.cli", *args], env=env, start_new_session=True,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
-
-    return start
+    return lambda args: CdcProcess(args, env)
 
 
 @pytest.fixture
@@ -315,9 +347,9 @@ def stop_like_a_service_manager():
     """``stop(process)``: SIGTERM to a `cdc_process` job's whole process group (so to its JVM too), as
     systemd stops a job; checks that it stopped cleanly (exit 0, its stopping line, no traceback) and
     returns its output."""
-    def stop(process) -> str:
-        os.killpg(process.pid, signal.SIGTERM)
-        output, _ = process.communicate(timeout=180)
+    def stop(process: CdcProcess) -> str:
+        process.signal_group(signal.SIGTERM)
+        output = process.wait(timeout=180)
         assert process.returncode == 0, output
         assert "stopping: a micro-batch cut short is replayed by the next run" in output
         assert "Traceback" not in output, output

@@ -86,7 +86,9 @@ def test_continuous_sync_follows_postgres_and_stops_on_sigterm(
             conn.execute("UPDATE shop.customers SET full_name = 'Synced' WHERE id = (SELECT max(id) FROM shop.customers)")
         wait_for(lambda: process.poll() is not None or is_delta_table(spark, location) and refined_table(
             warehouse, topic).where("full_name = 'Synced'").count() == 1, 600, "the change in the refined table", 1.0)  # fmt: skip
-        assert process.poll() is None, process.stdout.read()
+        assert process.poll() is None, process.wait()
+        # The MERGE's commit is visible before the job reports its batch (its auto compaction runs in between).
+        wait_for(lambda: f"refine {topic} batch" in process.output(), 60, "the refine batch's progress line", 0.1)
     finally:
         output = stop_like_a_service_manager(process)
     assert f"raw {topic} -> " in output and f"refine {topic} batch" in output, output

@@ -1,7 +1,6 @@
 """Postgres -> Debezium -> Kafka -> `cdc raw` -> `cdc refine`: refined tables equal the source tables."""
 
 import contextlib
-import os
 import signal
 from pathlib import Path
 
@@ -258,8 +257,8 @@ def test_refine_killed_in_the_middle_then_rerun_gives_the_same_tables(
         def kill_those_at_their_point() -> bool:
             for table, (process, log, commits) in list(pending.items()):
                 if len(list(log.glob("*.json"))) >= commits or process.poll() is not None:
-                    assert process.poll() is None, f"{table}'s job ended before it was killed: {process.stdout.read()}"
-                    os.killpg(process.pid, signal.SIGKILL)
+                    assert process.poll() is None, f"{table}'s job ended before it was killed: {process.wait()}"
+                    process.signal_group(signal.SIGKILL)
                     del pending[table]
             return not pending
 
@@ -268,7 +267,7 @@ def test_refine_killed_in_the_middle_then_rerun_gives_the_same_tables(
         finally:
             for process, _, _ in running.values():
                 with contextlib.suppress(ProcessLookupError):  # the group is gone if the job ended by itself
-                    os.killpg(process.pid, signal.SIGKILL)
+                    process.signal_group(signal.SIGKILL)
                 process.wait()
     for table, topic in topics.items():
         for _ in range(2):

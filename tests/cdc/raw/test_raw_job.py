@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import re
 import signal
-import threading
 import time
 from pathlib import Path
 
@@ -148,8 +146,8 @@ def test_kill_9_at_any_moment_loses_and_duplicates_nothing(spark, kafka, tmp_pat
         process = cdc_process(args)
         reached = kill_point()
         wait_for(lambda: reached() or process.poll() is not None, 180, f"kill point {name!r}", 0.01)
-        assert process.poll() is None, f"the job ended before kill point {name!r}: {process.stdout.read()}"
-        os.killpg(process.pid, signal.SIGKILL)
+        assert process.poll() is None, f"the job ended before kill point {name!r}: {process.wait()}"
+        process.signal_group(signal.SIGKILL)
         process.wait()
 
     # The rerun after the last kill: in this process (a fifth JVM start would test nothing more).
@@ -162,9 +160,6 @@ def test_continuous_run_lands_as_records_arrive_and_stops_on_sigterm(spark, kafk
                                                                      wait_for):
     topic = kafka.create_topic(unique_name)
     process = cdc_process(["raw", "--topic", topic, "--warehouse", str(tmp_path), "--trigger-interval", "0.5"])
-    printed: list[str] = []
-    reader = threading.Thread(target=lambda: printed.extend(process.stdout), daemon=True)
-    reader.start()
     table = raw_table_location(str(tmp_path), topic)
     try:
         for round_ in range(1, 3):
@@ -173,13 +168,11 @@ def test_continuous_run_lands_as_records_arrive_and_stops_on_sigterm(spark, kafk
                      120, f"round {round_} to land", 0.5)  # fmt: skip
             # A batch's Delta commit is visible before the job's progress report of it: wait for the
             # report, as the job's summary counts what was reported.
-            wait_for(lambda: reported_rows(printed, topic) == 100 * round_, 60, f"the progress line of round {round_}", 0.1)
+            wait_for(lambda: reported_rows(process.printed, topic) == 100 * round_, 60, f"the progress line of round {round_}", 0.1)
     finally:
         # As a service manager stops a job: SIGTERM to its whole process group, so to the JVM too.
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=60)
-        reader.join(timeout=10)
-    output = "".join(printed)
+        process.signal_group(signal.SIGTERM)
+        output = process.wait(timeout=60)
     assert process.returncode == 0, output
     assert "stopping: a micro-batch cut short is replayed by the next run" in output
     assert "Traceback" not in output, output
