@@ -16,6 +16,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
 
 from cdc.errors import ConfigError, TableError
+from cdc.shared_tables import retrying_conflicts
 from cdc.raw.table import KIND_PROPERTY, RAW_KIND, delta_properties, is_delta_table
 from cdc.storage import normalize_location
 
@@ -46,7 +47,10 @@ class OptimizeResult:
 
 
 def optimize_table(spark: SparkSession, location: str, zorder_by: list[str] | None = None) -> OptimizeResult:
-    """Compact the table's small files; with ``zorder_by``, cluster rows by those columns (Z-order)."""
+    """Compact the table's small files; with ``zorder_by``, cluster rows by those columns (Z-order).
+
+    A running refinement's MERGE that commits first, changing files being compacted, makes Delta
+    refuse the compaction: it runs again on the new version."""
     table = DeltaTable.forPath(spark, location)
     if zorder_by:
         detail = table.detail().select("partitionColumns").head()[0]
@@ -55,9 +59,9 @@ def optimize_table(spark: SparkSession, location: str, zorder_by: list[str] | No
             if column not in columns or column in detail:
                 why = "is a partition column" if column in detail else f"is not a column (columns: {', '.join(columns)})"
                 raise ConfigError(f"cannot Z-order by {column!r}: it {why}", table=location)
-        metrics = table.optimize().executeZOrderBy(*zorder_by).head().metrics
+        metrics = retrying_conflicts(lambda: table.optimize().executeZOrderBy(*zorder_by).head().metrics)
     else:
-        metrics = table.optimize().executeCompaction().head().metrics
+        metrics = retrying_conflicts(lambda: table.optimize().executeCompaction().head().metrics)
     return OptimizeResult(metrics.numFilesRemoved, metrics.numFilesAdded)
 
 

@@ -1,10 +1,12 @@
-"""Delta tables that several streams of one job write at once: the raw gaps table (`cdc raw` of
-several topics), the quarantine and the expectation counts (`cdc refine` of a pipeline's tables)."""
+"""Delta tables that several writers write at once: the raw gaps table (`cdc raw` of several topics),
+the quarantine and the expectation counts (`cdc refine` of a pipeline's tables), and refined tables
+that a refinement MERGEs into while `cdc optimize` (or any other Delta writer) compacts them."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 from delta.tables import DeltaMergeBuilder, DeltaTable
 from py4j.java_gateway import is_instance_of
@@ -12,7 +14,10 @@ from pyspark import SparkContext
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
+from cdc.errors import CdcError
+
 CONFLICT_RETRIES = 5
+T = TypeVar("T")
 
 
 # Delta's error conditions for a commit refused because another writer committed first, or was
@@ -61,6 +66,28 @@ def _java_condition(java) -> str | None:  # noqa: ANN001 - a py4j JavaObject
         return None
 
 
+def retrying_conflicts(
+    action: Callable[[], T], on_conflict: Callable[[BaseException], None] | None = None, attempts: int | None = None
+) -> T:
+    """``action()``, run again a moment later (up to ``attempts`` times in all) while Delta refuses its
+    commit because another writer committed first: the next run reads the table's new version.
+
+    ``action`` must be safe to run again after a refused commit, and any commit it made before it:
+    an idempotent MERGE, or a whole micro-batch (each replays harmlessly, as after a crash).
+    ``on_conflict`` is told of each conflict that is retried."""
+    attempts = attempts or CONFLICT_RETRIES
+    for attempt in range(attempts):
+        try:
+            return action()
+        except Exception as error:
+            if isinstance(error, CdcError) or not is_conflict(error) or attempt == attempts - 1:
+                raise
+            if on_conflict is not None:
+                on_conflict(error)
+            time.sleep(0.1 * (attempt + 1))  # the other writer's commit is landing
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
 def merge_into_shared_table(
     spark: SparkSession, location: str, schema: StructType, merge: Callable[[DeltaTable], DeltaMergeBuilder]
 ) -> None:
@@ -70,12 +97,9 @@ def merge_into_shared_table(
     A concurrent commit (or creation) by another stream makes Delta refuse the MERGE: it is run
     again on the new version, a moment later, which is safe because it is idempotent.
     """
-    for attempt in range(CONFLICT_RETRIES):
-        try:
-            DeltaTable.createIfNotExists(spark).location(location).addColumns(schema).execute()
-            merge(DeltaTable.forPath(spark, location)).execute()
-            return
-        except Exception as error:
-            if not is_conflict(error) or attempt == CONFLICT_RETRIES - 1:
-                raise
-            time.sleep(0.1 * (attempt + 1))  # the other stream's commit or creation is landing
+
+    def create_and_merge() -> None:
+        DeltaTable.createIfNotExists(spark).location(location).addColumns(schema).execute()
+        merge(DeltaTable.forPath(spark, location)).execute()
+
+    retrying_conflicts(create_and_merge)

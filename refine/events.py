@@ -34,7 +34,7 @@ from cdc.raw.config import TOPIC_NAME
 from cdc.raw.table import raw_table_location
 from refine.avro_events import AvroDecoder
 from refine.flatten import child_rows, child_table_name, column, flat_name, flatten
-from refine.job import RefineRun, refined_table_location
+from refine.job import RefineRun, refined_table_location, run_batch_retrying_conflicts
 from refine.merge import EVENT_POSITION, OFFSET, PARTITION, REFINED_AT, append_rows, merge_latest, replace_children
 from refine.history import HistorySpec
 from refine.protobuf_events import ProtobufDecoder
@@ -192,10 +192,11 @@ class EventsBatch:
         self.raw = raw_table_location(config.warehouse, config.topic)
         self.rules = config.rules or TableRules(table=config.name, topic=config.topic, warehouse=config.warehouse)
         self.error: CdcError | None = None
+        self.conflicts: dict[int, int] = {}  # how often each batch (by id) ran again after a conflict
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         try:
-            self._refine(batch, batch_id)
+            run_batch_retrying_conflicts(lambda: self._refine(batch, batch_id), batch_id, self.conflicts)
         except CdcError as error:
             self.error = error  # raised again by watch_refine_queries: Spark's own message would bury it
             raise

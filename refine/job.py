@@ -31,6 +31,7 @@ from cdc.config import _Strict
 from cdc.errors import CdcError, ConfigError, StreamError, TableError
 from cdc.raw.config import TOPIC_NAME, Continuous, Trigger
 from cdc.raw.table import raw_table_location, raw_table_topic
+from cdc.shared_tables import retrying_conflicts
 from cdc.storage import normalize_location
 from cdc.streaming import ProgressReports, ending_on_request, failure, stop_queries, with_trigger
 from refine.columns import connect_type, declared_schemas, declared_types
@@ -192,21 +193,26 @@ class RefineBatch:
         self.rules = config.rules or TableRules(table=config.target, topic=config.table, warehouse=config.warehouse)
         self.batch_id = -1
         self.records_read: dict[int, int] = {}  # records of each batch (by id), counted once
+        self.conflicts: dict[int, int] = {}  # how often each batch (by id) ran again after a conflict
         # Wrapper schemas seen, by column: the next batch's start (a hint: only those found are used).
         self.known_schemas = _SCHEMAS_SEEN.setdefault(self.raw, {})
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        spark = batch.sparkSession
         self.batch_id = batch_id
+        try:
+            run_batch_retrying_conflicts(lambda: self._refine_batch(batch), batch_id, self.conflicts)
+        except CdcError as error:
+            self.error = error  # raised again by run_refine_job: Spark's own message would bury it
+            raise
+
+    def _refine_batch(self, batch: DataFrame) -> None:
+        spark = batch.sparkSession
         records = batch.where(F.col("_change_type") == "insert")  # raw tables only append
         try:
             if not self._refine_with_guessed_schemas(spark, records):
                 # Cached: read from the raw table once (Spark counts a source's rows per read).
                 records = records.persist()
                 self._refine(spark, records)
-        except CdcError as error:
-            self.error = error  # raised again by run_refine_job: Spark's own message would bury it
-            raise
         finally:
             records.unpersist()
 
@@ -407,6 +413,17 @@ class RefineBatch:
                       spec, unchanged)  # fmt: skip
 
 
+def run_batch_retrying_conflicts(refine_batch: Callable[[], None], batch_id: int, conflicts: dict[int, int]) -> None:
+    """Run a micro-batch, and again while another writer's commit (`cdc optimize` compacting the refined
+    table, say) makes Delta refuse one of its writes: a batch replays harmlessly, as after a crash,
+    so the job goes on instead of stopping. ``conflicts`` counts the reruns by batch id."""
+
+    def count(_: BaseException) -> None:
+        conflicts[batch_id] = conflicts.get(batch_id, 0) + 1
+
+    retrying_conflicts(refine_batch, on_conflict=count)
+
+
 def start_refine_query(
     spark: SparkSession, warehouse: str, topic: str, name: str, batch: Callable[[DataFrame, int], None], trigger: Trigger
 ) -> StreamingQuery:
@@ -442,11 +459,14 @@ def watch_refine_queries(
                     except StreamingQueryException:
                         pass  # reported just below, by _raise_failure
                     read = getattr((batches or {}).get(name), "records_read", {})
+                    conflicts = getattr((batches or {}).get(name), "conflicts", {})
                     for report in reports[name].new():
                         batch, rows = report["batchId"], read.pop(report["batchId"], report["numInputRows"])
                         if rows:  # not one of Spark's idle reports between batches
                             changes[name] += rows
-                            say(f"refine {name} batch {batch}: {rows:,} changes")
+                            rerun = conflicts.pop(batch, 0)
+                            say(f"refine {name} batch {batch}: {rows:,} changes" + (
+                                f" (run again after {rerun} conflicting commit(s) by another writer)" if rerun else ""))
                     _raise_failure(name, query, batches)
             for name, query in queries.items():  # one may have failed while another was awaited
                 _raise_failure(name, query, batches)

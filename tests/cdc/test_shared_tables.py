@@ -3,6 +3,7 @@
 import threading
 
 from py4j.protocol import Py4JJavaError
+from delta.tables import DeltaTable
 from pyspark.errors.exceptions.captured import AnalysisException
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 from pyspark.testing import assertDataFrameEqual
@@ -84,8 +85,6 @@ def test_a_conflict_without_a_message_is_told_by_its_condition_or_its_java_excep
 
 def test_a_table_another_stream_is_still_creating_is_a_conflict(spark, tmp_path):
     """Its log folder exists before its first commit: the location holds no table yet, for a moment."""
-    from delta.tables import DeltaTable
-
     (tmp_path / "shared" / "_delta_log").mkdir(parents=True)
     try:
         DeltaTable.forPath(spark, str(tmp_path / "shared"))
@@ -93,3 +92,38 @@ def test_a_table_another_stream_is_still_creating_is_a_conflict(spark, tmp_path)
         assert shared_tables.is_conflict(error), f"{shared_tables.condition_of(error)}: {error!r}"
     else:
         raise AssertionError("a folder with an empty log was read as a Delta table")
+
+
+def test_a_merge_refused_by_a_concurrent_optimize_runs_again(spark, tmp_path):
+    """`cdc optimize` compacting a table a job MERGEs into: a MERGE that read files the compaction
+    replaced is refused (a real conflict) and runs again on the new version."""
+    location = str(tmp_path / "compacted")
+    spark.createDataFrame([("s", -1)], SCHEMA).write.format("delta").save(location)
+    stop, conflicts, optimize_errors = threading.Event(), [], []
+
+    def optimize() -> None:
+        while not stop.is_set():
+            try:
+                shared_tables.retrying_conflicts(lambda: spark.sql(f"OPTIMIZE delta.`{location}`").collect())
+            except BaseException as error:  # noqa: BLE001 - reported by the test
+                optimize_errors.append(error)
+
+    compacting = threading.Thread(target=optimize)
+    compacting.start()
+    try:
+        batch = 0
+        while not conflicts and batch < 60:  # here one of the first few MERGEs conflicts
+            appended = spark.createDataFrame([("appended", 2 * batch), ("appended", 2 * batch + 1)], SCHEMA)
+            appended.repartition(2).write.format("delta").mode("append").save(location)  # files to compact
+            rows = spark.createDataFrame([("merged", batch)], SCHEMA)
+            shared_tables.retrying_conflicts(lambda: DeltaTable.forPath(spark, location).alias("t").merge(
+                rows.alias("s"), "t.stream = s.stream AND t.batch = s.batch").whenNotMatchedInsertAll().execute(),
+                on_conflict=conflicts.append)  # fmt: skip
+            batch += 1
+    finally:
+        stop.set()
+        compacting.join()
+    assert conflicts and all(shared_tables.is_conflict(error) for error in conflicts), f"no conflict in {batch} MERGEs"
+    assert not optimize_errors, optimize_errors[0]
+    expected = [("s", -1)] + [("appended", b) for b in range(2 * batch)] + [("merged", b) for b in range(batch)]
+    assertDataFrameEqual(spark.read.format("delta").load(location), spark.createDataFrame(expected, SCHEMA))

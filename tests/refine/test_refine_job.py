@@ -69,6 +69,41 @@ def test_refine_from_the_command_line(spark, kafka, stack_config, postgres_conne
     assert "no raw table for this topic: run `cdc raw` first" in capsys.readouterr().err
 
 
+def test_a_batch_refused_by_another_writers_commit_runs_again_and_the_job_goes_on(
+    spark, kafka, stack_config, postgres_connector, tmp_path, monkeypatch, land, postgres_table, refined_table
+):
+    """`cdc optimize` compacting a refined table while its refinement runs: Delta refuses whichever of
+    the two commits second (a real such conflict: tests/cdc/test_shared_tables.py). The batch runs again."""
+    from py4j.protocol import Py4JJavaError
+
+    from cdc.config import validate
+    from refine import job
+    from refine.job import RefineJobConfig, run_refine_job
+
+    run_workload(stack_config.postgres.dsn(), customers=3, seed=14)
+    topic = f"{postgres_connector.topic_prefix}.shop.customers"
+    kafka.wait_for_last_value(topic, lambda value: value is None)
+    warehouse = str(tmp_path)
+    land(warehouse, topic)
+    merge_changes, refused = job.merge_changes, []
+
+    def refused_once_after_its_commit(*args, **kwargs) -> None:
+        merge_changes(*args, **kwargs)  # it landed: the batch's rerun must change nothing more
+        if not refused:
+            refused.append(True)
+            raise Py4JJavaError("", spark.sparkContext._jvm.io.delta.exceptions.ConcurrentAppendException(
+                "Files were added to the root of the table by a concurrent update"))  # fmt: skip
+
+    monkeypatch.setattr(job, "merge_changes", refused_once_after_its_commit)
+    printed: list[str] = []
+    config = validate(RefineJobConfig, {"table": topic, "warehouse": warehouse, "trigger": {"kind": "available_now"}},
+                      "refine job")  # fmt: skip
+    run_refine_job(spark, config, say=printed.append)
+    assert refused and any(line.startswith(f"refine {topic} batch 0: ") and line.endswith(
+        "(run again after 1 conflicting commit(s) by another writer)") for line in printed), printed  # fmt: skip
+    assertDataFrameEqual(refined_table(warehouse, topic), postgres_table("customers"))
+
+
 def test_undecodable_records_go_to_quarantine_and_the_job_goes_on(
     spark, kafka, stack_config, postgres_connector, tmp_path, monkeypatch, capsys, land_and_refine, postgres_table
 ):
