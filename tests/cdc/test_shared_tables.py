@@ -9,6 +9,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from pyspark.testing import assertDataFrameEqual
 
 from cdc import shared_tables
+from cdc.maintenance import optimize_table
 from cdc.shared_tables import merge_into_shared_table
 
 SCHEMA = StructType([StructField("stream", StringType(), False), StructField("batch", LongType(), False)])
@@ -104,7 +105,7 @@ def test_a_merge_refused_by_a_concurrent_optimize_runs_again(spark, tmp_path):
     def optimize() -> None:
         while not stop.is_set():
             try:
-                shared_tables.retrying_conflicts(lambda: spark.sql(f"OPTIMIZE delta.`{location}`").collect())
+                optimize_table(spark, location)  # `cdc optimize`: it runs again when a MERGE commits first
             except BaseException as error:  # noqa: BLE001 - reported by the test
                 optimize_errors.append(error)
 
