@@ -16,8 +16,8 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
 
 from cdc.errors import ConfigError, TableError
-from cdc.shared_tables import retrying_conflicts
 from cdc.raw.table import KIND_PROPERTY, RAW_KIND, delta_properties, is_delta_table
+from cdc.shared_tables import retrying_conflicts
 from cdc.storage import normalize_location
 
 SAFE_RETENTION_HOURS = 168.0

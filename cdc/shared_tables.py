@@ -75,17 +75,16 @@ def retrying_conflicts(
     ``action`` must be safe to run again after a refused commit, and any commit it made before it:
     an idempotent MERGE, or a whole micro-batch (each replays harmlessly, as after a crash).
     ``on_conflict`` is told of each conflict that is retried."""
-    attempts = attempts or CONFLICT_RETRIES
-    for attempt in range(attempts):
+    for attempt in range(1, attempts or CONFLICT_RETRIES):
         try:
             return action()
         except Exception as error:
-            if isinstance(error, CdcError) or not is_conflict(error) or attempt == attempts - 1:
+            if isinstance(error, CdcError) or not is_conflict(error):
                 raise
             if on_conflict is not None:
                 on_conflict(error)
-            time.sleep(0.1 * (attempt + 1))  # the other writer's commit is landing
-    raise AssertionError("unreachable: the last attempt returns or raises")
+            time.sleep(0.1 * attempt)  # the other writer's commit is landing
+    return action()  # the last attempt: a conflict now is raised
 
 
 def merge_into_shared_table(

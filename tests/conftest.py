@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import threading
 import uuid
 from collections.abc import Iterator
 
@@ -294,10 +297,6 @@ class CdcProcess:
     comes, so a test can wait for a line (a Delta commit is visible before the job reports its batch)."""
 
     def __init__(self, args: list[str], env: dict[str, str]) -> None:
-        import subprocess
-        import sys
-        import threading
-
         self.popen = subprocess.Popen(
             [sys.executable, "-m", "cdc.cli", *args], env=env, start_new_session=True,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

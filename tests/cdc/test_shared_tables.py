@@ -2,8 +2,8 @@
 
 import threading
 
-from py4j.protocol import Py4JJavaError
 from delta.tables import DeltaTable
+from py4j.protocol import Py4JJavaError
 from pyspark.errors.exceptions.captured import AnalysisException
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 from pyspark.testing import assertDataFrameEqual
