@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, StructField, StructType
 
 from cdc.errors import TableError
-from cdc.raw.table import KIND_PROPERTY, add_missing_properties, is_delta_table
+from cdc.raw.table import CHECKPOINT_PROPERTIES, KIND_PROPERTY, add_missing_properties, is_delta_table
 from cdc.spark import helpers_available
 from refine.envelope import Op
 from refine.flatten import POSITION, child_rows
@@ -75,12 +75,13 @@ def ensure_refined_table(spark: SparkSession, location: str, schema: StructType,
             # every file a key of the batch falls in: a batch costs its size, not the table's.
             .property("delta.enableDeletionVectors", "true")
             .property(AUTO_COMPACT_PROPERTY, "true")
+            .property("delta.checkpointInterval", CHECKPOINT_PROPERTIES["delta.checkpointInterval"])
             .execute()
         )  # fmt: skip
         _COMPACTION_CHECKED.add(location)
         return
-    if location not in _COMPACTION_CHECKED:  # a table created before refined tables compacted
-        add_missing_properties(spark, location, {AUTO_COMPACT_PROPERTY: "true"})
+    if location not in _COMPACTION_CHECKED:  # a table created by an earlier version
+        add_missing_properties(spark, location, {AUTO_COMPACT_PROPERTY: "true", **CHECKPOINT_PROPERTIES})
         _COMPACTION_CHECKED.add(location)
     current = {field.name: field.dataType for field in DeltaTable.forPath(spark, location).toDF().schema}
     added = []

@@ -9,6 +9,7 @@ from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 import refine.merge
+from cdc.raw.table import CHECKPOINT_PROPERTIES
 from refine.merge import AUTO_COMPACT_PROPERTY, COMMITTED_AT, LSN, OFFSET, OP, REFINED_AT, key_filter, merge_changes
 
 KEYS = ["id", "region"]  # a composite key: the filter hashes the key's columns together
@@ -119,6 +120,7 @@ def test_refined_tables_compact_their_small_files(spark, tmp_path):
         spark.conf.unset("spark.databricks.delta.autoCompact.minNumFiles")
     table = DeltaTable.forPath(spark, location)
     assert table.detail().head().properties[AUTO_COMPACT_PROPERTY] == "true"
+    assert table.detail().head().properties["delta.checkpointInterval"] == "100"  # see cdc/raw/table.py
     compactions = table.history().where("operation = 'OPTIMIZE'").collect()
     assert compactions and all(row.operationParameters["auto"] == "true" for row in compactions)
     assert len(spark.read.format("delta").load(location).inputFiles()) < 6
@@ -128,12 +130,15 @@ def test_refined_tables_compact_their_small_files(spark, tmp_path):
     assert sorted((row.id, row._change_type) for row in feed.collect()) == [(lsn, "insert") for lsn in range(200, 206)]
 
 
-def test_a_refined_table_of_an_earlier_version_gets_compaction_unless_it_says_otherwise(spark, tmp_path):
+def test_a_refined_table_of_an_earlier_version_gets_compaction_and_checkpoint_settings_unless_it_has_its_own(spark, tmp_path):
     rows = changes(spark, [(1, "eu", "one", 100, "c")])
-    for setting, expected in [(None, "true"), ("false", "false")]:
-        location = str(tmp_path / f"refined-{setting}")
+    defaults = {AUTO_COMPACT_PROPERTY: "true", **CHECKPOINT_PROPERTIES}
+    for own in [{}, {AUTO_COMPACT_PROPERTY: "false", "delta.checkpointInterval": "10"}]:
+        location = str(tmp_path / f"refined-{len(own)}")
         rows.write.format("delta").save(location)  # as an earlier version created it: no setting
-        if setting is not None:
-            spark.sql(f"ALTER TABLE delta.`{location}` SET TBLPROPERTIES ('{AUTO_COMPACT_PROPERTY}' = '{setting}')")
+        if own:
+            settings = ", ".join(f"'{key}' = '{value}'" for key, value in own.items())
+            spark.sql(f"ALTER TABLE delta.`{location}` SET TBLPROPERTIES ({settings})")
         merge_changes(spark, location, changes(spark, [(2, "us", "two", 100, "c")]), KEYS, None)
-        assert DeltaTable.forPath(spark, location).detail().head().properties[AUTO_COMPACT_PROPERTY] == expected
+        properties = DeltaTable.forPath(spark, location).detail().head().properties
+        assert {key: properties.get(key) for key in defaults} == (defaults | own)

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 from delta.tables import DeltaTable
 
 from cdc.raw.rows import raw_rows
-from cdc.raw.table import PARQUET_PROPERTIES, PAYLOAD_COLUMNS, create_raw_table, is_delta_table
+from cdc.raw.table import CHECKPOINT_PROPERTIES, PARQUET_PROPERTIES, PAYLOAD_COLUMNS, create_raw_table, is_delta_table
 
 def append_records(kafka_records, table: str, first_offset: int, count: int) -> None:
     """``count`` records whose keys and values repeat (Parquet would keep them in a dictionary), one
@@ -47,10 +47,20 @@ def test_payload_columns_are_written_without_dictionary_or_statistics(spark, kaf
     assert all(chunk.has_dictionary_page and chunk.statistics is not None for chunk in chunks["topic"])
 
 
+def test_a_new_raw_table_is_append_only_with_a_change_feed_and_a_checkpoint_every_100_commits(spark, tmp_path):
+    table = str(tmp_path / "raw" / "t")
+    create_raw_table(spark, table, "t")
+    properties = DeltaTable.forPath(spark, table).detail().select("properties").head()[0]
+    assert properties["delta.appendOnly"] == properties["delta.enableChangeDataFeed"] == "true"
+    assert properties["delta.checkpointInterval"] == "100"
+    assert (properties["cdc.kind"], properties["cdc.topic"], properties["cdc.reset.allowed"]) == ("raw", "t", "false")
+
+
 def test_a_raw_table_of_an_earlier_version_gets_the_settings_and_its_change_feed_reads_on(spark, kafka_records, tmp_path):
     table, copy = str(tmp_path / "raw" / "t"), str(tmp_path / "copy")
     create_raw_table(spark, table, "t")
-    keys = ", ".join(f"'{key}'" for key in PARQUET_PROPERTIES)
+    settings = PARQUET_PROPERTIES | CHECKPOINT_PROPERTIES
+    keys = ", ".join(f"'{key}'" for key in settings)
     spark.sql(f"ALTER TABLE delta.`{table}` UNSET TBLPROPERTIES ({keys})")  # as an earlier version created it
     append_records(kafka_records, table, 0, 5)
 
@@ -62,7 +72,7 @@ def test_a_raw_table_of_an_earlier_version_gets_the_settings_and_its_change_feed
     copy_change_feed()
     create_raw_table(spark, table, "t")  # a later run: adds the settings
     properties = DeltaTable.forPath(spark, table).detail().select("properties").head()[0]
-    assert {key: properties.get(key) for key in PARQUET_PROPERTIES} == PARQUET_PROPERTIES
+    assert {key: properties.get(key) for key in settings} == settings
     version = DeltaTable.forPath(spark, table).history(1).head().version
     create_raw_table(spark, table, "t")  # nothing missing: no commit
     assert DeltaTable.forPath(spark, table).history(1).head().version == version
