@@ -48,7 +48,10 @@ KEY_FILTER_FALSE_POSITIVES = 0.01
 # thousands a day, and each batch's MERGE reads the state of them all: Delta compacts the small ones
 # after a write once there are enough (50), in the writing job. A table's explicit setting is kept.
 AUTO_COMPACT_PROPERTY = "delta.autoOptimize.autoCompact"
-_COMPACTION_CHECKED: set[str] = set()  # tables whose setting this process has seen
+# What refined tables are created with beyond their feed and deletion vectors, and what one created
+# by an earlier version is given when it lacks it (see cdc/raw/table.py for the checkpoint interval).
+MAINTENANCE_PROPERTIES = {AUTO_COMPACT_PROPERTY: "true", **CHECKPOINT_PROPERTIES}
+_PROPERTIES_CHECKED: set[str] = set()  # tables whose settings this process has seen
 
 
 def refined_rows(latest: DataFrame, columns: list[str]) -> DataFrame:
@@ -68,21 +71,21 @@ def ensure_refined_table(spark: SparkSession, location: str, schema: StructType,
     """Create the table (Change Data Feed on, ``cdc.kind=kind``), or add the columns the source gained;
     refuse a column whose type changed."""
     if not is_delta_table(spark, location):
-        (
+        builder = (
             DeltaTable.createIfNotExists(spark).location(location).addColumns(schema)
             .property("delta.enableChangeDataFeed", "true").property(KIND_PROPERTY, kind)
             # A MERGE then marks the rows it replaces in a deletion vector instead of rewriting
             # every file a key of the batch falls in: a batch costs its size, not the table's.
             .property("delta.enableDeletionVectors", "true")
-            .property(AUTO_COMPACT_PROPERTY, "true")
-            .property("delta.checkpointInterval", CHECKPOINT_PROPERTIES["delta.checkpointInterval"])
-            .execute()
         )  # fmt: skip
-        _COMPACTION_CHECKED.add(location)
+        for key, value in MAINTENANCE_PROPERTIES.items():
+            builder = builder.property(key, value)
+        builder.execute()
+        _PROPERTIES_CHECKED.add(location)
         return
-    if location not in _COMPACTION_CHECKED:  # a table created by an earlier version
-        add_missing_properties(spark, location, {AUTO_COMPACT_PROPERTY: "true", **CHECKPOINT_PROPERTIES})
-        _COMPACTION_CHECKED.add(location)
+    if location not in _PROPERTIES_CHECKED:  # a table created by an earlier version
+        add_missing_properties(spark, location, MAINTENANCE_PROPERTIES)
+        _PROPERTIES_CHECKED.add(location)
     current = {field.name: field.dataType for field in DeltaTable.forPath(spark, location).toDF().schema}
     added = []
     for field in schema:
