@@ -1,10 +1,10 @@
 """Raw landing throughput: `cdc raw --available-now` next to a plain Spark kafka -> delta stream.
 
-    .venv/bin/python bench/raw_landing.py [--messages 1000000] [--size 1000] [--partitions 4]
+    .venv/bin/python bench/raw_landing.py [--messages 1000000] [--size 1000] [--partitions 4] [--collector g1]
 
 Brings the local stack up (or uses the running one), produces the messages once to a new topic,
 then lands that topic twice with each variant in a worker process of its own, with the same Spark
-settings: cold (the first landing of a fresh JVM, as a scheduled `--available-now` run) and warm
+settings but for the JVM's garbage collector, each variant's own unless `--collector` names one: cold (the first landing of a fresh JVM, as a scheduled `--available-now` run) and warm
 (the second, as a long-running job after the JIT compiled its hot paths). Prints rows/s of each
 landing (Spark start-up excluded), the CPU seconds it took (which, unlike wall time, barely move
 when other work shares the machine) and the peak resident memory of each worker's whole process
@@ -30,6 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cdc.config import load_settings  # noqa: E402
+from cdc.raw.job import raw_spark_config  # noqa: E402
 from cdc.spark import build_spark_session  # noqa: E402
 
 VARIANTS = ("cdc raw", "plain stream")
@@ -88,7 +89,8 @@ def worker(variant: str, topic: str, bootstrap: str, warehouse: str) -> None:
     """
     started = time.monotonic()
     settings = load_settings()
-    spark = build_spark_session(settings.spark)
+    # Each variant's JVM as it ships: `cdc raw`'s collector is its job's choice, the plain stream's the JVM's default.
+    spark = build_spark_session(raw_spark_config(settings.spark) if variant == "cdc raw" else settings.spark)
     result: dict[str, float] = {"start_seconds": time.monotonic() - started}
     for run in ("cold", "warm"):
         started, cpu_before = time.monotonic(), tree_cpu_seconds(os.getpid())
@@ -130,13 +132,14 @@ def tree_cpu_seconds(root: int) -> float:
     return _tree_sum(root, lambda stat: (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK"))
 
 
-def run_worker(variant: str, topic: str, bootstrap: str, class_archive: bool) -> dict[str, float]:
+def run_worker(variant: str, topic: str, bootstrap: str, class_archive: bool, collector: str) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="bench-raw-") as warehouse:
         process = subprocess.Popen(
             [sys.executable, __file__, "--worker", variant, "--topic", topic, "--bootstrap", bootstrap,
              "--warehouse", warehouse],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-            env={**os.environ, "CDC_SPARK__CLASS_ARCHIVE": str(class_archive).lower()},
+            env={**os.environ, "CDC_SPARK__CLASS_ARCHIVE": str(class_archive).lower(),
+                 **({} if collector == "as-shipped" else {"CDC_SPARK__GARBAGE_COLLECTOR": collector})},
         )  # fmt: skip
         peak = 0
 
@@ -164,6 +167,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="runs of each variant, alternating (default 2)")
     parser.add_argument("--class-archive", choices=("on", "off", "both"), default="on",
                         help="start the workers' JVMs from the class archive (default), without it, or both ways")
+    parser.add_argument("--collector", choices=("as-shipped", "g1", "parallel"), default="as-shipped",
+                        help="the workers' garbage collector: each variant's own (`cdc raw`: parallel; the plain "
+                             "stream: the JVM's default, G1), or the same for both")
     parser.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--topic", help=argparse.SUPPRESS)
     parser.add_argument("--bootstrap", help=argparse.SUPPRESS)
@@ -194,7 +200,7 @@ def main() -> None:
     results: dict[str, list[dict[str, float]]] = {label: [] for label in workers}
     for round_ in range(1, args.rounds + 1):
         for label, (variant, archive) in workers.items():
-            result = run_worker(variant, topic, bootstrap, archive)
+            result = run_worker(variant, topic, bootstrap, archive, args.collector)
             for run in ("cold", "warm"):
                 result[f"{run}_rows_per_s"] = result[f"{run}_rows"] / result[f"{run}_seconds"]
             results[label].append(result)

@@ -115,7 +115,7 @@ def _trigger(args: argparse.Namespace) -> dict[str, object]:
 
 def raw(args: argparse.Namespace, settings: Settings) -> int:
     from cdc.raw.config import RawJobConfig
-    from cdc.raw.job import run_raw_job
+    from cdc.raw.job import raw_spark_config, run_raw_job
     from cdc.spark import build_spark_session
 
     options = {
@@ -132,7 +132,7 @@ def raw(args: argparse.Namespace, settings: Settings) -> int:
         topics = {"kind": "topics", "topics": args.topics} if args.topics else {"kind": "pattern", "pattern": args.pattern}
         config = validate(RawJobConfig, {**options, "topics": topics, "on_gap": options["on_gap"] or "fail"},
                           "raw job settings")  # fmt: skip
-    run_raw_job(build_spark_session(settings.spark), config, stop=_stop_on_signals())
+    run_raw_job(build_spark_session(raw_spark_config(settings.spark)), config, stop=_stop_on_signals())
     return 0
 
 

@@ -60,6 +60,13 @@ class ProvidedJars(_Strict):
 JarsSource = Annotated[Union[MavenJars, LocalJars, ProvidedJars], Field(discriminator="kind")]
 
 
+class GarbageCollector(str, Enum):
+    """The local driver JVM's garbage collector (``-XX:+Use<name>GC``)."""
+
+    G1 = "g1"  # the JVM's default: short pauses, for jobs that refine
+    PARALLEL = "parallel"  # less CPU per record, with stop-the-world collections: for landing
+
+
 class SparkConfig(_Strict):
     """How the SparkSession is built (see :func:`cdc.spark.build_spark_session`)."""
 
@@ -83,6 +90,9 @@ class SparkConfig(_Strict):
     class_archive: bool = Field(default=True, description=(
         "With a local master, start the driver's JVM from the class archive `cdc jars fetch` built for this JDK "
         "and these jars, when there is one (cdc/class_archive.py): seconds less of every fresh JVM's start."))
+    garbage_collector: GarbageCollector | None = Field(default=None, description=(
+        "With a local master, the driver JVM's garbage collector, applied when this process starts the JVM. "
+        "None: the job's choice (`cdc raw`: parallel; every other job: the JVM's default, G1)."))
     conf: dict[str, str] = Field(
         default_factory=dict,
         description="Extra Spark settings, applied last (object-store credentials, cluster tuning).",

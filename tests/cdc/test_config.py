@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from cdc.config import LocalJars, MavenJars, ProvidedJars, SparkConfig, load_settings
+from cdc.config import GarbageCollector, LocalJars, MavenJars, ProvidedJars, SparkConfig, load_settings
 from cdc.errors import ConfigError
 
 
@@ -56,3 +56,13 @@ def test_local_jars_folder_without_jars_is_refused(tmp_path: Path):
 def test_unknown_key_is_refused():
     with pytest.raises(ConfigError, match="CDC_SPARK__MASTRE: Extra inputs are not permitted"):
         load_settings({"spark": {"mastre": "local[2]"}})
+
+
+def test_an_unknown_garbage_collector_names_the_key_and_the_choices(monkeypatch):
+    monkeypatch.setenv("CDC_SPARK__GARBAGE_COLLECTOR", "zgc")
+    with pytest.raises(ConfigError) as raised:
+        load_settings()
+    assert "CDC_SPARK__GARBAGE_COLLECTOR" in str(raised.value)
+    assert "'g1' or 'parallel'" in str(raised.value)
+    monkeypatch.setenv("CDC_SPARK__GARBAGE_COLLECTOR", "parallel")
+    assert load_settings().spark.garbage_collector is GarbageCollector.PARALLEL

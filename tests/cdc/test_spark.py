@@ -4,7 +4,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import Row
 from pyspark.testing import assertDataFrameEqual
 
-from cdc.config import LocalJars, ProvidedJars, SparkConfig
+from cdc.config import GarbageCollector, LocalJars, ProvidedJars, SparkConfig
 from cdc.spark import spark_conf
 
 
@@ -22,6 +22,17 @@ def test_local_master_keeps_the_driver_on_loopback_and_a_cluster_master_does_not
     cluster = spark_conf(SparkConfig(master="spark://cluster:7077", jars=ProvidedJars()))
     assert "spark.driver.bindAddress" not in cluster
     assert "spark.driver.memory" not in cluster
+
+
+def test_a_chosen_garbage_collector_comes_before_the_users_jvm_options_and_only_for_a_local_driver():
+    user = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}
+    local = SparkConfig(jars=ProvidedJars(), class_archive=False, garbage_collector=GarbageCollector.PARALLEL, conf=user)
+    assert spark_conf(local)["spark.driver.extraJavaOptions"] == "-XX:+UseParallelGC -XX:TieredStopAtLevel=1"
+    g1 = local.model_copy(update={"garbage_collector": GarbageCollector.G1, "conf": {}})
+    assert spark_conf(g1)["spark.driver.extraJavaOptions"] == "-XX:+UseG1GC"
+    assert "spark.driver.extraJavaOptions" not in spark_conf(g1.model_copy(update={"garbage_collector": None}))
+    cluster = local.model_copy(update={"master": "spark://cluster:7077"})
+    assert spark_conf(cluster)["spark.driver.extraJavaOptions"] == "-XX:TieredStopAtLevel=1"
 
 
 def test_user_conf_is_applied_last():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import time
@@ -13,10 +14,10 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from cdc.config import validate
+from cdc.config import GarbageCollector, SparkConfig, validate
 from cdc.errors import OffsetGapError, TableError
 from cdc.raw.config import RawJobConfig
-from cdc.raw.job import run_raw_job
+from cdc.raw.job import raw_spark_config, run_raw_job
 from cdc.raw.rows import original_bytes
 from cdc.raw.table import checkpoint_location, gaps_table_location, is_delta_table, raw_table_location
 from cdc.stack.events import read_events
@@ -169,6 +170,7 @@ def test_continuous_run_lands_as_records_arrive_and_stops_on_sigterm(spark, kafk
             # A batch's Delta commit is visible before the job's progress report of it: wait for the
             # report, as the job's summary counts what was reported.
             wait_for(lambda: reported_rows(process.printed, topic) == 100 * round_, 60, f"the progress line of round {round_}", 0.1)
+        assert "-XX:+UseParallelGC" in jvm_command_line(process.pid)  # `cdc raw`'s own collector
     finally:
         # As a service manager stops a job: SIGTERM to its whole process group, so to the JVM too.
         process.signal_group(signal.SIGTERM)
@@ -178,6 +180,24 @@ def test_continuous_run_lands_as_records_arrive_and_stops_on_sigterm(spark, kafk
     assert "Traceback" not in output, output
     assert f"raw {topic}: landed 200 records" in output, output
     assertDataFrameEqual(landed(spark, tmp_path, topic), on_kafka(spark, kafka, topic))
+
+
+def jvm_command_line(group: int) -> list[str]:
+    """The command line of the JVM in process group ``group`` (a `cdc` job's)."""
+    for entry in Path("/proc").iterdir():
+        try:
+            arguments = (entry / "cmdline").read_bytes().split(b"\0") if entry.name.isdigit() else [b""]
+            if arguments[0].endswith(b"/java") and os.getpgid(int(entry.name)) == group:
+                return [argument.decode() for argument in arguments]
+        except (OSError, ProcessLookupError):
+            continue  # a process that ended meanwhile
+    raise AssertionError(f"no JVM in process group {group}")
+
+
+def test_cdc_raw_runs_on_the_parallel_collector_unless_one_is_set():
+    assert raw_spark_config(SparkConfig()).garbage_collector is GarbageCollector.PARALLEL
+    chosen = SparkConfig(garbage_collector=GarbageCollector.G1)
+    assert raw_spark_config(chosen) is chosen
 
 
 def reported_rows(printed: list[str], topic: str) -> int:
