@@ -4,8 +4,9 @@
 
 Brings the local stack up (or uses the running one), produces the messages once to a new topic,
 then lands that topic twice with each variant in a worker process of its own, with the same Spark
-settings but for the JVM's garbage collector, each variant's own unless `--collector` names one: cold (the first landing of a fresh JVM, as a scheduled `--available-now` run) and warm
-(the second, as a long-running job after the JIT compiled its hot paths). Prints rows/s of each
+settings but for the JVM's garbage collector (each variant's own, unless `--collector` names one):
+cold (the first landing of a fresh JVM, as a scheduled `--available-now` run) and warm (the second,
+as a long-running job after the JIT compiled its hot paths). Prints rows/s of each
 landing (Spark start-up excluded), the CPU seconds it took (which, unlike wall time, barely move
 when other work shares the machine) and the peak resident memory of each worker's whole process
 tree (Python and its JVM). `--class-archive both` runs every variant also without the driver JVM's
