@@ -61,10 +61,14 @@ JarsSource = Annotated[Union[MavenJars, LocalJars, ProvidedJars], Field(discrimi
 
 
 class GarbageCollector(str, Enum):
-    """The local driver JVM's garbage collector (``-XX:+Use<name>GC``)."""
+    """The local driver JVM's garbage collector."""
 
     G1 = "g1"  # the JVM's default: short pauses, for jobs that refine
     PARALLEL = "parallel"  # less CPU per record, with stop-the-world collections: for landing
+
+    @property
+    def jvm_option(self) -> str:
+        return {GarbageCollector.G1: "-XX:+UseG1GC", GarbageCollector.PARALLEL: "-XX:+UseParallelGC"}[self]
 
 
 class SparkConfig(_Strict):

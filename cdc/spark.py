@@ -11,7 +11,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import BooleanType, StringType
 
 from cdc import class_archive, jars
-from cdc.config import GarbageCollector, LocalJars, MavenJars, SparkConfig
+from cdc.config import LocalJars, MavenJars, SparkConfig
 from cdc.errors import DependencyError
 
 
@@ -62,15 +62,13 @@ def spark_conf(config: SparkConfig) -> dict[str, str]:
     conf |= config.conf
     if config.is_local:
         archive_options = _class_archive_options(config, jar_paths) if config.class_archive else []
-        collector = [f"-XX:+Use{_COLLECTOR_OPTIONS[config.garbage_collector]}GC"] if config.garbage_collector else []
+        collector = [config.garbage_collector.jvm_option] if config.garbage_collector else []
         if archive_options or collector:
             # Before the user's own options: a later JVM option wins over an earlier one.
             user_options = config.conf.get("spark.driver.extraJavaOptions", "")
             conf["spark.driver.extraJavaOptions"] = " ".join([*archive_options, *collector, user_options]).strip()
     return conf
 
-
-_COLLECTOR_OPTIONS = {GarbageCollector.G1: "G1", GarbageCollector.PARALLEL: "Parallel"}
 
 
 def build_spark_session(config: SparkConfig | None = None) -> SparkSession:

@@ -62,4 +62,3 @@ def test_local_jars_folder_without_jars_is_refused(tmp_path: Path):
 def test_unknown_key_is_refused():
     with pytest.raises(ConfigError, match="CDC_SPARK__MASTRE: Extra inputs are not permitted"):
         load_settings({"spark": {"mastre": "local[2]"}})
-

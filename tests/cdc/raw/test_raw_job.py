@@ -185,8 +185,10 @@ def test_continuous_run_lands_as_records_arrive_and_stops_on_sigterm(spark, kafk
 def jvm_command_line(group: int) -> list[str]:
     """The command line of the JVM in process group ``group`` (a `cdc` job's)."""
     for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
         try:
-            arguments = (entry / "cmdline").read_bytes().split(b"\0") if entry.name.isdigit() else [b""]
+            arguments = (entry / "cmdline").read_bytes().split(b"\0")
             if arguments[0].endswith(b"/java") and os.getpgid(int(entry.name)) == group:
                 return [argument.decode() for argument in arguments]
         except (OSError, ProcessLookupError):
