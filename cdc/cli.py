@@ -115,8 +115,8 @@ def _trigger(args: argparse.Namespace) -> dict[str, object]:
 
 def raw(args: argparse.Namespace, settings: Settings) -> int:
     from cdc.raw.config import RawJobConfig
-    from cdc.raw.job import raw_spark_config, run_raw_job
-    from cdc.spark import build_spark_session
+    from cdc.raw.job import run_raw_job
+    from cdc.spark import build_spark_session, job_spark_config
 
     options = {
         "warehouse": settings.warehouse, "trigger": _trigger(args), "kafka": kafka_settings(settings),
@@ -132,12 +132,13 @@ def raw(args: argparse.Namespace, settings: Settings) -> int:
         topics = {"kind": "topics", "topics": args.topics} if args.topics else {"kind": "pattern", "pattern": args.pattern}
         config = validate(RawJobConfig, {**options, "topics": topics, "on_gap": options["on_gap"] or "fail"},
                           "raw job settings")  # fmt: skip
-    run_raw_job(build_spark_session(raw_spark_config(settings.spark)), config, stop=_stop_on_signals())
+    spark = build_spark_session(job_spark_config(settings.spark, refines_continuously=False))
+    run_raw_job(spark, config, stop=_stop_on_signals())
     return 0
 
 
 def refine(args: argparse.Namespace, settings: Settings) -> int:
-    from cdc.spark import build_spark_session
+    from cdc.spark import build_spark_session, job_spark_config
     from refine.job import RefineJobConfig, run_refine_job
 
     if args.reinfer_schema and not args.pipeline:
@@ -149,17 +150,19 @@ def refine(args: argparse.Namespace, settings: Settings) -> int:
         pipeline = load_pipeline(args.pipeline)  # checked before Spark starts
         config = validate(PipelineRefineConfig, {"warehouse": settings.warehouse, "trigger": _trigger(args),
                                                  "reinfer_schema": args.reinfer_schema}, "refine job settings")
-        run_pipeline_refine(build_spark_session(settings.spark), pipeline, config, stop=_stop_on_signals())
+        spark = build_spark_session(job_spark_config(settings.spark, refines_continuously=not args.available_now))
+        run_pipeline_refine(spark, pipeline, config, stop=_stop_on_signals())
         return 0
     columns = dict(column.partition("=")[::2] for column in args.column or ())
     config = validate(RefineJobConfig, {"table": args.table, "warehouse": settings.warehouse, "columns": columns or None,
                                         "key": args.key, "trigger": _trigger(args)}, "refine job settings")  # fmt: skip
-    run_refine_job(build_spark_session(settings.spark), config, stop=_stop_on_signals())
+    spark = build_spark_session(job_spark_config(settings.spark, refines_continuously=not args.available_now))
+    run_refine_job(spark, config, stop=_stop_on_signals())
     return 0
 
 
 def sync(args: argparse.Namespace, settings: Settings) -> int:
-    from cdc.spark import build_spark_session
+    from cdc.spark import build_spark_session, job_spark_config
     from cdc.sync import SyncJobConfig, run_sync_job
 
     run = {"warehouse": settings.warehouse, "trigger": _trigger(args)}
@@ -176,7 +179,8 @@ def sync(args: argparse.Namespace, settings: Settings) -> int:
         document = {"raw": {**raw, "topics": topics, "on_gap": raw["on_gap"] or "fail"},
                     "refine": {"kind": "topics", "jobs": [{**run, "table": topic} for topic in args.topics]}}  # fmt: skip
     config = validate(SyncJobConfig, document, "sync job settings")
-    run_sync_job(build_spark_session(settings.spark), config, stop=_stop_on_signals())
+    spark = build_spark_session(job_spark_config(settings.spark, refines_continuously=not args.available_now))
+    run_sync_job(spark, config, stop=_stop_on_signals())
     return 0
 
 

@@ -96,7 +96,8 @@ class SparkConfig(_Strict):
         "and these jars, when there is one (cdc/class_archive.py): seconds less of every fresh JVM's start."))
     garbage_collector: GarbageCollector | None = Field(default=None, description=(
         "With a local master, the driver JVM's garbage collector, applied when this process starts the JVM. "
-        "None: the job's choice (`cdc raw`: parallel; every other job: the JVM's default, G1)."))
+        "None: the job's choice (parallel, except for a continuous `cdc refine` or `cdc sync` and the other "
+        "commands, which keep the JVM's default, G1)."))
     conf: dict[str, str] = Field(
         default_factory=dict,
         description="Extra Spark settings, applied last (object-store credentials, cluster tuning).",

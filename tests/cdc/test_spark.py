@@ -5,7 +5,7 @@ from pyspark.sql import Row
 from pyspark.testing import assertDataFrameEqual
 
 from cdc.config import GarbageCollector, LocalJars, ProvidedJars, SparkConfig
-from cdc.spark import spark_conf
+from cdc.spark import job_spark_config, spark_conf
 
 
 def test_conf_wires_delta_and_utc():
@@ -33,6 +33,13 @@ def test_a_chosen_garbage_collector_comes_before_the_users_jvm_options_and_only_
     assert "spark.driver.extraJavaOptions" not in spark_conf(g1.model_copy(update={"garbage_collector": None}))
     cluster = local.model_copy(update={"master": "spark://cluster:7077"})
     assert spark_conf(cluster)["spark.driver.extraJavaOptions"] == "-XX:TieredStopAtLevel=1"
+
+
+def test_jobs_run_on_the_parallel_collector_unless_they_refine_continuously_or_one_is_chosen():
+    assert job_spark_config(SparkConfig(), refines_continuously=False).garbage_collector is GarbageCollector.PARALLEL
+    assert job_spark_config(SparkConfig(), refines_continuously=True).garbage_collector is None  # the JVM's G1
+    chosen = SparkConfig(garbage_collector=GarbageCollector.G1)
+    assert job_spark_config(chosen, refines_continuously=False) is chosen
 
 
 def test_user_conf_is_applied_last():

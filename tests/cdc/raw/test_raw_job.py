@@ -14,10 +14,10 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from cdc.config import GarbageCollector, SparkConfig, validate
+from cdc.config import validate
 from cdc.errors import OffsetGapError, TableError
 from cdc.raw.config import RawJobConfig
-from cdc.raw.job import raw_spark_config, run_raw_job
+from cdc.raw.job import run_raw_job
 from cdc.raw.rows import original_bytes
 from cdc.raw.table import checkpoint_location, gaps_table_location, is_delta_table, raw_table_location
 from cdc.stack.events import read_events
@@ -194,12 +194,6 @@ def jvm_command_line(group: int) -> list[str]:
         except (OSError, ProcessLookupError):
             continue  # a process that ended meanwhile
     raise AssertionError(f"no JVM in process group {group}")
-
-
-def test_cdc_raw_runs_on_the_parallel_collector_unless_one_is_set():
-    assert raw_spark_config(SparkConfig()).garbage_collector is GarbageCollector.PARALLEL
-    chosen = SparkConfig(garbage_collector=GarbageCollector.G1)
-    assert raw_spark_config(chosen) is chosen
 
 
 def reported_rows(printed: list[str], topic: str) -> int:
