@@ -1,6 +1,7 @@
 import pytest
 
 from cdc.cli import build_parser, main
+from cdc.config import GarbageCollector
 
 
 def test_every_command_has_help(capsys):
@@ -69,3 +70,27 @@ def test_after_a_stop_signal_py4j_failures_are_not_logged(caplog):
             signal.signal(signum, handler)
     assert [record.getMessage() for record in caplog.records] == [
         "Exception while sending command.", proxy_failure, "something else"]
+
+
+class _SessionAsked(Exception):
+    """What the test's stand-in for the session factory raises: the job stops before Spark starts."""
+
+
+@pytest.mark.parametrize(
+    ("argv", "collector"),
+    [
+        (["raw", "--topic", "t"], GarbageCollector.PARALLEL),
+        (["refine", "--table", "t", "--available-now"], GarbageCollector.PARALLEL),
+        (["refine", "--table", "t"], None),
+        (["sync", "--topic", "t", "--available-now"], GarbageCollector.PARALLEL),
+        (["sync", "--topic", "t"], None),
+    ],
+)
+def test_each_job_asks_for_its_garbage_collector(monkeypatch, tmp_path, argv, collector):
+    def session_asked(config):
+        raise _SessionAsked(config)
+
+    monkeypatch.setattr("cdc.spark.build_spark_session", session_asked)
+    with pytest.raises(_SessionAsked) as asked:
+        main([*argv, "--warehouse", str(tmp_path)])
+    assert asked.value.args[0].garbage_collector is collector
