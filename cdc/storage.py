@@ -41,6 +41,16 @@ class Storage:
             return []
         return sorted(status.getPath().getName() for status in fs.listStatus(path))
 
+    def file_names(self, location: str) -> list[str]:
+        """Names of the files under a folder, at any depth ([] when it does not exist)."""
+        fs, path = self._fs(location)
+        if not fs.exists(path):
+            return []
+        files, names = fs.listFiles(path, True), []
+        while files.hasNext():
+            names.append(files.next().getPath().getName())
+        return sorted(names)
+
     def read_text(self, location: str) -> str:
         fs, path = self._fs(location)
         stream = fs.open(path)

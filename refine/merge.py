@@ -25,8 +25,15 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, StructField, StructType
 
 from cdc.errors import TableError
-from cdc.raw.table import CHECKPOINT_PROPERTIES, KIND_PROPERTY, add_missing_properties, is_delta_table
+from cdc.raw.table import (
+    CHECKPOINT_PROPERTIES,
+    KIND_PROPERTY,
+    add_missing_properties,
+    clear_interrupted_creation,
+    is_delta_table,
+)
 from cdc.spark import helpers_available
+from cdc.storage import Storage
 from refine.envelope import Op
 from refine.flatten import POSITION, child_rows
 from refine.latest import at_or_after
@@ -71,6 +78,7 @@ def ensure_refined_table(spark: SparkSession, location: str, schema: StructType,
     """Create the table (Change Data Feed on, ``cdc.kind=kind``), or add the columns the source gained;
     refuse a column whose type changed."""
     if not is_delta_table(spark, location):
+        clear_interrupted_creation(Storage(spark), location)  # a job killed while creating it
         builder = (
             DeltaTable.createIfNotExists(spark).location(location).addColumns(schema)
             .property("delta.enableChangeDataFeed", "true").property(KIND_PROPERTY, kind)

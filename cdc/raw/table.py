@@ -19,6 +19,8 @@ so it is created with:
 
 from __future__ import annotations
 
+import re
+
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql.types import (
@@ -176,13 +178,31 @@ def create_raw_table(spark: SparkSession, location: str, topic: str) -> None:
                              topic=topic)  # fmt: skip
         add_missing_properties(spark, location, PARQUET_PROPERTIES | CHECKPOINT_PROPERTIES, properties)
         return
-    if Storage(spark).list_names(location):
+    storage = Storage(spark)
+    clear_interrupted_creation(storage, location)
+    if storage.list_names(location):
         raise TableError("the location holds files but no Delta table", table=location)
     builder = DeltaTable.createIfNotExists(spark).location(location).addColumns(RAW_SCHEMA)
     builder = builder.partitionedBy(PARTITION_COLUMN)
     for key, value in table_properties(topic).items():
         builder = builder.property(key, value)
     builder.execute()
+
+
+# A Delta log's versioned files (commits, checkpoints, checksums, staged commits) start with the
+# version's 20 digits; the temporary file of a commit being written does not.
+_VERSIONED_LOG_FILE = re.compile(r"^\d{20}\.")
+
+
+def clear_interrupted_creation(storage: Storage, location: str) -> None:
+    """Remove what a job killed while Delta created a table at ``location`` left there, when that
+    is all there is: a log folder without a single version (Delta makes the log's folders before its
+    first commit). Delta takes such a folder for a table's, and neither reads one nor creates one
+    over it ("doesn't exist"); no table was ever there. Called before a table is created."""
+    if storage.list_names(location) != ["_delta_log"]:
+        return
+    if not any(_VERSIONED_LOG_FILE.match(name) for name in storage.file_names(f"{location}/_delta_log")):
+        storage.delete(f"{location}/_delta_log")
 
 
 def has_landed_data(spark: SparkSession, location: str) -> bool:

@@ -10,7 +10,17 @@ from pyspark.testing import assertDataFrameEqual
 
 import refine.merge
 from cdc.raw.table import CHECKPOINT_PROPERTIES
-from refine.merge import AUTO_COMPACT_PROPERTY, COMMITTED_AT, LSN, OFFSET, OP, REFINED_AT, key_filter, merge_changes
+from refine.merge import (
+    AUTO_COMPACT_PROPERTY,
+    COMMITTED_AT,
+    LSN,
+    OFFSET,
+    OP,
+    REFINED_AT,
+    ensure_refined_table,
+    key_filter,
+    merge_changes,
+)
 
 KEYS = ["id", "region"]  # a composite key: the filter hashes the key's columns together
 ROW_TYPES = f"id int, region string, name string, {LSN} long, {OFFSET} long, {COMMITTED_AT} timestamp, {OP} string"
@@ -142,3 +152,10 @@ def test_a_refined_table_of_an_earlier_version_gets_compaction_and_checkpoint_se
         merge_changes(spark, location, changes(spark, [(2, "us", "two", 100, "c")]), KEYS, None)
         properties = DeltaTable.forPath(spark, location).detail().head().properties
         assert {key: properties.get(key) for key in defaults} == (defaults | own)
+
+
+def test_a_refined_table_whose_creation_was_cut_short_is_created(spark, tmp_path):
+    table = tmp_path / "refined"
+    (table / "_delta_log" / "_staged_commits").mkdir(parents=True)  # a kill -9 while Delta created it
+    ensure_refined_table(spark, str(table), spark.range(0).schema)
+    assert spark.read.format("delta").load(str(table)).columns == ["id"]

@@ -6,10 +6,19 @@ from datetime import datetime
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 from delta.tables import DeltaTable
 
+from cdc.errors import TableError
 from cdc.raw.rows import raw_rows
-from cdc.raw.table import CHECKPOINT_PROPERTIES, PARQUET_PROPERTIES, PAYLOAD_COLUMNS, create_raw_table, is_delta_table
+from cdc.raw.table import (
+    CHECKPOINT_PROPERTIES,
+    PARQUET_PROPERTIES,
+    PAYLOAD_COLUMNS,
+    create_raw_table,
+    is_delta_table,
+    raw_table_topic,
+)
 
 def append_records(kafka_records, table: str, first_offset: int, count: int) -> None:
     """``count`` records whose keys and values repeat (Parquet would keep them in a dictionary), one
@@ -95,3 +104,23 @@ def test_a_table_is_found_by_its_first_commit_or_after_log_cleanup_by_its_last_c
         (log / f"{version:020d}.json").unlink()
     assert is_delta_table(spark, table)
     assert spark.read.format("delta").load(table).count() == 11
+
+
+def test_a_creation_cut_short_is_finished_but_a_location_holding_data_or_versions_is_refused(spark, tmp_path):
+    interrupted = tmp_path / "interrupted"
+    # What a kill -9 while Delta created the table left: the log's folders, a commit's temporary file.
+    (interrupted / "_delta_log" / "_staged_commits").mkdir(parents=True)
+    (interrupted / "_delta_log" / f".{0:020d}.json.8c1f.tmp").write_text("{")
+    create_raw_table(spark, str(interrupted), "t")
+    assert raw_table_topic(spark, str(interrupted)) == "t"
+    assert spark.read.format("delta").load(str(interrupted)).count() == 0
+
+    data = tmp_path / "data"
+    (data / "_delta_log").mkdir(parents=True)
+    (data / "part-00000.parquet").write_bytes(b"PAR1")
+    versions = tmp_path / "versions"
+    (versions / "_delta_log").mkdir(parents=True)
+    (versions / "_delta_log" / f"{1:020d}.json").write_text("{}")
+    for location in (data, versions):
+        with pytest.raises(TableError, match="the location holds files but no Delta table"):
+            create_raw_table(spark, str(location), "t")
