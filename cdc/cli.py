@@ -113,10 +113,16 @@ def _trigger(args: argparse.Namespace) -> dict[str, object]:
     return {"kind": "continuous", "interval_s": args.trigger_interval or 2.0}
 
 
+def _job_session(settings: Settings, *, refines_continuously: bool):
+    """The Spark session a landing or refining job runs in (see :func:`cdc.spark.job_spark_config`)."""
+    from cdc.spark import build_spark_session, job_spark_config
+
+    return build_spark_session(job_spark_config(settings.spark, refines_continuously=refines_continuously))
+
+
 def raw(args: argparse.Namespace, settings: Settings) -> int:
     from cdc.raw.config import RawJobConfig
     from cdc.raw.job import run_raw_job
-    from cdc.spark import build_spark_session, job_spark_config
 
     options = {
         "warehouse": settings.warehouse, "trigger": _trigger(args), "kafka": kafka_settings(settings),
@@ -132,13 +138,12 @@ def raw(args: argparse.Namespace, settings: Settings) -> int:
         topics = {"kind": "topics", "topics": args.topics} if args.topics else {"kind": "pattern", "pattern": args.pattern}
         config = validate(RawJobConfig, {**options, "topics": topics, "on_gap": options["on_gap"] or "fail"},
                           "raw job settings")  # fmt: skip
-    spark = build_spark_session(job_spark_config(settings.spark, refines_continuously=False))
+    spark = _job_session(settings, refines_continuously=False)
     run_raw_job(spark, config, stop=_stop_on_signals())
     return 0
 
 
 def refine(args: argparse.Namespace, settings: Settings) -> int:
-    from cdc.spark import build_spark_session, job_spark_config
     from refine.job import RefineJobConfig, run_refine_job
 
     if args.reinfer_schema and not args.pipeline:
@@ -150,19 +155,18 @@ def refine(args: argparse.Namespace, settings: Settings) -> int:
         pipeline = load_pipeline(args.pipeline)  # checked before Spark starts
         config = validate(PipelineRefineConfig, {"warehouse": settings.warehouse, "trigger": _trigger(args),
                                                  "reinfer_schema": args.reinfer_schema}, "refine job settings")
-        spark = build_spark_session(job_spark_config(settings.spark, refines_continuously=not args.available_now))
+        spark = _job_session(settings, refines_continuously=not args.available_now)
         run_pipeline_refine(spark, pipeline, config, stop=_stop_on_signals())
         return 0
     columns = dict(column.partition("=")[::2] for column in args.column or ())
     config = validate(RefineJobConfig, {"table": args.table, "warehouse": settings.warehouse, "columns": columns or None,
                                         "key": args.key, "trigger": _trigger(args)}, "refine job settings")  # fmt: skip
-    spark = build_spark_session(job_spark_config(settings.spark, refines_continuously=not args.available_now))
+    spark = _job_session(settings, refines_continuously=not args.available_now)
     run_refine_job(spark, config, stop=_stop_on_signals())
     return 0
 
 
 def sync(args: argparse.Namespace, settings: Settings) -> int:
-    from cdc.spark import build_spark_session, job_spark_config
     from cdc.sync import SyncJobConfig, run_sync_job
 
     run = {"warehouse": settings.warehouse, "trigger": _trigger(args)}
@@ -179,7 +183,7 @@ def sync(args: argparse.Namespace, settings: Settings) -> int:
         document = {"raw": {**raw, "topics": topics, "on_gap": raw["on_gap"] or "fail"},
                     "refine": {"kind": "topics", "jobs": [{**run, "table": topic} for topic in args.topics]}}  # fmt: skip
     config = validate(SyncJobConfig, document, "sync job settings")
-    spark = build_spark_session(job_spark_config(settings.spark, refines_continuously=not args.available_now))
+    spark = _job_session(settings, refines_continuously=not args.available_now)
     run_sync_job(spark, config, stop=_stop_on_signals())
     return 0
 
