@@ -15,9 +15,16 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
 from cdc.errors import CdcError
+from cdc.raw.table import clear_interrupted_creation
+from cdc.storage import Storage
 
 CONFLICT_RETRIES = 5
+# A shared table's log that has stayed without a version this long was left by a killed job: a
+# creation under way commits its first version within a second or two.
+ABANDONED_CREATION_SECONDS = 30.0
 T = TypeVar("T")
+
+_tables_seen: set[str] = set()  # shared tables this process has found or created: no more checks
 
 
 # Delta's error conditions for a commit refused because another writer committed first, or was
@@ -98,7 +105,12 @@ def merge_into_shared_table(
     """
 
     def create_and_merge() -> None:
+        if location not in _tables_seen:
+            # An earlier job killed while it created the table may have left a log without a version,
+            # over which Delta creates nothing; another stream may be creating the table right now.
+            clear_interrupted_creation(Storage(spark), location, abandoned_after=ABANDONED_CREATION_SECONDS)
         DeltaTable.createIfNotExists(spark).location(location).addColumns(schema).execute()
+        _tables_seen.add(location)
         merge(DeltaTable.forPath(spark, location)).execute()
 
     retrying_conflicts(create_and_merge)

@@ -51,6 +51,20 @@ class Storage:
             names.append(files.next().getPath().getName())
         return sorted(names)
 
+    def last_modified(self, location: str) -> float:
+        """When anything at ``location`` (the folder itself, or a file or folder at any depth) last
+        changed, in seconds since the epoch (0 when nothing is there)."""
+        fs, path = self._fs(location)
+        if not fs.exists(path):
+            return 0.0
+        newest, folders = 0, [fs.getFileStatus(path)]
+        while folders:
+            status = folders.pop()
+            newest = max(newest, status.getModificationTime())
+            if status.isDirectory():
+                folders.extend(fs.listStatus(status.getPath()))
+        return newest / 1000
+
     def read_text(self, location: str) -> str:
         fs, path = self._fs(location)
         stream = fs.open(path)

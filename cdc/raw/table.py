@@ -20,6 +20,7 @@ so it is created with:
 from __future__ import annotations
 
 import re
+import time
 
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
@@ -194,15 +195,24 @@ def create_raw_table(spark: SparkSession, location: str, topic: str) -> None:
 _VERSIONED_LOG_FILE = re.compile(r"^\d{20}\.")
 
 
-def clear_interrupted_creation(storage: Storage, location: str) -> None:
+def clear_interrupted_creation(storage: Storage, location: str, *, abandoned_after: float = 0.0) -> None:
     """Remove what a job killed while Delta created a table at ``location`` left there, when that
     is all there is: a log folder without a single version (Delta makes the log's folders before its
     first commit). Delta takes such a folder for a table's, and neither reads one nor creates one
-    over it ("doesn't exist"); no table was ever there. Called before a table is created."""
-    if storage.list_names(location) != ["_delta_log"]:
-        return
-    if not any(_VERSIONED_LOG_FILE.match(name) for name in storage.file_names(f"{location}/_delta_log")):
-        storage.delete(f"{location}/_delta_log")
+    over it ("doesn't exist"); no table was ever there. Called before a table is created.
+
+    A table that other streams or jobs may be creating at this very moment (a shared table) passes
+    ``abandoned_after``: its versionless log is removed only once nothing in it has changed for that
+    many seconds, and this returns as soon as a version appears there (the other writer's table)."""
+    log = f"{location}/_delta_log"
+    while storage.list_names(location) == ["_delta_log"] and not any(
+        _VERSIONED_LOG_FILE.match(name) for name in storage.file_names(log)
+    ):
+        unchanged_for = time.time() - storage.last_modified(log)
+        if unchanged_for >= abandoned_after:
+            storage.delete(log)
+            return
+        time.sleep(min(0.2, abandoned_after - unchanged_for))  # a creation under way commits within seconds
 
 
 def has_landed_data(spark: SparkSession, location: str) -> bool:

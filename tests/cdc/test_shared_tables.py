@@ -1,6 +1,9 @@
 """Shared tables (raw gaps, quarantine, expectation counts) written by several streams at once."""
 
+import os
+import shutil
 import threading
+import time
 
 from delta.tables import DeltaTable
 from py4j.protocol import Py4JJavaError
@@ -93,6 +96,53 @@ def test_a_table_another_stream_is_still_creating_is_a_conflict(spark, tmp_path)
         assert shared_tables.is_conflict(error), f"{shared_tables.condition_of(error)}: {error!r}"
     else:
         raise AssertionError("a folder with an empty log was read as a Delta table")
+
+
+def insert_row(name: str, batch: int):
+    def merge(table: DeltaTable):
+        rows = table.toDF().sparkSession.createDataFrame([(name, batch)], SCHEMA)
+        return table.alias("t").merge(rows.alias("s"), "t.stream = s.stream").whenNotMatchedInsertAll()
+
+    return merge
+
+
+def leave_interrupted_creation(location) -> None:
+    """What a job killed while Delta created a table leaves: the log's folders, a commit's temporary file."""
+    (location / "_delta_log" / "_staged_commits").mkdir(parents=True)
+    (location / "_delta_log" / f".{0:020d}.json.8c1f.tmp").write_text("{")
+
+
+def test_a_shared_table_whose_creation_a_killed_job_left_unfinished_is_created(spark, tmp_path):
+    location = tmp_path / "quarantine"
+    leave_interrupted_creation(location)
+    killed_at = time.time() - shared_tables.ABANDONED_CREATION_SECONDS - 1
+    for entry in [location / "_delta_log", *(location / "_delta_log").rglob("*")]:
+        os.utime(entry, (killed_at, killed_at))
+    merge_into_shared_table(spark, str(location), SCHEMA, insert_row("s", 1))
+    assertDataFrameEqual(spark.read.format("delta").load(str(location)), spark.createDataFrame([("s", 1)], SCHEMA))
+
+
+def test_a_shared_table_another_writer_is_creating_is_waited_for_not_cleared(spark, tmp_path):
+    """A log without a version that changed a moment ago may be another job's creation under way:
+    its first commit is awaited, and the table it creates is the one merged into."""
+    other = tmp_path / "other"
+    DeltaTable.createIfNotExists(spark).location(str(other)).addColumns(SCHEMA).execute()
+    other_table_id = DeltaTable.forPath(spark, str(other)).detail().head()["id"]
+    location = tmp_path / "shared"
+    leave_interrupted_creation(location)
+
+    def commit_first_version() -> None:  # as the other writer does, a moment later
+        time.sleep(1)
+        shutil.copy(other / "_delta_log" / f"{0:020d}.json", location / "_delta_log" / f"{0:020d}.json")
+
+    creating = threading.Thread(target=commit_first_version)
+    creating.start()
+    try:
+        merge_into_shared_table(spark, str(location), SCHEMA, insert_row("s", 1))
+    finally:
+        creating.join()
+    assert DeltaTable.forPath(spark, str(location)).detail().head()["id"] == other_table_id
+    assertDataFrameEqual(spark.read.format("delta").load(str(location)), spark.createDataFrame([("s", 1)], SCHEMA))
 
 
 def test_a_merge_refused_by_a_concurrent_optimize_runs_again(spark, tmp_path):
