@@ -124,7 +124,7 @@ def parse_flattened(
         F.when(F.col("op") == Op.DELETE.value, image),
         F.when(F.col("op") != Op.DELETE.value, image),
         F.when(F.col("value").isNull(), tombstone_lsn).otherwise(lsn),
-        F.lit(None).cast("long"),
+        F.lit(None).cast("long"),  # only keyless refinement reads it, and it needs the envelope's before
         F.timestamp_millis(F.col("metadata.__source_ts_ms")),
         problem,
     ))  # fmt: skip

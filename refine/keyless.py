@@ -9,10 +9,18 @@ delete of equal rows commute), and the MERGE adds copies n+1..n+k or removes the
 
 Adding and removing copies is not idempotent by itself, so each change must apply exactly once:
 
-- the side table ``<warehouse>/_cdc/applied/<topic>`` keeps the position (LSN, Kafka offset) of the
-  last change applied and a batch counter; changes at or before it are left out. Every streamed
-  change has an LSN of its own, so a replayed copy (same LSN, later offset) is recognised; snapshot
-  reads share one LSN and are told apart by offset (a copy of a snapshot read is not recognised);
+- the side table ``<warehouse>/_cdc/applied/<topic>`` keeps the stream position of the last change
+  applied and a batch counter; changes at or before it are left out. The stream position is not the
+  change's LSN: Postgres writes the changes of concurrent transactions to its log interleaved, and
+  Debezium streams each transaction whole when it commits, so a transaction that wrote first and
+  committed last comes later with lower LSNs. It is (the LSN of the last commit streamed before the
+  change's transaction, from ``source.sequence``; the LSN itself, then the Kafka offset), which grows
+  as Debezium streams. Every streamed change has an LSN of its own, so a replayed copy (same position
+  but a later offset) is recognised; snapshot reads share one LSN and are told apart by offset (a copy
+  of a snapshot read is not recognised). Before the connector's first commit Debezium gives no last
+  commit, and the change's own LSN stands in: so a first transaction that began before the snapshot
+  and is refined in a later batch than it would be taken for a replay (not seen so far, and one
+  transaction in a connector's life);
 - the MERGE is committed with Delta's idempotent-DML settings (``txnAppId``/``txnVersion`` = the
   next batch counter): after a crash between the MERGE and the side table's update, the replayed
   batch's MERGE is skipped by Delta and only the side table is written.
@@ -27,44 +35,60 @@ from pyspark.sql.types import StructField, StructType
 
 from cdc.raw.table import is_delta_table
 from refine.envelope import Op
-from refine.latest import POSITION_COLUMNS, at_or_after
+from refine.latest import at_or_after
 from refine.merge import COMMITTED_AT, LSN, OFFSET, OP, REFINED_AT, ensure_refined_table
 from refine.toast import replace_placeholders
 
 ROW_HASH, COPY = "_cdc_row_hash", "_cdc_copy"
 TXN_APP_ID = "cdc-refine-keyless"
+STREAM_COMMIT = "_stream_commit"  # the first part of a change's stream position
+
+
+def stream_position() -> list[Column]:
+    """Where a parsed change came in Debezium's stream: (last commit LSN, or the change's own LSN
+    before the connector's first commit; LSN; Kafka offset)."""
+    return [F.coalesce("source_last_commit_lsn", "source_lsn"), F.col("source_lsn"), F.col("kafka_offset")]
 
 
 def applied_location(warehouse: str, topic: str) -> str:
     return f"{warehouse}/_cdc/applied/{topic}"
 
 
-def read_applied(spark: SparkSession, location: str) -> tuple[int, int, int] | None:
-    """(LSN, Kafka offset, batch counter) of the last applied change, or None."""
+def read_applied(spark: SparkSession, location: str) -> tuple[int | None, int, int, int] | None:
+    """(stream position: last commit LSN, LSN, Kafka offset; batch counter) of the last applied change,
+    or None. A side table written before the stream position existed has no last commit LSN (None)."""
     if not is_delta_table(spark, location):
         return None
     rows = spark.read.format("delta").load(location).collect()  # one row
-    return (rows[0].lsn, rows[0].offset, rows[0].version) if rows else None
+    if not rows:
+        return None
+    row = rows[0].asDict()
+    return row.get("commit_lsn"), row["lsn"], row["offset"], row["version"]
 
 
-def write_applied(spark: SparkSession, location: str, lsn: int, offset: int, version: int) -> None:
-    spark.createDataFrame([(lsn, offset, version)], "lsn long, offset long, version long").withColumn(
-        "updated_at", F.current_timestamp()
-    ).write.format("delta").mode("overwrite").save(location)
+def write_applied(spark: SparkSession, location: str, commit_lsn: int, lsn: int, offset: int, version: int) -> None:
+    mark = spark.createDataFrame([(commit_lsn, lsn, offset, version)], "commit_lsn long, lsn long, offset long, version long")
+    # overwriteSchema: a side table of an earlier version lacks commit_lsn.
+    mark.withColumn("updated_at", F.current_timestamp()).write.format("delta").mode("overwrite").option(
+        "overwriteSchema", "true").save(location)  # fmt: skip
 
 
-def unapplied(changes: DataFrame, applied: tuple[int, int, int] | None) -> DataFrame:
-    """The batch's changes after ``applied``, each once (copies share an LSN; snapshot reads do not
-    count as copies of each other)."""
-    lsn, offset = (F.col(c) for c in POSITION_COLUMNS)
+def unapplied(changes: DataFrame, applied: tuple[int | None, int, int, int] | None) -> DataFrame:
+    """The batch's changes after ``applied`` in the stream, each once (copies share an LSN; snapshot
+    reads do not count as copies of each other)."""
+    commit, lsn, offset = stream_position()
     rows = changes.where(F.col("op").isin(Op.READ.value, Op.CREATE.value, Op.UPDATE.value, Op.DELETE.value,
                                           Op.TRUNCATE.value))  # fmt: skip
     is_read = F.col("op") == Op.READ.value
     if applied is not None:
-        last_lsn, last_offset, _ = applied
-        read_after = ~at_or_after([F.lit(last_lsn), F.lit(last_offset)], [lsn, offset])
-        rows = rows.where(F.when(is_read, read_after).otherwise(lsn > last_lsn))
+        last_commit, last_lsn, last_offset, _ = applied
+        # A mark written before the stream position existed has LSN and offset only: compared as then.
+        streamed, streamed_mark = ([commit, lsn], [last_commit, last_lsn]) if last_commit is not None else ([lsn], [last_lsn])
+        read_after = ~at_or_after([F.lit(v) for v in (*streamed_mark, last_offset)], [*streamed, offset])
+        streamed_after = ~at_or_after([F.lit(v) for v in streamed_mark], streamed)
+        rows = rows.where(F.when(is_read, read_after).otherwise(streamed_after))
     change = Window.partitionBy(lsn, F.when(is_read, offset)).orderBy(offset)
+    rows = rows.withColumn(STREAM_COMMIT, commit)
     return rows.withColumn("_copy", F.row_number().over(change)).where("_copy = 1").drop("_copy")
 
 
@@ -75,9 +99,8 @@ def _hashed(image: Column) -> Column:
 def net_changes(rows: DataFrame, columns: list[str]) -> DataFrame:
     """Per row image, how many copies the changes add (``net`` < 0: remove), with the image and the
     metadata of its last addition."""
-    lsn, offset = POSITION_COLUMNS
-    meta = [F.col(lsn).alias(LSN), F.col(offset).alias(OFFSET), F.col("source_committed_at").alias(COMMITTED_AT),
-            F.col("op").alias(OP)]  # fmt: skip
+    meta = [F.col("source_lsn").alias(LSN), F.col("kafka_offset").alias(OFFSET),
+            F.col("source_committed_at").alias(COMMITTED_AT), F.col("op").alias(OP), STREAM_COMMIT]  # fmt: skip
     added = rows.where(F.col("op").isin(Op.READ.value, Op.CREATE.value, Op.UPDATE.value)).select(
         # Under REPLICA IDENTITY FULL the old row is whole: it has the values an update left TOASTed.
         replace_placeholders(F.col("after"), F.col("before"), rows.schema["after"].dataType).alias("image"),
@@ -87,7 +110,7 @@ def net_changes(rows: DataFrame, columns: list[str]) -> DataFrame:
         F.col("before").alias("image"), F.lit(-1).alias("delta"), *meta
     )
     changes = added.unionByName(removed).withColumn(ROW_HASH, _hashed(F.col("image")))
-    position = F.when(F.col("delta") > 0, F.struct(LSN, OFFSET))
+    position = F.when(F.col("delta") > 0, F.struct(STREAM_COMMIT, LSN, OFFSET))
     last_added = F.max_by(F.struct("image", LSN, OFFSET, COMMITTED_AT, OP), position)
     nets = changes.groupBy(ROW_HASH).agg(F.sum("delta").alias("net"), last_added.alias("last"))
     return nets.where("net <> 0").select(
@@ -144,17 +167,17 @@ def merge_keyless_changes(spark: SparkSession, location: str, applied_at: str, c
     applied = read_applied(spark, applied_at)
     rows = unapplied(changes, applied).persist()
     try:
-        position = F.struct(*[F.col(c) for c in POSITION_COLUMNS])
+        position = F.struct(*stream_position())
         [mark] = rows.agg(F.max(position).alias("last"),
                           F.max(F.when(F.col("op") == Op.TRUNCATE.value, position)).alias("truncate")).collect()  # fmt: skip
         if mark.last is None:
             return  # nothing new: replayed changes only
         existing, counted = None, rows
         if mark.truncate is not None:  # the table's rows go: only the changes after the truncate count
-            counted = rows.where(at_or_after([F.col(c) for c in POSITION_COLUMNS], [F.lit(v) for v in mark.truncate]))
+            counted = rows.where(at_or_after(stream_position(), [F.lit(v) for v in mark.truncate]))
         elif is_delta_table(spark, location):
             existing = spark.read.format("delta").load(location)
-        version = (applied[2] if applied else 0) + 1
+        version = (applied[-1] if applied else 0) + 1
         merge_keyless(spark, location, copies(net_changes(counted, columns), existing, columns),
                       mark.truncate is not None, version)  # fmt: skip
         write_applied(spark, applied_at, *mark.last, version)

@@ -174,17 +174,22 @@ def decoding_problems(problem: Column, raw: str, decoded: str, row_schema: Conne
 
 
 def change_columns(
-    before: Column, after: Column, source_lsn: Column, source_tx_id: Column, committed_at: Column, problem: Column
+    before: Column, after: Column, source_lsn: Column, last_commit_lsn: Column, committed_at: Column, problem: Column
 ) -> list[Column | str]:
     """The columns of a parsed change, in order, from a frame that has ``op``, ``key``, ``value``
-    and :func:`record_columns`: what every parser of Postgres changes returns."""
+    and :func:`record_columns`: what every parser of Postgres changes returns.
+
+    ``last_commit_lsn`` is the LSN of the last commit Debezium streamed before the change's transaction
+    (the first LSN of ``source.sequence``; null before the connector's first commit, and where the
+    form carries none). Debezium streams transactions in commit order, so it orders changes of different
+    transactions as they were streamed, where their own LSNs interleave (see :mod:`refine.keyless`)."""
     return [
         "op",
         "key",
         before.alias("before"),
         after.alias("after"),
         source_lsn.alias("source_lsn"),
-        source_tx_id.alias("source_tx_id"),
+        last_commit_lsn.alias("source_last_commit_lsn"),
         committed_at.alias("source_committed_at"),
         "kafka_partition",
         "kafka_offset",
@@ -192,6 +197,15 @@ def change_columns(
         problem.alias("problem"),
         F.col("value").alias("raw_value"),
     ]
+
+
+def last_commit_lsn(envelope_schema: ConnectSchema) -> Column:
+    """The first LSN of Debezium's ``source.sequence``, the JSON text ``["<last commit LSN>","<LSN>"]``
+    (null where the envelope's schema has no ``sequence``, as before Debezium 1.4)."""
+    source = envelope_schema.field_named("source")
+    if not any(field.field == "sequence" for field in source.fields or ()):
+        return F.lit(None).cast("long")
+    return F.get_json_object(F.col("envelope.source.sequence"), "$[0]").try_cast("long")  # JSON null: text null
 
 
 class ChangeParser:
@@ -238,7 +252,7 @@ class ChangeParser:
         for image in ("before", "after"):
             problem = decoding_problems(problem, f"envelope.{image}", image, row_schema, f"{image}.")
         self._changes = change_columns(
-            F.col("before"), F.col("after"), F.col("envelope.source.lsn"), F.col("envelope.source.txId"),
+            F.col("before"), F.col("after"), F.col("envelope.source.lsn"), last_commit_lsn(value_schema),
             F.timestamp_millis(F.col("envelope.source.ts_ms")), problem,
         )  # fmt: skip
 
