@@ -38,6 +38,7 @@ from cdc.errors import ConfigError
 from refine.envelope import Op
 from refine.latest import at_or_after
 from refine.merge import COMMITTED_AT, OP, ensure_refined_table
+from refine.toast import ValueTest
 
 VALID_FROM, VALID_TO, IS_CURRENT, IS_DELETED = "_cdc_valid_from", "_cdc_valid_to", "_cdc_is_current", "_cdc_is_deleted"
 HISTORY_COLUMNS = (VALID_FROM, VALID_TO, IS_CURRENT, IS_DELETED)
@@ -121,15 +122,15 @@ def arriving_versions(changes: DataFrame, spec: HistorySpec) -> DataFrame:
 
 
 def history_updates(
-    existing: DataFrame, arriving: DataFrame, spec: HistorySpec, unchanged: dict[str, Column] | None = None
+    existing: DataFrame, arriving: DataFrame, spec: HistorySpec, unchanged: dict[str, ValueTest] | None = None
 ) -> DataFrame:
     """The rows to MERGE into the history table (pure): arriving versions it does not hold yet, and
     held versions whose validity changes, each with its ``_cdc_valid_to`` and ``_cdc_is_current``.
 
     ``existing`` is the history table's versions of the arriving keys (all of them: a late change's
-    neighbours can be anywhere in the key's history). ``unchanged`` maps columns to the value that
-    means "as in the previous version" (Debezium's TOAST placeholder): an arriving version holding
-    it takes the key's previous value of the column instead."""
+    neighbours can be anywhere in the key's history). ``unchanged`` maps columns to a test of the
+    values that mean "as in the previous version" (Debezium's TOAST placeholder): an arriving version
+    holding one takes the key's previous value of the column instead."""
     fresh = arriving.join(existing.select(*spec.version_columns), spec.version_columns, "left_anti")
     timeline = existing.withColumns(
         {"_held": F.lit(True), "_held_to": F.col(VALID_TO), "_held_current": F.col(IS_CURRENT)}
@@ -137,14 +138,15 @@ def history_updates(
     order = Window.partitionBy(*spec.key_columns).orderBy(*spec.position_columns)
     so_far = order.rowsBetween(Window.unboundedPreceding, Window.currentRow)
 
-    def last_value(name: str, marker: Column) -> Column:
-        """The key's last value of the column that is not the marker (a real NULL counts: it is
-        wrapped in a struct); the marker itself when there is none."""
+    def last_value(name: str, is_unchanged: ValueTest) -> Column:
+        """The key's last value of the column that is not "unchanged" (a real NULL counts: it is
+        wrapped in a struct); the value itself when there is none."""
         value = F.col(f"`{name}`")
-        found = F.last(F.when(~value.eqNullSafe(marker), F.struct(value.alias("v"))), ignorenulls=True).over(so_far)
+        real = ~F.coalesce(is_unchanged(value), F.lit(False))
+        found = F.last(F.when(real, F.struct(value.alias("v"))), ignorenulls=True).over(so_far)
         return F.when(found.isNotNull(), found["v"]).otherwise(value)
 
-    timeline = timeline.withColumns({name: last_value(name, marker) for name, marker in (unchanged or {}).items()})
+    timeline = timeline.withColumns({name: last_value(name, test) for name, test in (unchanged or {}).items()})
     is_last = F.lead(F.lit(True)).over(order).isNull()
     deleted = F.col(IS_DELETED)
     updated = timeline.withColumns({
@@ -175,7 +177,7 @@ def closing_versions(history: DataFrame, spec: HistorySpec, columns: StructType,
 
 
 def apply_history(
-    spark: SparkSession, location: str, changes: DataFrame, spec: HistorySpec, unchanged: dict[str, Column] | None = None
+    spark: SparkSession, location: str, changes: DataFrame, spec: HistorySpec, unchanged: dict[str, ValueTest] | None = None
 ) -> None:
     """MERGE a batch of changes into the history table at ``location`` (created on first use, with
     Change Data Feed on and ``cdc.kind=history``; columns the changes gained are added); ``unchanged``

@@ -58,7 +58,7 @@ from refine.history import (
     debezium_versions,
 )
 from refine.merge import COMMITTED_AT, OP, REFINED_AT, SOURCE_POSITION, merge_changes, refined_rows, refresh_children
-from refine.toast import has_placeholder, placeholder
+from refine.toast import has_placeholder, placeholder_test
 from refine.mongo import is_mongo, refine_mongo_batch
 from refine.parse import OTHER_SCHEMA, first_wrapper_schemas, parse_changes, record_columns, wrapper_schemas
 from refine.quarantine import quarantine, quarantine_location
@@ -391,7 +391,7 @@ class RefineBatch:
         row_changes = changes.where(F.col("op").isin(Op.READ.value, Op.CREATE.value, Op.UPDATE.value, Op.DELETE.value))
         versions = debezium_versions(refined_rows(row_changes, columns))
         versions = self.rules.passing_versions(versions, F.col(CHANGE) == ChangeOp.DELETE.value)
-        unchanged = {f.name: marker for f in versions.schema if f.name in columns and (marker := placeholder(f.dataType)) is not None}
+        unchanged = {f.name: test for f in versions.schema if f.name in columns and (test := placeholder_test(f.dataType)) is not None}
         location = self._history_location()
         position = [F.col(c) for c in SOURCE_POSITION]
         # The batch's truncates, in order: a handful of positions, not data.

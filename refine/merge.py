@@ -37,7 +37,7 @@ from cdc.storage import Storage
 from refine.envelope import Op
 from refine.flatten import POSITION, child_rows
 from refine.latest import at_or_after
-from refine.toast import placeholder
+from refine.toast import placeholder_test
 
 LSN, OFFSET, COMMITTED_AT, OP, REFINED_AT = "_cdc_lsn", "_cdc_offset", "_cdc_committed_at", "_cdc_op", "_cdc_refined_at"
 METADATA_COLUMNS = (LSN, OFFSET, COMMITTED_AT, OP, REFINED_AT)
@@ -130,9 +130,9 @@ def merge_changes(
     for field in rows.schema:
         source = F.col(f"s.`{field.name}`")
         # A TOAST placeholder keeps the value the row has.
-        marker = placeholder(field.dataType)
+        is_placeholder = placeholder_test(field.dataType)
         updates[f"`{field.name}`"] = (
-            source if marker is None else F.when(source == marker, F.col(f"t.`{field.name}`")).otherwise(source)
+            source if is_placeholder is None else F.when(is_placeholder(source), F.col(f"t.`{field.name}`")).otherwise(source)
         )
     condition = reduce(Column.__and__, [F.col(f"t.`{key}`") == F.col(f"s.`{key}`") for key in key_columns])
     # Not with a truncate: its clause reads every row the batch does not match, so none can be dropped.
