@@ -80,6 +80,11 @@ def test_variable_scale_decimal(spark, decimals_decoded_by):
     # '+zTR' is what the stack's connector sent for credit_limit -3.14159.
     values = [{"scale": 5, "value": "+zTR"}, {"scale": 0, "value": two_complement(42)}, None]
     assert decoded(spark, schema, values) == [Decimal("-3.14159"), Decimal(42), None]
+    # More than the 18 fractional digits decimal(38,18) holds: exact when the digits beyond are zeros,
+    # else undecodable (quarantined), never rounded.
+    finer = [{"scale": 20, "value": two_complement(100)}, {"scale": 20, "value": two_complement(123)},
+             {"scale": 19, "value": two_complement(-5)}]  # fmt: skip
+    assert decoded(spark, schema, finer) == [Decimal("0.000000000000000001"), None, None]
 
 
 def test_a_decimal_that_is_not_base64_or_does_not_fit_is_undecodable(spark, decimals_decoded_by):
