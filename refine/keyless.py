@@ -41,13 +41,10 @@ from refine.toast import replace_placeholders
 
 ROW_HASH, COPY = "_cdc_row_hash", "_cdc_copy"
 TXN_APP_ID = "cdc-refine-keyless"
-STREAM_COMMIT = "_stream_commit"  # the first part of a change's stream position
-
-
-def stream_position() -> list[Column]:
-    """Where a parsed change came in Debezium's stream: (last commit LSN, or the change's own LSN
-    before the connector's first commit; LSN; Kafka offset)."""
-    return [F.coalesce("source_last_commit_lsn", "source_lsn"), F.col("source_lsn"), F.col("kafka_offset")]
+# Where a change came in Debezium's stream: the last commit LSN (or the change's own LSN before the
+# connector's first commit: :func:`unapplied` adds it as STREAM_COMMIT), its LSN, its Kafka offset.
+STREAM_COMMIT = "_stream_commit"
+STREAM_POSITION = (STREAM_COMMIT, "source_lsn", "kafka_offset")
 
 
 def applied_location(warehouse: str, topic: str) -> str:
@@ -76,9 +73,10 @@ def write_applied(spark: SparkSession, location: str, commit_lsn: int, lsn: int,
 def unapplied(changes: DataFrame, applied: tuple[int | None, int, int, int] | None) -> DataFrame:
     """The batch's changes after ``applied`` in the stream, each once (copies share an LSN; snapshot
     reads do not count as copies of each other)."""
-    commit, lsn, offset = stream_position()
+    commit, lsn, offset = (F.col(c) for c in STREAM_POSITION)
     rows = changes.where(F.col("op").isin(Op.READ.value, Op.CREATE.value, Op.UPDATE.value, Op.DELETE.value,
                                           Op.TRUNCATE.value))  # fmt: skip
+    rows = rows.withColumn(STREAM_COMMIT, F.coalesce("source_last_commit_lsn", "source_lsn"))
     is_read = F.col("op") == Op.READ.value
     if applied is not None:
         last_commit, last_lsn, last_offset, _ = applied
@@ -88,7 +86,6 @@ def unapplied(changes: DataFrame, applied: tuple[int | None, int, int, int] | No
         streamed_after = ~at_or_after([F.lit(v) for v in streamed_mark], streamed)
         rows = rows.where(F.when(is_read, read_after).otherwise(streamed_after))
     change = Window.partitionBy(lsn, F.when(is_read, offset)).orderBy(offset)
-    rows = rows.withColumn(STREAM_COMMIT, commit)
     return rows.withColumn("_copy", F.row_number().over(change)).where("_copy = 1").drop("_copy")
 
 
@@ -167,14 +164,14 @@ def merge_keyless_changes(spark: SparkSession, location: str, applied_at: str, c
     applied = read_applied(spark, applied_at)
     rows = unapplied(changes, applied).persist()
     try:
-        position = F.struct(*stream_position())
+        position = F.struct(*STREAM_POSITION)
         [mark] = rows.agg(F.max(position).alias("last"),
                           F.max(F.when(F.col("op") == Op.TRUNCATE.value, position)).alias("truncate")).collect()  # fmt: skip
         if mark.last is None:
             return  # nothing new: replayed changes only
         existing, counted = None, rows
         if mark.truncate is not None:  # the table's rows go: only the changes after the truncate count
-            counted = rows.where(at_or_after(stream_position(), [F.lit(v) for v in mark.truncate]))
+            counted = rows.where(at_or_after([F.col(c) for c in STREAM_POSITION], [F.lit(v) for v in mark.truncate]))
         elif is_delta_table(spark, location):
             existing = spark.read.format("delta").load(location)
         version = (applied[-1] if applied else 0) + 1

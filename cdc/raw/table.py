@@ -208,7 +208,7 @@ def clear_interrupted_creation(storage: Storage, location: str, *, abandoned_aft
     while storage.list_names(location) == ["_delta_log"] and not any(
         _VERSIONED_LOG_FILE.match(name) for name in storage.file_names(log)
     ):
-        unchanged_for = time.time() - storage.last_modified(log)
+        unchanged_for = time.time() - storage.last_modified(log) if abandoned_after > 0 else 0.0
         if unchanged_for >= abandoned_after:
             storage.delete(log)
             return
