@@ -11,6 +11,9 @@ For each refined-table size it builds, in a fresh warehouse:
   --available-now`` in one run: changes/s. The updated rows are random over the whole table
   (``--updates uniform``, the default) or over its newest 5% (``--updates recent``: the rows a
   workload keeps changing, such as this week's orders);
+- the floor Delta's MERGE sets: the same kind of CHANGES, decoded beforehand into a Delta table (their
+  last change per key), applied by Delta's own MERGE alone (matched: update all, else insert; no
+  position guards, no quarantine, no key filter): changes/s of that MERGE;
 - then ROUNDS more raw appends of BATCH changes each, each refined by its own run: the wall time of
   the run and the MERGE's own time from the Delta history;
 - the naive approach on the same table: every batch applied by a full outer join of the whole
@@ -33,6 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from delta.tables import DeltaTable  # noqa: E402
 from pyspark.sql import DataFrame, SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
@@ -180,6 +184,28 @@ def last_merge_ms(spark: SparkSession, location: str) -> float:
     return float(history.operationMetrics["executionTimeMs"])
 
 
+def decoded_batch(spark: SparkSession, warehouse: str, size: int, first: int, count: int, updated: str) -> str:
+    """Location of a Delta table holding ``count`` changes (from change number ``first``) as refined
+    rows: their last change per key, decoded as refine decodes them."""
+    scratch, location = f"{warehouse}/decoded_raw_{first}", f"{warehouse}/decoded_{first}"
+    create_raw_table(spark, scratch, TOPIC)
+    append_raw_changes(spark, scratch, size, first, count, updated)
+    changes = parse_changes(spark.read.format("delta").load(scratch), ConnectSchema.model_validate(KEY_SCHEMA),
+                            ConnectSchema.model_validate(VALUE_SCHEMA))  # fmt: skip
+    rows = refined_rows(latest_per_key(changes, ["id"], None, placeholders=False), [f["field"] for f in ROW_FIELDS])
+    rows.write.format("delta").save(location)
+    return location
+
+
+def delta_merge_alone(spark: SparkSession, location: str, decoded: str) -> float:
+    """Seconds of Delta's own MERGE of the decoded rows at ``decoded`` into the table at ``location``."""
+    started = time.monotonic()
+    source = spark.read.format("delta").load(decoded)
+    target = DeltaTable.forPath(spark, location).alias("t")
+    target.merge(source.alias("s"), "t.id = s.id").whenMatchedUpdateAll().whenNotMatchedInsertAll().execute()
+    return time.monotonic() - started
+
+
 def naive_apply(
     spark: SparkSession, warehouse: str, location: str, size: int, first: int, count: int, updated: str
 ) -> float:
@@ -215,8 +241,12 @@ def bench_size(
         seconds = refine(spark, warehouse)
         result = {"changes_per_s": changes / seconds}
         print(f"  refine of {changes:,} changes: {seconds:.1f} s, {result['changes_per_s']:,.0f} changes/s", flush=True)
+        decoded = decoded_batch(spark, warehouse, size, changes, changes, updated)
+        result["delta_merge_per_s"] = changes / delta_merge_alone(spark, refined, decoded)
+        print(f"  Delta's MERGE alone of {changes:,} changes decoded beforehand: "
+              f"{result['delta_merge_per_s']:,.0f} changes/s", flush=True)  # fmt: skip
         runs, merges, naive = [], [], []
-        first = changes
+        first = 2 * changes
         for _ in range(rounds):
             append_raw_changes(spark, raw, size, first, batch, updated)
             first += batch
@@ -255,9 +285,10 @@ def main() -> None:
     for size in [int(size) for size in args.sizes.split(",")]:
         print(f"refined table of {size:,} rows", flush=True)
         results[size] = bench_size(spark, size, args.changes, args.batch, args.rounds, args.updates, args.rows_per_file)
-    print(f"\n{'table rows':>12} {'changes/s':>10} {'batch run s':>12} {'MERGE s':>8} {'naive s':>8}")
+    print(f"\n{'table rows':>12} {'changes/s':>10} {'Delta MERGE alone/s':>20} {'batch run s':>12} {'MERGE s':>8} {'naive s':>8}")
     for size, result in results.items():
-        print(f"{size:>12,} {result['changes_per_s']:>10,.0f} {result['run_s']:>12.1f} {result['merge_s']:>8.1f} "
+        print(f"{size:>12,} {result['changes_per_s']:>10,.0f} {result['delta_merge_per_s']:>20,.0f} "
+              f"{result['run_s']:>12.1f} {result['merge_s']:>8.1f} "
               f"{result['naive_s']:>8.1f}")  # fmt: skip
     if len(results) > 1:
         small, large = min(results), max(results)
