@@ -385,8 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
                           help="with --pipeline: infer the kept schemas of event sources again from their raw tables")
     _add_trigger(refining, "refine what is there, then stop")
     refining.add_argument("--column", action="append", metavar="NAME=TYPE",
-                          help="a column's Spark type (e.g. amount=decimal(12,2)): the row's schema for values written "
-                          "without one (then --key too), else an override of the decoded type; repeatable")
+                          help="a column's Spark type (e.g. amount=decimal(12,2); at=timestamp_ntz(3) for a Postgres timestamp(3)): "
+                          "the row's schema for values written without one (then --key too), else an override of the decoded type; repeatable")
     refining.add_argument("--key", action="append", metavar="NAME", help="a primary-key column of a schemaless topic; repeatable")
 
     syncing = _add(commands, "sync", sync, "land topics and refine them in one Spark application (one JVM)",

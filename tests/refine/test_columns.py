@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import date, datetime, timezone
+from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
 
 import pytest
@@ -66,6 +66,38 @@ def test_schemaless_values_are_read_with_the_declared_columns(spark, kafka, land
     assert (bad.offset, bad.reason) == (6, "field after.amount: cannot convert the value to the declared type decimal(12,2)")
 
 
+TEMPORAL_COLUMNS = {"id": "bigint", "local3": "timestamp_ntz(3)", "local6": "timestamp_ntz", "opens": "time(3)",
+                    "closes": "time", "moments": "array<timestamp_ntz(0)>"}  # fmt: skip
+EPOCH = datetime(1970, 1, 1)
+
+
+def test_schemaless_temporal_columns_are_read_in_the_encoding_their_precision_gives(
+    spark, kafka, land_and_refine, unique_name, tmp_path
+):
+    """Debezium's adaptive mode writes timestamp(0-3) and time(0-3) in milliseconds, wider ones in
+    microseconds: the declared precision picks which (read the other way, a value is 1000x off)."""
+    topic = kafka.create_topic(f"{unique_name}.shop.slots")
+    row = lambda n, local3, local6, opens, closes: {"id": n, "local3": local3, "local6": local6, "opens": opens,  # noqa: E731
+                                                    "closes": closes, "moments": [local3 - local3 % 1000, -1000]}  # fmt: skip
+    first, second = row(1, 1_763_700_000_123, 1_763_700_000_123_456, 45_296_789, 45_296_789_012), row(2, -1, -1, 0, 1)
+    updated = {**first, "local3": 1_763_700_000_999}
+    records = [({"id": 1}, envelope("c", 100, after=first)), ({"id": 2}, envelope("c", 200, after=second)),
+               ({"id": 1}, envelope("u", 300, before=first, after=updated))]  # fmt: skip
+    kafka.produce(topic, [(json.dumps(k).encode(), json.dumps(v).encode()) for k, v in records])
+    warehouse = str(tmp_path)
+
+    ms = lambda n: EPOCH + timedelta(milliseconds=n)  # noqa: E731
+    expected = spark.createDataFrame([
+        (1, ms(1_763_700_000_999), EPOCH + timedelta(microseconds=1_763_700_000_123_456), "12:34:56.789000",
+         "12:34:56.789012", [ms(1_763_700_000_000), ms(-1000)]),
+        (2, ms(-1), EPOCH - timedelta(microseconds=1), "00:00:00.000000", "00:00:00.000001", [ms(-1000), ms(-1000)]),
+    ], "id long, local3 timestamp_ntz, local6 timestamp_ntz, opens string, closes string, moments array<timestamp_ntz>")  # fmt: skip
+    for _ in range(2):  # a rerun changes nothing
+        land_and_refine(warehouse, topic, columns=TEMPORAL_COLUMNS, key=["id"])
+        refined = spark.read.format("delta").load(refined_table_location(warehouse, topic))
+        assertDataFrameEqual(refined.select(*TEMPORAL_COLUMNS), expected)
+
+
 @pytest.mark.parametrize("separators", [(",", ":"), None], ids=["compact JSON", "JSON with spaces"])
 def test_string_mode_decimals_become_the_declared_decimal(spark, kafka, land_and_refine, unique_name, tmp_path,
                                                           separators, monkeypatch):  # fmt: skip
@@ -112,5 +144,7 @@ def test_declared_columns_are_validated_up_front():
         validate(RefineJobConfig, {**settings, "columns": {"id": "bigint", "amount": "money"}}, "refine job")
     with pytest.raises(ConfigError, match="key: name not among the declared columns"):
         validate(RefineJobConfig, {**settings, "columns": {"id": "bigint"}, "key": ["name"]}, "refine job")
+    with pytest.raises(ConfigError, match=r"columns\.at: .*time\(7\): precision must be 0-6"):
+        validate(RefineJobConfig, {**settings, "columns": {"at": "time(7)"}}, "refine job")
     with pytest.raises(ConfigError, match="precision must be 1-38"):
         validate(RefineJobConfig, {**settings, "columns": {"amount": "decimal(40,2)"}}, "refine job")
