@@ -131,12 +131,12 @@ def first_batch(topic: str) -> list[tuple[bytes, bytes | None]]:
 
 def second_batch(topic: str) -> list[tuple[bytes, bytes | None]]:
     """Updates of documents refined earlier (a new nested field, an element past an array's end, a
-    removed nested field), a path that cannot apply, and a document with a new field."""
+    removed nested field with a truncated array), a path that cannot apply, and a document with a new field."""
     k = lambda document_id: key(topic, document_id)  # noqa: E731
     v = lambda *args, **kwargs: value(topic, *args, **kwargs)  # noqa: E731
     return [
         (k(ADA), v("u", T0 + 7000, 1, updated='{"age": 37,"address.country": "UK","orders.2": {"sku": "e","qty": 6}}')),
-        (k(BOB), v("u", T0 + 7000, 2, removed=["address.zip"])),
+        (k(BOB), v("u", T0 + 7000, 2, removed=["address.zip"], truncated=[{"field": "orders", "size": 1}])),
         (k(SEVEN), v("u", T0 + 7000, 3, updated='{"name.first": "S"}')),
         (k(HAL), v("c", T0 + 8000, 1, after='{"_id": {"$oid": "64b7f0c2a1b2c3d4e5f6071a"},"name": "Hal","nickname": "H"}')),
     ]  # fmt: skip
@@ -175,7 +175,7 @@ def after_second_batch() -> list[tuple]:
     ada, bob, seven, big = after_first_batch()
     return [
         (*ada[:2], 37, (*ada[3], "UK"), ada[4], [*ada[5], (6, "e")], *ada[6:], None),
-        (*bob[:3], ("Paris", None, None), *bob[4:], None),
+        (*bob[:3], ("Paris", None, None), bob[4], bob[5][:1], *bob[6:], None),
         (*seven[:3], None, *seven[4:], None),
         (*big[:3], None, *big[4:], None),
         (HAL, "Hal", *[None] * 9, "H"),
