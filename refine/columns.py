@@ -82,7 +82,7 @@ def declared_schemas(columns: dict[str, str], key: list[str]) -> tuple[ConnectSc
            "fields": [{**connect_type(t), "optional": name not in key, "field": name} for name, t in columns.items()]}  # fmt: skip
     source = {"type": "struct", "field": "source", "fields": [
         {"type": "int64", "field": "lsn", "optional": True}, {"type": "string", "field": "sequence", "optional": True},
-        {"type": "int64", "field": "ts_ms"}]}  # fmt: skip
+        {"type": "string", "field": "snapshot", "optional": True}, {"type": "int64", "field": "ts_ms"}]}  # fmt: skip
     envelope = {"type": "struct", "fields": [{**row, "field": "before"}, {**row, "field": "after"}, source,
                                              {"type": "string", "field": "op"}]}  # fmt: skip
     key_schema = {"type": "struct", "fields": [{**connect_type(columns[name]), "field": name} for name in key]}

@@ -47,7 +47,7 @@ from refine.flattened import (
     as_envelope, has_lsn, is_flattened, parse_flattened, remember_schema, remembered_schema, with_key_columns,
 )
 from refine.keyless import applied_location, merge_keyless_changes
-from refine.latest import at_or_after, latest_per_key
+from refine.latest import at_or_after, latest_per_key, resets_table
 from refine.flatten import array_element, child_table_name
 from refine.history import (
     CHANGE,
@@ -155,6 +155,7 @@ class BatchFacts(NamedTuple):
 
     problems: int  # records that did not decode
     truncated_at: tuple[int, int] | None  # source position of the last truncate
+    snapshot_from: tuple[int, int] | None  # Kafka partition and offset of the last snapshot start (see resets_table)
     key_changes: bool  # a primary-key change (Debezium's key headers)
     deletes: bool
     placeholders: bool  # a TOAST placeholder in a row image after a change
@@ -166,6 +167,7 @@ def batch_facts(changes: DataFrame) -> BatchFacts:
     row = changes.agg(
         F.count(F.when(F.col("problem").isNotNull(), 1)).alias("problems"),
         F.max(F.when(F.col("op") == Op.TRUNCATE.value, F.struct("source_lsn", "kafka_offset"))).alias("truncate"),
+        F.max(F.when(F.col("source_snapshot_start"), F.struct("kafka_offset", "kafka_partition"))).alias("snapshot"),
         F.coalesce(F.max(is_key_change(F.col("kafka_headers"))), F.lit(False)).alias("key_changes"),
         F.coalesce(F.max(F.col("op") == Op.DELETE.value), F.lit(False)).alias("deletes"),
         F.coalesce(F.max(has_placeholder(F.col("after"), changes.schema["after"].dataType)), F.lit(False)).alias("toast"),
@@ -173,7 +175,9 @@ def batch_facts(changes: DataFrame) -> BatchFacts:
         F.count(F.lit(1)).alias("records"),
     ).first()  # fmt: skip
     truncate = tuple(row.truncate) if row.truncate else None
-    return BatchFacts(row.problems, truncate, row.key_changes, row.deletes, row.toast, row.other_schemas, row.records)
+    snapshot = (row.snapshot.kafka_partition, row.snapshot.kafka_offset) if row.snapshot else None
+    return BatchFacts(row.problems, truncate, snapshot, row.key_changes, row.deletes, row.toast, row.other_schemas,
+                      row.records)  # fmt: skip
 
 
 def _has_bare_envelopes(records: DataFrame) -> bool:
@@ -357,12 +361,12 @@ class RefineBatch:
     ) -> None:
         key_columns = [field.field for field in key_schema.fields or ()]
         self._check_explode(changes.schema["after"].dataType)
-        truncated_at = facts.truncated_at
+        truncated_at, reset = facts.truncated_at, facts.truncated_at is not None or facts.snapshot_from is not None
         filled, stored = changes, None
         if facts.key_changes:  # only then are stored rows read (a scan of the refined table)
             stored = stored_states(spark, [self.refined, self.deleted], key_columns, changes.schema["after"].dataType)
             filled = fill_from_old_keys(changes, key_schema, stored)
-        latest = latest_per_key(filled, key_columns, truncated_at, facts.placeholders)
+        latest = latest_per_key(filled, key_columns, truncated_at, facts.placeholders, facts.snapshot_from)
         if facts.deletes:
             latest = with_deleted_images(latest, batch_states(filled), stored)
         with self.rules.enforced_changes(spark, latest, columns, key_columns, self.batch_id) as rows:
@@ -374,20 +378,21 @@ class RefineBatch:
                     record_truncate(spark, self.deleted, truncated_at)
                 guarded = without_resurrections(spark, self.deleted, rows, key_columns)
                 keys = rows.select(*[F.col(f"`{key}`") for key in key_columns])  # cached with rows
-                merge_changes(spark, self.refined, guarded, key_columns, truncated_at, keys=keys)
+                merge_changes(spark, self.refined, guarded, key_columns, truncated_at, keys=keys,
+                              snapshot_started=facts.snapshot_from is not None)  # fmt: skip
                 for path in self.config.explode:
                     refresh_children(spark, self.refined, self._child_location(path), keys, key_columns, path,
-                                     truncated=truncated_at is not None)  # fmt: skip
+                                     truncated=reset)  # fmt: skip
             finally:
                 rows.unpersist()
         if self.config.history:
-            self._record_history(spark, filled, key_columns, columns, truncated=truncated_at is not None)
+            self._record_history(spark, filled, key_columns, columns, truncated=reset)
 
     def _record_history(
         self, spark: SparkSession, changes: DataFrame, key_columns: list[str], columns: list[str], truncated: bool
     ) -> None:
         """Every change of the batch as a version of its row (TOAST placeholders take the previous
-        version's value); each truncate closes the versions open before it."""
+        version's value); each truncate (or snapshot start) closes the versions open before it."""
         spec = debezium_history_spec(key_columns, list(SOURCE_POSITION))
         row_changes = changes.where(F.col("op").isin(Op.READ.value, Op.CREATE.value, Op.UPDATE.value, Op.DELETE.value))
         versions = debezium_versions(refined_rows(row_changes, columns))
@@ -395,9 +400,9 @@ class RefineBatch:
         unchanged = {f.name: test for f in versions.schema if f.name in columns and (test := placeholder_test(f.dataType)) is not None}
         location = self._history_location()
         position = [F.col(c) for c in SOURCE_POSITION]
-        # The batch's truncates, in order: a handful of positions, not data.
-        truncates = [] if not truncated else (changes.where(F.col("op") == Op.TRUNCATE.value)
-                     .select("source_lsn", "kafka_offset", "source_committed_at").distinct()
+        # The batch's resets, in order: a handful of positions, not data.
+        truncates = [] if not truncated else (changes.where(resets_table())
+                     .select("source_lsn", "kafka_offset", "source_committed_at", "op", "key").distinct()
                      .orderBy("source_lsn", "kafka_offset").collect())  # fmt: skip
         done = None  # versions up to here are applied
         for truncate in truncates:
@@ -406,8 +411,11 @@ class RefineBatch:
             apply_history(spark, location, part if done is None else part.where(at_or_after(position, done)), spec, unchanged)
             history = spark.read.format("delta").load(location)
             closing = closing_versions(history, spec, versions.schema, dict(zip(SOURCE_POSITION, truncate[:2])), {
-                COMMITTED_AT: F.lit(truncate.source_committed_at), OP: F.lit(Op.TRUNCATE.value),
+                COMMITTED_AT: F.lit(truncate.source_committed_at), OP: F.lit(truncate.op),
                 REFINED_AT: F.current_timestamp()})  # fmt: skip
+            if truncate.op == Op.READ.value:  # a snapshot's first read: its own version opens at this position
+                closing = closing.where(~F.struct(*[F.col(f"`{k}`") for k in key_columns]).eqNullSafe(
+                    F.struct(*[F.lit(truncate.key[k]).cast(closing.schema[k].dataType).alias(k) for k in key_columns])))  # fmt: skip
             apply_history(spark, location, closing, spec, unchanged)
             done = at
         apply_history(spark, location, versions if done is None else versions.where(at_or_after(position, done)),

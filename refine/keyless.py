@@ -17,7 +17,8 @@ Adding and removing copies is not idempotent by itself, so each change must appl
   change's transaction, from ``source.sequence``; the LSN itself, then the Kafka offset), which grows
   as Debezium streams. Every streamed change has an LSN of its own, so a replayed copy (same position
   but a later offset) is recognised; snapshot reads share one LSN and are told apart by offset (a copy
-  of a snapshot read is not recognised). Before the connector's first commit Debezium gives no last
+  of a snapshot read is not recognised, but a new snapshot's first read resets the table, as a truncate
+  does: see :func:`refine.latest.from_snapshot_start`). Before the connector's first commit Debezium gives no last
   commit, and the change's own LSN stands in: so a first transaction that began before the snapshot
   and is refined in a later batch than it would be taken for a replay (not seen so far, and one
   transaction in a connector's life);
@@ -35,7 +36,7 @@ from pyspark.sql.types import StructField, StructType
 
 from cdc.raw.table import is_delta_table
 from refine.envelope import Op
-from refine.latest import at_or_after
+from refine.latest import at_or_after, from_snapshot_start
 from refine.merge import COMMITTED_AT, LSN, OFFSET, OP, REFINED_AT, ensure_refined_table
 from refine.toast import replace_placeholders
 
@@ -166,17 +167,22 @@ def merge_keyless_changes(spark: SparkSession, location: str, applied_at: str, c
     try:
         position = F.struct(*STREAM_POSITION)
         [mark] = rows.agg(F.max(position).alias("last"),
-                          F.max(F.when(F.col("op") == Op.TRUNCATE.value, position)).alias("truncate")).collect()  # fmt: skip
+                          F.max(F.when(F.col("op") == Op.TRUNCATE.value, position)).alias("truncate"),
+                          F.max(F.when(F.col("source_snapshot_start"), F.struct("kafka_offset", "kafka_partition")))
+                          .alias("snapshot")).collect()  # fmt: skip
         if mark.last is None:
             return  # nothing new: replayed changes only
         existing, counted = None, rows
-        if mark.truncate is not None:  # the table's rows go: only the changes after the truncate count
-            counted = rows.where(at_or_after([F.col(c) for c in STREAM_POSITION], [F.lit(v) for v in mark.truncate]))
-        elif is_delta_table(spark, location):
+        # A truncate or a snapshot's first read: the table's rows go, only the changes after it count.
+        if mark.truncate is not None:
+            counted = counted.where(at_or_after([F.col(c) for c in STREAM_POSITION], [F.lit(v) for v in mark.truncate]))
+        if mark.snapshot is not None:
+            counted = counted.where(from_snapshot_start((mark.snapshot.kafka_partition, mark.snapshot.kafka_offset)))
+        reset = mark.truncate is not None or mark.snapshot is not None
+        if not reset and is_delta_table(spark, location):
             existing = spark.read.format("delta").load(location)
         version = (applied[-1] if applied else 0) + 1
-        merge_keyless(spark, location, copies(net_changes(counted, columns), existing, columns),
-                      mark.truncate is not None, version)  # fmt: skip
+        merge_keyless(spark, location, copies(net_changes(counted, columns), existing, columns), reset, version)
         write_applied(spark, applied_at, *mark.last, version)
     finally:
         rows.unpersist()

@@ -26,16 +26,39 @@ def at_or_after(position: list[Column], other: list[Column]) -> Column:
     return (first > other_first) | ((first == other_first) & at_or_after(rest, other_rest))
 
 
+def resets_table() -> Column:
+    """Whether a parsed change resets the table: a truncate, or the first read of a snapshot (which
+    reads the whole table again, so a row it does not read is gone: deleted while the connector was
+    away, say, before a re-created connector's snapshot)."""
+    return (F.col("op") == Op.TRUNCATE.value) | F.col("source_snapshot_start")
+
+
+def from_snapshot_start(snapshot_from: tuple[int, int]) -> Column:
+    """Changes at or after a snapshot's first read, at Kafka (partition, offset) ``snapshot_from``, in the
+    order Debezium sent them (a change of another partition cannot be ordered against it: it counts
+    as after). Not by LSN: a transaction that wrote before the snapshot's LSN and committed after it
+    comes after the snapshot with lower LSNs, and its changes are not in the snapshot."""
+    partition, offset = snapshot_from
+    return (F.col("kafka_partition") != partition) | (F.col("kafka_offset") >= offset)
+
+
 def latest_per_key(
-    changes: DataFrame, key_columns: list[str], truncated_at: tuple[int, int] | None, placeholders: bool = True
+    changes: DataFrame,
+    key_columns: list[str],
+    truncated_at: tuple[int, int] | None,
+    placeholders: bool = True,
+    snapshot_from: tuple[int, int] | None = None,
 ) -> DataFrame:
-    """For each key, its last create, read, update or delete after ``truncated_at`` (if any), with
+    """For each key, its last create, read, update or delete after ``truncated_at`` (if any) and from
+    the snapshot start ``snapshot_from`` (if any, see :func:`from_snapshot_start`), with
     TOAST placeholders filled from the key's earlier changes in the batch (``placeholders``: the
     changes may hold any; without, that running window over each key's changes is left out)."""
     rows = changes.where(F.col("op").isin(Op.READ.value, Op.CREATE.value, Op.UPDATE.value, Op.DELETE.value))
     if truncated_at is not None:
         lsn, offset = truncated_at
         rows = rows.where(at_or_after([F.col("source_lsn"), F.col("kafka_offset")], [F.lit(lsn), F.lit(offset)]))
+    if snapshot_from is not None:
+        rows = rows.where(from_snapshot_start(snapshot_from))
     if placeholders:
         rows = fill_from_earlier_changes(rows, key_columns, [F.col(c) for c in POSITION_COLUMNS])
     order = Window.partitionBy(*[F.col(f"key.{column}") for column in key_columns]).orderBy(

@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
 from refine.decode import decode, decoded_type, json_type, undecodable
-from refine.envelope import TOMBSTONE, ConnectSchema, Op
+from refine.envelope import TOMBSTONE, ConnectSchema, ConnectType, Op
 
 # JsonConverter writes its wrapper as {"schema":<schema>,"payload":<payload>}, in this order and
 # without spaces. The schema is most of a record's bytes and the same in record after record: once a
@@ -174,7 +174,8 @@ def decoding_problems(problem: Column, raw: str, decoded: str, row_schema: Conne
 
 
 def change_columns(
-    before: Column, after: Column, source_lsn: Column, last_commit_lsn: Column, committed_at: Column, problem: Column
+    before: Column, after: Column, source_lsn: Column, last_commit_lsn: Column, committed_at: Column, problem: Column,
+    snapshot_start: Column | None = None,
 ) -> list[Column | str]:
     """The columns of a parsed change, in order, from a frame that has ``op``, ``key``, ``value``
     and :func:`record_columns`: what every parser of Postgres changes returns.
@@ -182,7 +183,10 @@ def change_columns(
     ``last_commit_lsn`` is the LSN of the last commit Debezium streamed before the change's transaction
     (the first LSN of ``source.sequence``; null before the connector's first commit, and where the
     form carries none). Debezium streams transactions in commit order, so it orders changes of different
-    transactions as they were streamed, where their own LSNs interleave (see :mod:`refine.keyless`)."""
+    transactions as they were streamed, where their own LSNs interleave (see :mod:`refine.keyless`).
+
+    ``snapshot_start`` is true for the first read of a snapshot of the table (:func:`snapshot_start`):
+    the table is read whole again from there, so it resets the table as a truncate does."""
     return [
         "op",
         "key",
@@ -190,6 +194,7 @@ def change_columns(
         after.alias("after"),
         source_lsn.alias("source_lsn"),
         last_commit_lsn.alias("source_last_commit_lsn"),
+        (F.lit(False) if snapshot_start is None else F.coalesce(snapshot_start, F.lit(False))).alias("source_snapshot_start"),
         committed_at.alias("source_committed_at"),
         "kafka_partition",
         "kafka_offset",
@@ -206,6 +211,21 @@ def last_commit_lsn(envelope_schema: ConnectSchema) -> Column:
     if not any(field.field == "sequence" for field in source.fields or ()):
         return F.lit(None).cast("long")
     return F.get_json_object(F.col("envelope.source.sequence"), "$[0]").try_cast("long")  # JSON null: text null
+
+
+# source.snapshot of the first record of a table's snapshot: the snapshot's very first record, or the
+# first of a later table in it. A table of one row has only a "last" marker, an empty one no record.
+SNAPSHOT_START_MARKERS = ("first", "first_in_data_collection")
+
+
+def snapshot_start(envelope_schema: ConnectSchema) -> Column:
+    """Whether the change is the first read of a snapshot of its table (Debezium's ``source.snapshot``
+    marker; false where the schema has no string ``snapshot``, as before Debezium 1.x)."""
+    source = envelope_schema.field_named("source")
+    marker = next((field for field in source.fields or () if field.field == "snapshot"), None)
+    if marker is None or marker.type != ConnectType.STRING:
+        return F.lit(False)
+    return (F.col("envelope.op") == Op.READ.value) & F.col("envelope.source.snapshot").isin(*SNAPSHOT_START_MARKERS)
 
 
 class ChangeParser:
@@ -253,7 +273,7 @@ class ChangeParser:
             problem = decoding_problems(problem, f"envelope.{image}", image, row_schema, f"{image}.")
         self._changes = change_columns(
             F.col("before"), F.col("after"), F.col("envelope.source.lsn"), last_commit_lsn(value_schema),
-            F.timestamp_millis(F.col("envelope.source.ts_ms")), problem,
+            F.timestamp_millis(F.col("envelope.source.ts_ms")), problem, snapshot_start(value_schema),
         )  # fmt: skip
 
     def __call__(self, raw: DataFrame) -> DataFrame:

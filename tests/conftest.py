@@ -108,6 +108,32 @@ def shipped_postgres_connector(stack, stack_config: StackConfig):
     remove_postgres_connector(stack_config, connector)
 
 
+@pytest.fixture
+def recreate_postgres_connector(stack, stack_config: StackConfig, postgres_connector):
+    """``recreate(while_away)``: remove this test's connector with its replication slot and publication,
+    call ``while_away()``, then register the connector again under a new name, as a user re-creating it
+    does: Kafka Connect holds no offsets for that name, so it snapshots the tables again into the same
+    topics. Returns the new definition once it runs; removed afterwards."""
+    from connectors.client import ConnectClient
+    from connectors.definitions import ConnectorDefinition
+
+    created = []
+
+    def recreate(while_away):
+        remove_postgres_connector(stack_config, postgres_connector)
+        while_away()
+        again = ConnectorDefinition(f"{postgres_connector.name}-again", postgres_connector.config)
+        client = ConnectClient(stack_config.connect.url)
+        client.register(again)
+        created.append(again)
+        client.wait_running(again.name)
+        return again
+
+    yield recreate
+    for again in created:
+        remove_postgres_connector(stack_config, again)
+
+
 def remove_postgres_connector(stack_config: StackConfig, connector) -> None:
     """Delete a Postgres connector, then drop its replication slot and publication."""
     import time

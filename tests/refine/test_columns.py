@@ -21,10 +21,10 @@ EXPECTED_SCHEMA = "id long, name string, amount decimal(12,2), day date, at time
 T0 = 1_763_700_000_000
 
 
-def envelope(op: str, lsn: int, before: dict | None = None, after: dict | None = None) -> dict:
+def envelope(op: str, lsn: int, before: dict | None = None, after: dict | None = None, snapshot: str = "false") -> dict:
     return {"before": before, "after": after, "op": op, "ts_ms": T0 + lsn,
             "source": {"version": "3.6.3.Final", "connector": "postgresql", "name": "demo", "ts_ms": T0 + lsn,
-                       "snapshot": "false", "db": "demo", "schema": "shop", "table": "items", "txId": lsn, "lsn": lsn}}  # fmt: skip
+                       "snapshot": snapshot, "db": "demo", "schema": "shop", "table": "items", "txId": lsn, "lsn": lsn}}  # fmt: skip
 
 
 def item(item_id: int, name: str, amount: str | None, day: int = 20000, at: str = "2026-11-21T05:53:15.094926Z") -> dict:
@@ -96,6 +96,36 @@ def test_schemaless_temporal_columns_are_read_in_the_encoding_their_precision_gi
         land_and_refine(warehouse, topic, columns=TEMPORAL_COLUMNS, key=["id"])
         refined = spark.read.format("delta").load(refined_table_location(warehouse, topic))
         assertDataFrameEqual(refined.select(*TEMPORAL_COLUMNS), expected)
+
+
+def test_a_new_snapshot_resets_the_table_from_its_first_read_in_kafka_order(
+    spark, kafka, land_and_refine, unique_name, tmp_path
+):
+    """Rows from before a new snapshot that it does not read again go; a change sent after the snapshot
+    with a lower LSN (its transaction wrote before the snapshot's LSN and committed after) still
+    applies, in the snapshot's batch or a later one; reruns change nothing."""
+    topic = kafka.create_topic(f"{unique_name}.shop.items")
+    columns, warehouse = {"id": "bigint", "name": "string"}, str(tmp_path)
+    row = lambda n, name: {"id": n, "name": name}  # noqa: E731
+    produce = lambda records: kafka.produce(topic, [(json.dumps({"id": v["after"]["id"]}).encode(), json.dumps(v).encode())  # noqa: E731
+                                                    for v in records])  # fmt: skip
+    refined = lambda: spark.read.format("delta").load(refined_table_location(warehouse, topic)).select("id", "name")  # noqa: E731
+
+    produce([envelope("r", 100, after=row(1, "a"), snapshot="first"), envelope("r", 100, after=row(2, "b"), snapshot="last"),
+             envelope("c", 150, after=row(3, "c"))])  # fmt: skip
+    land_and_refine(warehouse, topic, columns=columns, key=["id"])
+    assertDataFrameEqual(refined(), [(1, "a"), (2, "b"), (3, "c")])
+
+    # The connector is re-created: 2 and 3 were deleted meanwhile, 1 renamed. Then, with lower LSNs than the
+    # snapshot's, the inserts of a transaction that was open across it.
+    produce([envelope("r", 500, after=row(1, "a2"), snapshot="first"), envelope("r", 500, after=row(4, "d"), snapshot="last"),
+             envelope("c", 450, after=row(5, "late in this batch"))])  # fmt: skip
+    land_and_refine(warehouse, topic, columns=columns, key=["id"])
+    assertDataFrameEqual(refined(), [(1, "a2"), (4, "d"), (5, "late in this batch")])
+    produce([envelope("c", 460, after=row(6, "late in the next batch")), envelope("u", 600, after=row(4, "d2"))])
+    for _ in range(2):
+        land_and_refine(warehouse, topic, columns=columns, key=["id"])
+        assertDataFrameEqual(refined(), [(1, "a2"), (4, "d2"), (5, "late in this batch"), (6, "late in the next batch")])
 
 
 @pytest.mark.parametrize("separators", [(",", ":"), None], ids=["compact JSON", "JSON with spaces"])

@@ -1,7 +1,9 @@
 """Postgres -> Debezium -> Kafka -> `cdc raw` -> `cdc refine`: refined tables equal the source tables."""
 
 import contextlib
+import json
 import signal
+from datetime import datetime
 from pathlib import Path
 
 import psycopg
@@ -133,6 +135,60 @@ def test_undecodable_records_go_to_quarantine_and_the_job_goes_on(
     assert main(["status", "--warehouse", str(tmp_path), "--json"]) == 0
     [status] = json.loads(capsys.readouterr().out)["raw_tables"]
     assert status["quarantined"] == 1
+
+
+def test_a_recreated_connectors_snapshot_leaves_the_refined_tables_equal_to_postgres(
+    spark, kafka, stack_config, postgres_connector, recreate_postgres_connector, tmp_path, land_and_refine, postgres_table,
+    refined_table,
+):
+    """A new snapshot reads each table whole again: rows deleted while no connector ran go (a keyed and a
+    keyless table), and the keyless table's rows are not doubled by being read again."""
+    dsn, warehouse = stack_config.postgres.dsn(), str(tmp_path)
+    tables = ("orders", "page_views")
+    topics = {table: f"{postgres_connector.topic_prefix}.shop.{table}" for table in tables}
+    run_workload(dsn, customers=3, seed=61)
+
+    def refined_after_marker(marker: datetime) -> None:
+        """Insert a marker row in each table, wait for both in Kafka, then land and refine (twice: a rerun
+        changes nothing) and compare with Postgres."""
+        with psycopg.connect(dsn) as conn:
+            customer = conn.execute("SELECT min(id) FROM shop.customers").fetchone()[0]
+            conn.execute("INSERT INTO shop.orders (customer_id, order_no, status, amount, ordered_at) "
+                         "VALUES (%s, (SELECT coalesce(max(order_no), 0) + 1 FROM shop.orders WHERE customer_id = %s), "
+                         "'pending', 1, %s)", (customer, customer, marker))  # fmt: skip
+            conn.execute("INSERT INTO shop.page_views VALUES (NULL, %s, now())", (f"/marker/{marker.isoformat()}",))
+        micros = int((marker - datetime(1970, 1, 1)).total_seconds()) * 1_000_000  # ordered_at: MicroTimestamp
+        kafka.wait_for_last_value(topics["orders"], lambda value: value is not None
+                                  and json.loads(value)["payload"]["after"]["ordered_at"] == micros)  # fmt: skip
+        kafka.wait_for_last_value(topics["page_views"], lambda value: value is not None
+                                  and f"/marker/{marker.isoformat()}".encode() in value)  # fmt: skip
+        for _ in range(2):
+            for table in tables:
+                land_and_refine(warehouse, topics[table], history=table == "orders")
+                assertDataFrameEqual(refined_table(warehouse, topics[table]), postgres_table(table))
+        history = spark.read.format("delta").load(refined_table_location(warehouse, f"{topics['orders']}__history"))
+        source = postgres_table("orders")
+        assertDataFrameEqual(history.where("_cdc_is_current").select(*source.columns), source)
+
+    refined_after_marker(datetime(2026, 4, 1))
+
+    def while_away() -> None:  # changes no connector streams
+        with psycopg.connect(dsn) as conn:
+            conn.execute("DELETE FROM shop.orders WHERE customer_id = (SELECT max(customer_id) FROM shop.orders)")
+            conn.execute("UPDATE shop.orders SET status = 'shipped' WHERE order_no = 1")
+            conn.execute("DELETE FROM shop.page_views WHERE customer_id = (SELECT max(customer_id) FROM shop.page_views)")
+
+    recreate_postgres_connector(while_away)
+    refined_after_marker(datetime(2026, 4, 2))
+    # The snapshot closed the versions open before it; the orders deleted meanwhile stay closed.
+    closed = spark.read.format("delta").load(refined_table_location(warehouse, f"{topics['orders']}__history"))
+    assert closed.where("_cdc_op = 'r' AND _cdc_is_deleted AND NOT _cdc_is_current").count() > 0
+    for table in tables:  # the new snapshot: after the first marker, its first read marked as such
+        payloads = [json.loads(value)["payload"] for *_, value, _ in kafka.records(topics[table]) if value is not None]
+        first_marker = next(i for i, payload in enumerate(payloads) if payload["after"] and (
+            payload["after"].get("ordered_at") == 1_775_001_600_000_000 or payload["after"].get("url", "").startswith("/marker/")))  # fmt: skip
+        reads = [payload["source"]["snapshot"] for payload in payloads[first_marker + 1:] if payload["op"] == "r"]
+        assert reads and reads[0] in ("first", "first_in_data_collection") and reads[-1].startswith("last"), reads
 
 
 ORDERS_WITH_NOTE = (

@@ -18,7 +18,8 @@ from refine.toast import TOAST_PLACEHOLDER, TOAST_PLACEHOLDER_HSTORE, TOAST_PLAC
 CHANGES = (
     "op string, key struct<id:bigint>, after struct<id:bigint, note:string, blob:binary, tags:array<string>, n:int, "
     "scores:array<int>, counts:array<bigint>, blobs:array<binary>, attrs:map<string,string>>, "
-    "source_lsn bigint, kafka_offset bigint, kafka_headers array<struct<key:string, value:binary>>, problem string"
+    "source_lsn bigint, kafka_offset bigint, kafka_headers array<struct<key:string, value:binary>>, problem string, "
+    "source_snapshot_start boolean, kafka_partition int"
 )
 PLACEHOLDER_BYTES = list(TOAST_PLACEHOLDER.encode())
 
@@ -26,7 +27,7 @@ PLACEHOLDER_BYTES = list(TOAST_PLACEHOLDER.encode())
 def change(lsn: int, note=None, blob=None, tags=None, op: str = "u", key: int = 1, scores=None, counts=None,
            blobs=None, attrs=None) -> tuple:  # fmt: skip
     after = (key, note, blob, tags, 7, scores, counts, blobs, attrs)
-    return (op, (key,), None if op == "d" else after, lsn, lsn, None, None)
+    return (op, (key,), None if op == "d" else after, lsn, lsn, None, None, False, 0)
 
 
 def test_placeholders_are_found_in_every_shape_debezium_sends_them(spark):
