@@ -8,7 +8,10 @@ in an earlier batch: see :mod:`refine.rekey`). It has the refined table's column
 ``d``.
 
 A truncate deletes every row older than it without naming them: its position is kept as the side
-table's property ``cdc.truncated_at``, and changes older than it are dropped too.
+table's property ``cdc.truncated_at``, and changes older than it are dropped too. A new snapshot's
+first read deletes the older rows it does not read again: those are recorded as deleted at its
+position, by key (changes older than the snapshot stay valid for other keys: a transaction open
+across the snapshot's LSN comes after it with lower LSNs).
 
 Why a side table and not soft-deleted rows in the refined table: readers of the refined table see
 exactly the source table, with no filter to remember and no view to maintain.
@@ -86,6 +89,27 @@ def record_truncate(spark: SparkSession, location: str, truncated_at: tuple[int,
     if (last := _truncated_at(spark, location)) is None or truncated_at > last:
         spark.sql(f"ALTER TABLE delta.`{location}` SET TBLPROPERTIES "
                   f"('{TRUNCATED_AT_PROPERTY}' = '{truncated_at[0]}:{truncated_at[1]}')")  # fmt: skip
+
+
+def record_snapshot_removals(spark: SparkSession, location: str, refined: str, rows: DataFrame, key_columns: list[str],
+                             snapshot_at: tuple[int, int]) -> None:  # fmt: skip
+    """Record as deleted at ``snapshot_at`` (a snapshot's first read) the rows of the ``refined`` table older
+    than it that the batch's ``rows`` do not hold: the MERGE deletes them, as the snapshot did not read them
+    again, and a replayed older change must not bring them back. Read before that MERGE (a whole scan of the
+    table, once per snapshot); a batch replayed after it finds them deleted already."""
+    if not is_delta_table(spark, refined):
+        return
+    lsn, offset = snapshot_at
+    stored = spark.read.format("delta").load(refined)
+    older = ~at_or_after([F.col(LSN), F.col(OFFSET)], [F.lit(lsn), F.lit(offset)])
+    removed = stored.where(older).join(rows.select(*[F.col(f"`{k}`") for k in key_columns]), key_columns, "left_anti")
+    marked = {LSN: F.lit(lsn), OFFSET: F.lit(offset), OP: F.lit(Op.DELETE.value)}
+    removed = removed.select(*[
+        (marked.get(f.name) if f.name in marked else F.col(f"`{f.name}`") if f.name in stored.columns else F.lit(None))
+        .cast(f.dataType).alias(f.name)
+        for f in rows.schema
+    ])  # fmt: skip
+    record_deletes(spark, location, removed, key_columns)
 
 
 def _truncated_at(spark: SparkSession, location: str) -> tuple[int, int] | None:

@@ -38,6 +38,7 @@ from refine.columns import connect_type, declared_schemas, declared_types
 from refine.deleted import (
     deleted_location,
     record_deletes,
+    record_snapshot_removals,
     record_truncate,
     with_deleted_images,
     without_resurrections,
@@ -47,7 +48,7 @@ from refine.flattened import (
     as_envelope, has_lsn, is_flattened, parse_flattened, remember_schema, remembered_schema, with_key_columns,
 )
 from refine.keyless import applied_location, merge_keyless_changes
-from refine.latest import at_or_after, latest_per_key, resets_table
+from refine.latest import SnapshotStart, at_or_after, latest_per_key, resets_table
 from refine.flatten import array_element, child_table_name
 from refine.history import (
     CHANGE,
@@ -155,7 +156,7 @@ class BatchFacts(NamedTuple):
 
     problems: int  # records that did not decode
     truncated_at: tuple[int, int] | None  # source position of the last truncate
-    snapshot_from: tuple[int, int] | None  # Kafka partition and offset of the last snapshot start (see resets_table)
+    snapshot_from: SnapshotStart | None  # the last snapshot start (see resets_table)
     key_changes: bool  # a primary-key change (Debezium's key headers)
     deletes: bool
     placeholders: bool  # a TOAST placeholder in a row image after a change
@@ -167,7 +168,7 @@ def batch_facts(changes: DataFrame) -> BatchFacts:
     row = changes.agg(
         F.count(F.when(F.col("problem").isNotNull(), 1)).alias("problems"),
         F.max(F.when(F.col("op") == Op.TRUNCATE.value, F.struct("source_lsn", "kafka_offset"))).alias("truncate"),
-        F.max(F.when(F.col("source_snapshot_start"), F.struct("kafka_offset", "kafka_partition"))).alias("snapshot"),
+        F.max(F.when(F.col("source_snapshot_start"), F.struct("kafka_offset", "kafka_partition", "source_lsn"))).alias("snapshot"),
         F.coalesce(F.max(is_key_change(F.col("kafka_headers"))), F.lit(False)).alias("key_changes"),
         F.coalesce(F.max(F.col("op") == Op.DELETE.value), F.lit(False)).alias("deletes"),
         F.coalesce(F.max(has_placeholder(F.col("after"), changes.schema["after"].dataType)), F.lit(False)).alias("toast"),
@@ -175,7 +176,7 @@ def batch_facts(changes: DataFrame) -> BatchFacts:
         F.count(F.lit(1)).alias("records"),
     ).first()  # fmt: skip
     truncate = tuple(row.truncate) if row.truncate else None
-    snapshot = (row.snapshot.kafka_partition, row.snapshot.kafka_offset) if row.snapshot else None
+    snapshot = SnapshotStart(row.snapshot.kafka_partition, row.snapshot.kafka_offset, row.snapshot.source_lsn) if row.snapshot else None
     return BatchFacts(row.problems, truncate, snapshot, row.key_changes, row.deletes, row.toast, row.other_schemas,
                       row.records)  # fmt: skip
 
@@ -376,10 +377,12 @@ class RefineBatch:
                     record_deletes(spark, self.deleted, rows, key_columns)
                 if truncated_at is not None:
                     record_truncate(spark, self.deleted, truncated_at)
+                snapshot_at = None if facts.snapshot_from is None else (facts.snapshot_from.lsn, facts.snapshot_from.offset)
+                if snapshot_at is not None:
+                    record_snapshot_removals(spark, self.deleted, self.refined, rows, key_columns, snapshot_at)
                 guarded = without_resurrections(spark, self.deleted, rows, key_columns)
                 keys = rows.select(*[F.col(f"`{key}`") for key in key_columns])  # cached with rows
-                merge_changes(spark, self.refined, guarded, key_columns, truncated_at, keys=keys,
-                              snapshot_started=facts.snapshot_from is not None)  # fmt: skip
+                merge_changes(spark, self.refined, guarded, key_columns, truncated_at, keys=keys, snapshot_at=snapshot_at)
                 for path in self.config.explode:
                     refresh_children(spark, self.refined, self._child_location(path), keys, key_columns, path,
                                      truncated=reset)  # fmt: skip

@@ -7,6 +7,8 @@ makes every earlier change of the batch irrelevant.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
@@ -33,13 +35,23 @@ def resets_table() -> Column:
     return (F.col("op") == Op.TRUNCATE.value) | F.col("source_snapshot_start")
 
 
-def from_snapshot_start(snapshot_from: tuple[int, int]) -> Column:
-    """Changes at or after a snapshot's first read, at Kafka (partition, offset) ``snapshot_from``, in the
-    order Debezium sent them (a change of another partition cannot be ordered against it: it counts
-    as after). Not by LSN: a transaction that wrote before the snapshot's LSN and committed after it
-    comes after the snapshot with lower LSNs, and its changes are not in the snapshot."""
-    partition, offset = snapshot_from
-    return (F.col("kafka_partition") != partition) | (F.col("kafka_offset") >= offset)
+class SnapshotStart(NamedTuple):
+    """Where a snapshot's first read is: in Kafka, and at the source."""
+
+    partition: int
+    offset: int
+    lsn: int
+
+
+def from_snapshot_start(start: SnapshotStart) -> Column:
+    """Changes not before a snapshot's first read ``start``, where before means earlier both in the order
+    Debezium sent them (Kafka offset within the read's partition) and at the source (LSN, offset).
+    Kafka order alone would let a replayed old snapshot drop newer changes sent before it; the LSN alone
+    would drop a transaction that wrote before the snapshot's LSN and committed after it, which comes
+    after the snapshot with lower LSNs and is not in it. A change of another partition is not before."""
+    earlier_in_kafka = (F.col("kafka_partition") == start.partition) & (F.col("kafka_offset") < start.offset)
+    earlier_at_source = ~at_or_after([F.col("source_lsn"), F.col("kafka_offset")], [F.lit(start.lsn), F.lit(start.offset)])
+    return ~(earlier_in_kafka & earlier_at_source)
 
 
 def latest_per_key(
@@ -47,7 +59,7 @@ def latest_per_key(
     key_columns: list[str],
     truncated_at: tuple[int, int] | None,
     placeholders: bool = True,
-    snapshot_from: tuple[int, int] | None = None,
+    snapshot_from: SnapshotStart | None = None,
 ) -> DataFrame:
     """For each key, its last create, read, update or delete after ``truncated_at`` (if any) and from
     the snapshot start ``snapshot_from`` (if any, see :func:`from_snapshot_start`), with

@@ -118,12 +118,12 @@ def merge_changes(
     truncated_at: tuple[int, int] | None,
     position: tuple[str, ...] = SOURCE_POSITION,
     keys: DataFrame | None = None,
-    snapshot_started: bool = False,
+    snapshot_at: tuple[int, int] | None = None,
 ) -> None:
     """Apply one batch's last change per key (and a truncate, if the batch had one); a change applies
-    when its ``position`` columns are at or after the row's. With ``snapshot_started`` (a snapshot's
-    first read in the batch, ``rows`` only what came from it on), every row the batch does not match
-    goes: all came before the snapshot, which did not read them again. ``keys``, cached, holds every key of
+    when its ``position`` columns are at or after the row's. With ``snapshot_at``, the source position
+    of a snapshot's first read in the batch, the rows older than it that the batch does not match go:
+    the snapshot did not read them again. ``keys``, cached, holds every key of
     ``rows`` (or more): then a large table's rows that none of them matches skip the MERGE's join
     (:func:`key_filter`)."""
     ensure_refined_table(spark, location, _schema_of(rows))
@@ -139,7 +139,7 @@ def merge_changes(
         )
     condition = reduce(Column.__and__, [F.col(f"t.`{key}`") == F.col(f"s.`{key}`") for key in key_columns])
     # Not with a truncate: its clause reads every row the batch does not match, so none can be dropped.
-    filtered = keys is not None and truncated_at is None and not snapshot_started
+    filtered = keys is not None and truncated_at is None and snapshot_at is None
     table = DeltaTable.forPath(spark, location)
     with key_filter(spark, table, keys, key_columns) if filtered else nullcontext() as held:
         merge = (
@@ -149,11 +149,11 @@ def merge_changes(
             .whenMatchedUpdate(~is_delete & newer, updates)
             .whenNotMatchedInsert(~is_delete, {f"`{f.name}`": F.col(f"s.`{f.name}`") for f in rows.schema})
         )  # fmt: skip
-        if snapshot_started:
-            merge = merge.whenNotMatchedBySourceDelete()
-        elif truncated_at is not None:
-            lsn, offset = truncated_at
-            merge = merge.whenNotMatchedBySourceDelete(f"t.{LSN} < {lsn} OR (t.{LSN} = {lsn} AND t.{OFFSET} < {offset})")
+        # A truncate, or a snapshot's first read: the rows older than it that the batch does not match go.
+        resets = [f"(t.{LSN} < {at[0]} OR (t.{LSN} = {at[0]} AND t.{OFFSET} < {at[1]}))"
+                  for at in (truncated_at, snapshot_at) if at is not None]  # fmt: skip
+        if resets:
+            merge = merge.whenNotMatchedBySourceDelete(" OR ".join(resets))
         merge.execute()
 
 
