@@ -48,7 +48,7 @@ from refine.flattened import (
     as_envelope, has_lsn, is_flattened, parse_flattened, remember_schema, remembered_schema, with_key_columns,
 )
 from refine.keyless import applied_location, merge_keyless_changes
-from refine.latest import SnapshotStart, at_or_after, latest_per_key, resets_table
+from refine.latest import SnapshotStart, at_or_after, from_snapshot_start, latest_per_key, resets_table
 from refine.flatten import array_element, child_table_name
 from refine.history import (
     CHANGE,
@@ -405,7 +405,7 @@ class RefineBatch:
         position = [F.col(c) for c in SOURCE_POSITION]
         # The batch's resets, in order: a handful of positions, not data.
         truncates = [] if not truncated else (changes.where(resets_table())
-                     .select("source_lsn", "kafka_offset", "source_committed_at", "op", "key").distinct()
+                     .select("source_lsn", "kafka_offset", "kafka_partition", "source_committed_at", "op").distinct()
                      .orderBy("source_lsn", "kafka_offset").collect())  # fmt: skip
         done = None  # versions up to here are applied
         for truncate in truncates:
@@ -413,12 +413,16 @@ class RefineBatch:
             part = versions.where(~at_or_after(position, at))
             apply_history(spark, location, part if done is None else part.where(at_or_after(position, done)), spec, unchanged)
             history = spark.read.format("delta").load(location)
+            if truncate.op == Op.READ.value and not history.where(at_or_after(position, at)).isEmpty():
+                done = at
+                continue  # a replayed old snapshot: the history already holds what came after it
             closing = closing_versions(history, spec, versions.schema, dict(zip(SOURCE_POSITION, truncate[:2])), {
                 COMMITTED_AT: F.lit(truncate.source_committed_at), OP: F.lit(truncate.op),
                 REFINED_AT: F.current_timestamp()})  # fmt: skip
-            if truncate.op == Op.READ.value:  # a snapshot's first read: its own version opens at this position
-                closing = closing.where(~F.struct(*[F.col(f"`{k}`") for k in key_columns]).eqNullSafe(
-                    F.struct(*[F.lit(truncate.key[k]).cast(closing.schema[k].dataType).alias(k) for k in key_columns])))  # fmt: skip
+            if truncate.op == Op.READ.value:  # a snapshot: the keys the batch changes from its first read on stay open
+                start = SnapshotStart(truncate.kafka_partition, truncate.kafka_offset, truncate.source_lsn)
+                changed = row_changes.where(from_snapshot_start(start)).select(*[F.col(f"key.`{k}`").alias(k) for k in key_columns])
+                closing = closing.join(changed, key_columns, "left_anti")
             apply_history(spark, location, closing, spec, unchanged)
             done = at
         apply_history(spark, location, versions if done is None else versions.where(at_or_after(position, done)),

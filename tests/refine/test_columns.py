@@ -114,23 +114,29 @@ def test_a_new_snapshot_resets_the_table_from_its_first_read_in_kafka_order(
     first = [envelope("r", 100, after=row(1, "a"), snapshot="first"), envelope("r", 100, after=row(2, "b"), snapshot="last"),
              envelope("c", 150, after=row(3, "c"))]  # fmt: skip
     produce(first)
-    land_and_refine(warehouse, topic, columns=columns, key=["id"])
+    land_and_refine(warehouse, topic, columns=columns, key=["id"], history=True)
     assertDataFrameEqual(refined(), [(1, "a"), (2, "b"), (3, "c")])
 
     # The connector is re-created: 2 and 3 were deleted meanwhile, 1 renamed. Then, with lower LSNs than the
     # snapshot's, the inserts of a transaction that was open across it.
     produce([envelope("r", 500, after=row(1, "a2"), snapshot="first"), envelope("r", 500, after=row(4, "d"), snapshot="last"),
              envelope("c", 450, after=row(5, "late in this batch"))])  # fmt: skip
-    land_and_refine(warehouse, topic, columns=columns, key=["id"])
+    land_and_refine(warehouse, topic, columns=columns, key=["id"], history=True)
     assertDataFrameEqual(refined(), [(1, "a2"), (4, "d"), (5, "late in this batch")])
     produce([envelope("c", 460, after=row(6, "late in the next batch")), envelope("u", 600, after=row(4, "d2"))])
     for _ in range(2):
-        land_and_refine(warehouse, topic, columns=columns, key=["id"])
+        land_and_refine(warehouse, topic, columns=columns, key=["id"], history=True)
         assertDataFrameEqual(refined(), [(1, "a2"), (4, "d2"), (5, "late in this batch"), (6, "late in the next batch")])
 
+    history = spark.read.format("delta").load(refined_table_location(warehouse, f"{topic}__history"))
+    closed_by_the_snapshot = history.where("_cdc_op = 'r' AND _cdc_is_deleted").select("id", "_cdc_lsn")
+    assertDataFrameEqual(closed_by_the_snapshot, [(2, 500), (3, 500)])  # 1 is read again, 5 created after it
+
     produce(first)  # the old snapshot and change again, as a replay: they neither reset nor bring back rows
-    land_and_refine(warehouse, topic, columns=columns, key=["id"])
+    land_and_refine(warehouse, topic, columns=columns, key=["id"], history=True)
     assertDataFrameEqual(refined(), [(1, "a2"), (4, "d2"), (5, "late in this batch"), (6, "late in the next batch")])
+    assertDataFrameEqual(history.where("_cdc_is_current").select("id", "name"), refined())
+    assertDataFrameEqual(history.where("_cdc_op = 'r' AND _cdc_is_deleted").select("id", "_cdc_lsn"), closed_by_the_snapshot)
 
 
 @pytest.mark.parametrize("separators", [(",", ":"), None], ids=["compact JSON", "JSON with spaces"])
