@@ -48,7 +48,9 @@ from refine.flattened import (
     as_envelope, has_lsn, is_flattened, parse_flattened, remember_schema, remembered_schema, with_key_columns,
 )
 from refine.keyless import applied_location, merge_keyless_changes
-from refine.latest import SnapshotStart, at_or_after, from_snapshot_start, latest_per_key, resets_table
+from refine.latest import (
+    SnapshotStart, at_or_after, from_snapshot_start, last_snapshot_start, latest_per_key, resets_table,
+)
 from refine.flatten import array_element, child_table_name
 from refine.history import (
     CHANGE,
@@ -168,7 +170,7 @@ def batch_facts(changes: DataFrame) -> BatchFacts:
     row = changes.agg(
         F.count(F.when(F.col("problem").isNotNull(), 1)).alias("problems"),
         F.max(F.when(F.col("op") == Op.TRUNCATE.value, F.struct("source_lsn", "kafka_offset"))).alias("truncate"),
-        F.max(F.when(F.col("source_snapshot_start"), F.struct("kafka_offset", "kafka_partition", "source_lsn"))).alias("snapshot"),
+        last_snapshot_start().alias("snapshot"),
         F.coalesce(F.max(is_key_change(F.col("kafka_headers"))), F.lit(False)).alias("key_changes"),
         F.coalesce(F.max(F.col("op") == Op.DELETE.value), F.lit(False)).alias("deletes"),
         F.coalesce(F.max(has_placeholder(F.col("after"), changes.schema["after"].dataType)), F.lit(False)).alias("toast"),
@@ -176,8 +178,7 @@ def batch_facts(changes: DataFrame) -> BatchFacts:
         F.count(F.lit(1)).alias("records"),
     ).first()  # fmt: skip
     truncate = tuple(row.truncate) if row.truncate else None
-    snapshot = SnapshotStart(row.snapshot.kafka_partition, row.snapshot.kafka_offset, row.snapshot.source_lsn) if row.snapshot else None
-    return BatchFacts(row.problems, truncate, snapshot, row.key_changes, row.deletes, row.toast, row.other_schemas,
+    return BatchFacts(row.problems, truncate, SnapshotStart.of(row.snapshot), row.key_changes, row.deletes, row.toast, row.other_schemas,
                       row.records)  # fmt: skip
 
 
@@ -377,7 +378,7 @@ class RefineBatch:
                     record_deletes(spark, self.deleted, rows, key_columns)
                 if truncated_at is not None:
                     record_truncate(spark, self.deleted, truncated_at)
-                snapshot_at = None if facts.snapshot_from is None else (facts.snapshot_from.lsn, facts.snapshot_from.offset)
+                snapshot_at = None if facts.snapshot_from is None else facts.snapshot_from.position
                 if snapshot_at is not None:
                     record_snapshot_removals(spark, self.deleted, self.refined, rows, key_columns, snapshot_at)
                 guarded = without_resurrections(spark, self.deleted, rows, key_columns)

@@ -36,7 +36,7 @@ from pyspark.sql.types import StructField, StructType
 
 from cdc.raw.table import is_delta_table
 from refine.envelope import Op
-from refine.latest import SnapshotStart, at_or_after, from_snapshot_start
+from refine.latest import SnapshotStart, at_or_after, from_snapshot_start, last_snapshot_start
 from refine.merge import COMMITTED_AT, LSN, OFFSET, OP, REFINED_AT, ensure_refined_table
 from refine.toast import replace_placeholders
 
@@ -168,19 +168,16 @@ def merge_keyless_changes(spark: SparkSession, location: str, applied_at: str, c
         position = F.struct(*STREAM_POSITION)
         [mark] = rows.agg(F.max(position).alias("last"),
                           F.max(F.when(F.col("op") == Op.TRUNCATE.value, position)).alias("truncate"),
-                          F.max(F.when(F.col("source_snapshot_start"), F.struct("kafka_offset", "kafka_partition",
-                                                                                "source_lsn"))).alias("snapshot")).collect()  # fmt: skip
+                          last_snapshot_start().alias("snapshot")).collect()  # fmt: skip
         if mark.last is None:
             return  # nothing new: replayed changes only
         existing, counted = None, rows
         # A truncate or a snapshot's first read: the table's rows go, only the changes after it count.
         if mark.truncate is not None:
             counted = counted.where(at_or_after([F.col(c) for c in STREAM_POSITION], [F.lit(v) for v in mark.truncate]))
-        if mark.snapshot is not None:
-            snapshot = mark.snapshot
-            counted = counted.where(from_snapshot_start(SnapshotStart(snapshot.kafka_partition, snapshot.kafka_offset,
-                                                                      snapshot.source_lsn)))  # fmt: skip
-        reset = mark.truncate is not None or mark.snapshot is not None
+        if (snapshot := SnapshotStart.of(mark.snapshot)) is not None:
+            counted = counted.where(from_snapshot_start(snapshot))
+        reset = mark.truncate is not None or snapshot is not None
         if not reset and is_delta_table(spark, location):
             existing = spark.read.format("delta").load(location)
         version = (applied[-1] if applied else 0) + 1

@@ -42,6 +42,23 @@ class SnapshotStart(NamedTuple):
     offset: int
     lsn: int
 
+    @property
+    def position(self) -> tuple[int, int]:
+        """Its source position (LSN, Kafka offset), as a truncate's."""
+        return self.lsn, self.offset
+
+    @classmethod
+    def of(cls, found) -> SnapshotStart | None:
+        """The value of :func:`last_snapshot_start` (a Row, or None) as a SnapshotStart."""
+        return None if found is None else cls(found.partition, found.offset, found.lsn)
+
+
+def last_snapshot_start() -> Column:
+    """Aggregate of parsed changes: the last snapshot start among them (null if none; see SnapshotStart.of)."""
+    where = F.struct(F.col("kafka_offset").alias("offset"), F.col("kafka_partition").alias("partition"),
+                     F.col("source_lsn").alias("lsn"))  # fmt: skip
+    return F.max(F.when(F.col("source_snapshot_start"), where))
+
 
 def from_snapshot_start(start: SnapshotStart) -> Column:
     """Changes not before a snapshot's first read ``start``, where before means earlier both in the order
