@@ -154,7 +154,8 @@ def refine(args: argparse.Namespace, settings: Settings) -> int:
 
         pipeline = load_pipeline(args.pipeline)  # checked before Spark starts
         config = validate(PipelineRefineConfig, {"warehouse": settings.warehouse, "trigger": _trigger(args),
-                                                 "reinfer_schema": args.reinfer_schema}, "refine job settings")
+                                                 "reinfer_schema": args.reinfer_schema, "rebuild": args.rebuild},
+                          "refine job settings")  # fmt: skip
         spark = _job_session(settings, refines_continuously=not args.available_now)
         run_pipeline_refine(spark, pipeline, config, stop=_stop_on_signals())
         return 0
@@ -162,6 +163,10 @@ def refine(args: argparse.Namespace, settings: Settings) -> int:
     config = validate(RefineJobConfig, {"table": args.table, "warehouse": settings.warehouse, "columns": columns or None,
                                         "key": args.key, "trigger": _trigger(args)}, "refine job settings")  # fmt: skip
     spark = _job_session(settings, refines_continuously=not args.available_now)
+    if args.rebuild:
+        from refine.rebuild import rebuild_refined_table
+
+        rebuild_refined_table(spark, config)
     run_refine_job(spark, config, stop=_stop_on_signals())
     return 0
 
@@ -388,6 +393,10 @@ def build_parser() -> argparse.ArgumentParser:
                           help="a column's Spark type (e.g. amount=decimal(12,2); at=timestamp_ntz(3) for a Postgres timestamp(3)): "
                           "the row's schema for values written without one (then --key too), else an override of the decoded type; repeatable")
     refining.add_argument("--key", action="append", metavar="NAME", help="a primary-key column of a schemaless topic; repeatable")
+    refining.add_argument("--rebuild", action="store_true",
+                          help="first make the refined table(s) again from the raw table's current contents, with history "
+                          "and child tables, each replaced in one commit (the old version stays for time travel); stop the "
+                          "table's running refine first")
 
     syncing = _add(commands, "sync", sync, "land topics and refine them in one Spark application (one JVM)",
                    [warehouse, landing])

@@ -30,9 +30,9 @@ from pydantic import AfterValidator, Field, field_validator, model_validator
 from cdc.config import _Strict
 from cdc.errors import CdcError, ConfigError, StreamError, TableError
 from cdc.raw.config import TOPIC_NAME, Continuous, Trigger
-from cdc.raw.table import raw_table_location, raw_table_topic
+from cdc.raw.table import delta_properties, is_delta_table, raw_table_location, raw_table_topic
 from cdc.shared_tables import retrying_conflicts
-from cdc.storage import normalize_location
+from cdc.storage import Storage, normalize_location
 from cdc.streaming import ProgressReports, ending_on_request, failure, stop_queries, with_trigger
 from refine.columns import connect_type, declared_schemas, declared_types
 from refine.deleted import (
@@ -132,6 +132,10 @@ class RefineJobConfig(RefineRun):
         return self
 
 
+# On a rebuilt refined table: the raw table's version it was rebuilt from (its stream goes on after it).
+REBUILT_FROM_PROPERTY = "cdc.rebuilt_from_raw_version"
+
+
 def refined_table_location(warehouse: str, topic: str) -> str:
     return f"{warehouse}/refined/{topic}"
 
@@ -190,9 +194,10 @@ def _has_bare_envelopes(records: DataFrame) -> bool:
 class RefineBatch:
     """The foreachBatch function of `cdc refine`."""
 
-    def __init__(self, config: RefineJobConfig) -> None:
+    def __init__(self, config: RefineJobConfig, *, raw_location: str | None = None) -> None:
         self.config = config
-        self.raw = raw_table_location(config.warehouse, config.table)
+        # Another warehouse's raw table: a rebuild (refine/rebuild.py) refines into staging tables.
+        self.raw = raw_location or raw_table_location(config.warehouse, config.table)
         self.refined = refined_table_location(config.warehouse, config.target)
         self.deleted = deleted_location(config.warehouse, config.target)
         self.applied = applied_location(config.warehouse, config.target)
@@ -441,6 +446,19 @@ def run_batch_retrying_conflicts(refine_batch: Callable[[], None], batch_id: int
     retrying_conflicts(refine_batch, on_conflict=count)
 
 
+def refine_checkpoint_location(warehouse: str, name: str) -> str:
+    return f"{warehouse}/_cdc/checkpoints/refine/{name}"
+
+
+def starting_raw_version(spark: SparkSession, refined: str) -> int:
+    """The raw table's first version a new checkpoint of the refined table's stream reads: after the one
+    a rebuild made it from (:mod:`refine.rebuild`), else 0. (An existing checkpoint knows its own.)"""
+    if not is_delta_table(spark, refined):
+        return 0
+    rebuilt_from = delta_properties(spark, refined).get(REBUILT_FROM_PROPERTY)
+    return 0 if rebuilt_from is None else int(rebuilt_from) + 1
+
+
 def start_refine_query(
     spark: SparkSession, warehouse: str, topic: str, name: str, batch: Callable[[DataFrame, int], None], trigger: Trigger
 ) -> StreamingQuery:
@@ -449,10 +467,12 @@ def start_refine_query(
     raw = raw_table_location(warehouse, topic)
     if raw_table_topic(spark, raw) is None:
         raise TableError("no raw table for this topic: run `cdc raw` first", table=raw)
+    checkpoint = refine_checkpoint_location(warehouse, name)
+    starting = 0 if Storage(spark).exists(checkpoint) else starting_raw_version(spark, refined_table_location(warehouse, name))
     writer = (
-        spark.readStream.format("delta").option("readChangeFeed", "true").option("startingVersion", 0).load(raw)
+        spark.readStream.format("delta").option("readChangeFeed", "true").option("startingVersion", starting).load(raw)
         .writeStream.queryName(f"refine {name}").foreachBatch(batch)
-        .option("checkpointLocation", f"{warehouse}/_cdc/checkpoints/refine/{name}")
+        .option("checkpointLocation", checkpoint)
     )  # fmt: skip
     return with_trigger(writer, trigger).start()
 

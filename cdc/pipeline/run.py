@@ -39,6 +39,7 @@ from refine.business import BusinessTableConfig, run_business_tables
 from refine.events import EventsBatch, EventsRefineJobConfig, events_batch, history_spec
 from refine.expectations import Expectation
 from refine.rules import TableRules
+from refine.rebuild import rebuild_refined_table
 from refine.job import RefineBatch, RefineJobConfig, RefineRun, refined_table_location, start_refine_query, watch_refine_queries
 
 RefineJob = RefineJobConfig | EventsRefineJobConfig
@@ -50,6 +51,9 @@ class PipelineRefineConfig(RefineRun):
     reinfer_schema: bool = Field(
         default=False, description="Infer the kept schemas of event sources without a given schema again."
     )
+    rebuild: bool = Field(default=False, description=(
+        "First rebuild every refined table of a Debezium source (with its history and child tables) from its raw "
+        "table's current contents (refine/rebuild.py); event tables are refined as usual."))
 
 
 def raw_job_config(pipeline: Pipeline, options: dict[str, Any]) -> RawJobConfig:
@@ -180,6 +184,10 @@ def run_pipeline_refine(
     """
     stop = stop or threading.Event()
     jobs = refine_jobs(pipeline, config)
+    if config.rebuild:
+        for job in jobs:
+            if isinstance(job, RefineJobConfig) and not stop.is_set():
+                rebuild_refined_table(spark, job, say)
     business = business_tables(pipeline, config.warehouse)
     once = isinstance(config.trigger, AvailableNow)
     groups = [[job] for job in jobs] if once else [jobs]

@@ -1,0 +1,182 @@
+"""`cdc refine --rebuild`: a refined table made again from its raw table's current contents.
+
+A refined table written by a version with a bug holds wrong values that no later batch corrects (a
+change applied wrongly is never sent again). The raw table still holds every record as it came, so
+the way out is to refine it all again:
+
+1. the raw table is read as it is now (version ``V``: its current files, not its Change Data Feed, so
+   this works after ``OPTIMIZE`` and ``VACUUM`` of the raw table), in chunks of whole raw micro-batches
+   in landing order (``batch_id``), each refined as one micro-batch into *staging* tables under
+   ``<warehouse>/_cdc/rebuild/<name>``: the refined table, its history and child tables, and its side
+   tables (deleted keys, the keyless stream mark);
+2. each live table is then replaced by its staged copy in one Delta commit (an overwrite: readers
+   see the old or the new table, never a mix, and the old version stays for time travel,
+   ``VERSION AS OF``);
+3. the refinement's checkpoint is removed and the refined table records ``V``
+   (:data:`REBUILT_FROM_PROPERTY`): the next `cdc refine` streams the raw table from ``V + 1`` on.
+
+Records the rebuild quarantines join the warehouse's quarantine (a record already there is not added
+twice); its expectation counts are not added to the job's (they counted the records once already).
+A rebuild cut short changes nothing it had not swapped yet, and running it again starts over; a live
+table already swapped is consistent on its own, and a refinement continuing from the old checkpoint
+meanwhile only replays changes its position guards drop.
+
+Stop the table's `cdc refine` (or `cdc sync`) before rebuilding it: both write the same tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from cdc.errors import TableError
+from cdc.raw.table import delta_properties, is_delta_table, raw_table_location, raw_table_topic
+from cdc.storage import Storage
+from refine.deleted import deleted_location
+from refine.job import REBUILT_FROM_PROPERTY, RefineBatch, RefineJobConfig, refine_checkpoint_location, refined_table_location
+from refine.keyless import applied_location
+from refine.quarantine import add_quarantined, quarantine_location
+from refine.rules import TableRules, history_table_name
+from refine.flatten import child_table_name
+
+# Raw records refined as one micro-batch of the rebuild (whole raw micro-batches: a chunk may hold more).
+RECORDS_PER_BATCH = 2_000_000
+# Table properties Delta manages itself: not copied from a staged table to its live one.
+_PROTOCOL_PROPERTIES = ("delta.minReaderVersion", "delta.minWriterVersion", "delta.feature.")
+
+
+@dataclass(frozen=True)
+class RebuiltTable:
+    """One live table a rebuild replaced: its Delta versions before (None: it did not exist) and after."""
+
+    location: str
+    version_before: int | None
+    version_after: int
+
+
+def rebuild_location(warehouse: str, name: str) -> str:
+    """Where a rebuild of refined table ``name`` stages its tables."""
+    return f"{warehouse}/_cdc/rebuild/{name}"
+
+
+def rebuild_refined_table(
+    spark: SparkSession, config: RefineJobConfig, say: Callable[[str], None] = print,
+    records_per_batch: int = RECORDS_PER_BATCH,
+) -> list[RebuiltTable]:  # fmt: skip
+    """Refine the raw table of ``config`` again, from its current contents, into its refined table and
+    the tables beside it (history, children, side tables), replacing each in one commit; the next run
+    of the refinement continues after the raw version read. Returns the tables replaced.
+
+    Example::
+
+        config = RefineJobConfig(table="demo.shop.customers", warehouse="/lake", history=True)
+        for table in rebuild_refined_table(spark, config):
+            print(table.location, table.version_before, "->", table.version_after)
+    """
+    raw = raw_table_location(config.warehouse, config.table)
+    if raw_table_topic(spark, raw) is None:
+        raise TableError("no raw table for this topic: run `cdc raw` first", table=raw)
+    raw_version = DeltaTable.forPath(spark, raw).history(1).select("version").first()[0]
+    records = spark.read.format("delta").option("versionAsOf", raw_version).load(raw)
+    staging = rebuild_location(config.warehouse, config.target)
+    storage = Storage(spark)
+    storage.delete(staging)  # what a rebuild cut short left
+    rules = (config.rules or TableRules(table=config.target, topic=config.table, warehouse=config.warehouse))
+    staged = config.model_copy(update={"warehouse": staging, "rules": rules.model_copy(update={"warehouse": staging})})
+    batch = RefineBatch(staged, raw_location=raw)
+    chunks = raw_chunks(records, records_per_batch)
+    for number, chunk in enumerate(chunks):
+        batch(chunk.withColumn("_change_type", F.lit("insert")), number)
+        say(f"rebuild {config.target}: raw batches {number + 1}/{len(chunks)} refined into {staging}")
+    replaced = [
+        rebuilt for live, copy in _table_pairs(config, staging)
+        if (rebuilt := _replace(spark, live, copy)) is not None
+    ]  # fmt: skip
+    _keep_quarantined(spark, quarantine_location(staging), quarantine_location(config.warehouse))
+    refined = refined_table_location(config.warehouse, config.target)
+    if is_delta_table(spark, refined):
+        spark.sql(f"ALTER TABLE delta.`{refined}` SET TBLPROPERTIES ('{REBUILT_FROM_PROPERTY}' = '{raw_version}')")
+    storage.delete(refine_checkpoint_location(config.warehouse, config.target))
+    storage.delete(staging)
+    for table in replaced:
+        before = "new" if table.version_before is None else f"version {table.version_before} -> {table.version_after}"
+        say(f"rebuild {config.target}: {table.location} replaced ({before})")
+    say(f"rebuild {config.target}: done from raw version {raw_version}; the refinement goes on from there")
+    return replaced
+
+
+def raw_chunks(records: DataFrame, records_per_batch: int) -> list[DataFrame]:
+    """``records`` (a raw table's rows) in chunks of whole raw micro-batches, in landing order, of about
+    ``records_per_batch`` records each (one chunk when they are fewer)."""
+    total = records.count()
+    if total <= records_per_batch:
+        return [records]
+    parts = -(-total // records_per_batch)
+    bounds = records.approxQuantile("batch_id", [i / parts for i in range(1, parts)], 0.001)
+    edges = sorted(set(int(bound) for bound in bounds))
+    chunks, lower = [], None
+    for edge in edges:
+        chunks.append(records.where(F.col("batch_id") <= edge) if lower is None
+                      else records.where((F.col("batch_id") > lower) & (F.col("batch_id") <= edge)))  # fmt: skip
+        lower = edge
+    chunks.append(records if lower is None else records.where(F.col("batch_id") > lower))
+    return chunks
+
+
+def _table_pairs(config: RefineJobConfig, staging: str) -> list[tuple[str, str]]:
+    """(live, staged) locations of every table a refinement of ``config`` writes for its table."""
+    names = [config.target, *[child_table_name(config.target, path) for path in config.explode]]
+    if config.history:
+        names.append(history_table_name(config.target))
+    pairs = [(refined_table_location(config.warehouse, name), refined_table_location(staging, name)) for name in names]
+    for side in (deleted_location, applied_location):
+        pairs.append((side(config.warehouse, config.target), side(staging, config.target)))
+    return pairs
+
+
+def _replace(spark: SparkSession, live: str, staged: str) -> RebuiltTable | None:
+    """Make the table at ``live`` hold what the table at ``staged`` holds, in one commit for its rows (None
+    when neither exists). A live table the rebuild wrote nothing for is emptied."""
+    if not is_delta_table(spark, staged):
+        if not is_delta_table(spark, live):
+            return None
+        before = _version(spark, live)
+        DeltaTable.forPath(spark, live).delete()
+        return RebuiltTable(live, before, _version(spark, live))
+    properties = {key: value for key, value in delta_properties(spark, staged).items()
+                  if not key.startswith(_PROTOCOL_PROPERTIES)}  # fmt: skip
+    rows = spark.read.format("delta").load(staged)
+    before = _version(spark, live) if is_delta_table(spark, live) else None
+    if before is None:  # created as the refinement creates it (Change Data Feed first: its readers see every row)
+        builder = DeltaTable.createIfNotExists(spark).location(live).addColumns(rows.schema)
+        for key, value in properties.items():
+            builder = builder.property(key, value)
+        builder.execute()
+    rows.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(live)
+    current = delta_properties(spark, live)
+    changed = {key: value for key, value in properties.items() if current.get(key) != value}
+    if changed:
+        assignments = ", ".join(f"'{key}' = '{_escaped(value)}'" for key, value in changed.items())
+        spark.sql(f"ALTER TABLE delta.`{live}` SET TBLPROPERTIES ({assignments})")
+    gone = [key for key in current if key.startswith("cdc.") and key not in properties]
+    if gone:  # a mark of the old refinement (a truncate's position, say) the rebuild did not make
+        spark.sql(f"ALTER TABLE delta.`{live}` UNSET TBLPROPERTIES IF EXISTS ({', '.join(repr(k) for k in gone)})")
+    return RebuiltTable(live, before, _version(spark, live))
+
+
+def _keep_quarantined(spark: SparkSession, staged: str, live: str) -> None:
+    """Add the records the rebuild quarantined to the warehouse's quarantine (once each)."""
+    if is_delta_table(spark, staged):
+        add_quarantined(spark, live, spark.read.format("delta").load(staged))
+
+
+def _version(spark: SparkSession, location: str) -> int:
+    return DeltaTable.forPath(spark, location).history(1).select("version").first()[0]
+
+
+def _escaped(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("'", "\\'")
