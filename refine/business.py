@@ -167,6 +167,8 @@ def grouped_aggregate(plan: Any) -> GroupedAggregate | str:
         if _name(inner) == "AttributeReference":
             outputs.setdefault(inner.exprId().id(), output.name())
     keys = {}
+    if not _seq(plan.groupingExpressions()):  # one row over the whole table: no group to recompute alone
+        return "the query aggregates the whole table (no GROUP BY)"
     for grouping in _seq(plan.groupingExpressions()):
         if _name(grouping) != "AttributeReference" or grouping.exprId().id() not in columns:
             return f"the grouping expression {grouping.sql()} is not a column of {source}"

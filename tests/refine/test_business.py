@@ -92,6 +92,18 @@ def test_a_join_with_a_window_is_refreshed_fully(spark, tmp_path):
     assert refresh_business_table(spark, config).mode is RefreshMode.UNCHANGED
 
 
+def test_an_aggregate_of_the_whole_table_is_refreshed_fully(spark, tmp_path):
+    source = str(tmp_path / "refined" / "sessions")
+    refined_sessions(spark, source)
+    query = f"SELECT count(DISTINCT player) AS players, count(*) AS sessions FROM delta.`{source}`"
+    config = BusinessTableConfig(name="totals", query=query, location=str(tmp_path / "business"))
+    assert refresh_business_table(spark, config).mode is RefreshMode.FULL
+    DeltaTable.forPath(spark, source).delete("player = 'cyd'")
+    outcome = refresh_business_table(spark, config)  # it stopped with a syntax error in its recomputation
+    assert outcome.mode is RefreshMode.FULL and "no GROUP BY" in outcome.reason
+    assertDataFrameEqual(table(spark, config.location), spark.sql(query))
+
+
 def test_the_loop_refreshes_on_its_interval_until_stopped(spark, tmp_path):
     source = str(tmp_path / "refined" / "sessions")
     refined_sessions(spark, source)
