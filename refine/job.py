@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable
 from typing import Annotated, NamedTuple
 
+from delta.tables import DeltaTable
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
@@ -450,13 +451,18 @@ def refine_checkpoint_location(warehouse: str, name: str) -> str:
     return f"{warehouse}/_cdc/checkpoints/refine/{name}"
 
 
-def starting_raw_version(spark: SparkSession, refined: str) -> int:
+def starting_raw_version(spark: SparkSession, refined: str, raw: str) -> int:
     """The raw table's first version a new checkpoint of the refined table's stream reads: after the one
-    a rebuild made it from (:mod:`refine.rebuild`), else 0. (An existing checkpoint knows its own.)"""
+    a rebuild made it from (:mod:`refine.rebuild`), else 0. (An existing checkpoint knows its own.)
+    Delta refuses to start after its last version: until the raw table has a newer one, the stream starts
+    at the rebuild's, whose changes the refined table holds already (a replay its guards leave out)."""
     if not is_delta_table(spark, refined):
         return 0
     rebuilt_from = delta_properties(spark, refined).get(REBUILT_FROM_PROPERTY)
-    return 0 if rebuilt_from is None else int(rebuilt_from) + 1
+    if rebuilt_from is None:
+        return 0
+    latest = DeltaTable.forPath(spark, raw).history(1).select("version").first()[0]
+    return min(int(rebuilt_from) + 1, latest)
 
 
 def start_refine_query(
@@ -468,7 +474,7 @@ def start_refine_query(
     if raw_table_topic(spark, raw) is None:
         raise TableError("no raw table for this topic: run `cdc raw` first", table=raw)
     checkpoint = refine_checkpoint_location(warehouse, name)
-    starting = 0 if Storage(spark).exists(checkpoint) else starting_raw_version(spark, refined_table_location(warehouse, name))
+    starting = 0 if Storage(spark).exists(checkpoint) else starting_raw_version(spark, refined_table_location(warehouse, name), raw)
     writer = (
         spark.readStream.format("delta").option("readChangeFeed", "true").option("startingVersion", starting).load(raw)
         .writeStream.queryName(f"refine {name}").foreachBatch(batch)

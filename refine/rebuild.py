@@ -151,6 +151,9 @@ def _replace(spark: SparkSession, live: str, staged: str) -> RebuiltTable | None
                   if not key.startswith(_PROTOCOL_PROPERTIES)}  # fmt: skip
     rows = spark.read.format("delta").load(staged)
     before = _version(spark, live) if is_delta_table(spark, live) else None
+    if before is not None:  # the live table's columns keep their order (a column added mid-stream stays last)
+        kept = [c for c in spark.read.format("delta").load(live).columns if c in rows.columns]
+        rows = rows.select(*[F.col(f"`{c}`") for c in [*kept, *[c for c in rows.columns if c not in kept]]])
     if before is None:  # created as the refinement creates it (Change Data Feed first: its readers see every row)
         builder = DeltaTable.createIfNotExists(spark).location(live).addColumns(rows.schema)
         for key, value in properties.items():

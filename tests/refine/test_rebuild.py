@@ -3,7 +3,9 @@ contents, after the raw table's Change Data Feed history is gone; the refinement
 
 from __future__ import annotations
 
+import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 from delta.tables import DeltaTable
@@ -125,3 +127,46 @@ def test_raw_chunks_are_whole_raw_batches_in_landing_order(spark):
     assert [b for chunk in batches for b in chunk] == list(range(10))  # each batch once, in order
     assert len(chunks) >= 3
     assert raw_chunks(records, 50) == [records]
+
+
+def _module(name: str):
+    """A test module beside this one (tests are no package: pytest imports them by path)."""
+    spec = importlib.util.spec_from_file_location(f"_{name}", Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_pipeline_rebuild_remakes_a_mongo_collections_tables_and_refreshes_its_business_table(
+    spark, kafka, pipeline_run, unique_name
+):  # fmt: skip
+    mongo = _module("test_mongo")  # the MongoDB connector's records, as its tests write them
+    first_batch, second_batch = mongo.first_batch, mongo.second_batch
+
+    topic = kafka.create_topic(f"{unique_name}.shop.people")
+    kafka.produce(topic, first_batch(topic))
+    pipeline = {
+        "name": "people",
+        "sources": {"people": {"kind": "debezium_mongodb", "topic": topic}},
+        "refined": {"people": {"source": "people", "scd": 2, "explode": ["orders"]}},
+        "business": {"names": {"sql": "SELECT count(DISTINCT name) AS names FROM people"}},
+        "expectations": {"not_big": {"table": "people", "constraint": "name <> 'Big'", "action": "drop"}},
+    }  # fmt: skip
+    assert pipeline_run(pipeline) == 0
+    kafka.produce(topic, second_batch(topic))
+    assert pipeline_run(pipeline) == 0
+    names = ["people", "people__history", "people__orders"]
+    locations = [refined_table_location(pipeline_run.warehouse, name) for name in names]
+    right = {location: contents(spark, location).collect() for location in locations}
+    business = pipeline_run.table("names", "business").collect()
+    counts = spark.read.format("delta").load(f"{pipeline_run.warehouse}/_cdc/expectations").collect()
+
+    spark.sql(f"UPDATE delta.`{locations[0]}` SET name = 'wrong'")
+    spark.sql(f"DELETE FROM delta.`{locations[2]}`")
+    for attempt in range(2):
+        assert pipeline_run(pipeline, "--rebuild") == 0
+        for location in locations:
+            assertDataFrameEqual(contents(spark, location), right[location])
+        assertDataFrameEqual(pipeline_run.table("names", "business"), business)
+        # The rebuild's expectation counts are not added to the job's.
+        assertDataFrameEqual(spark.read.format("delta").load(f"{pipeline_run.warehouse}/_cdc/expectations"), counts)
