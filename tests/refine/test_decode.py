@@ -129,7 +129,7 @@ def test_bytes_json_uuid_arrays_booleans_and_floats(spark):
     ]
     assert decoded(spark, {"type": "array", "items": {"type": "string", "optional": True}}, [["x", None], []]) == [["x", None], []]
     assert decoded(spark, {"type": "boolean"}, [True, False, None]) == [True, False, None]
-    floats = decoded(spark, {"type": "float64"}, [1.5, "NaN", "Infinity", "-Infinity"])
+    floats = decoded(spark, {"type": "double"}, [1.5, "NaN", "Infinity", "-Infinity"])
     assert floats[0] == 1.5 and floats[1] != floats[1] and floats[2] == float("inf") and floats[3] == float("-inf")
 
 
