@@ -57,6 +57,12 @@ ZONED_TIMESTAMP = "io.debezium.time.ZonedTimestamp"
 # Postgres' unconstrained numeric has no fixed precision or scale; it lands in the widest decimal
 # Spark has, with room for 18 fractional digits. A value that does not fit is undecodable.
 VARIABLE_SCALE_DECIMAL_TYPE = DecimalType(38, 18)
+# Postgres 15 allows a scale above the precision (numeric(2,4)) and a negative one (numeric(5,-2)),
+# which Debezium reads from the type modifier's 11 bits as 2048 plus the scale (2046 for -2). A scale
+# Spark's decimals cannot hold (above 38) refines as the value's exact text; a misread negative scale
+# has only zeros after the point, which the text drops (numeric(5,-2)'s 12300 is "12300").
+_MAX_POSTGRES_SCALE = 1000
+_MAX_SPARK_DIGITS = 38
 
 _PRIMITIVES: dict[ConnectType, DataType] = {
     ConnectType.INT8: ByteType(),
@@ -93,8 +99,10 @@ def decoded_type(schema: ConnectSchema) -> DataType:
     match schema.name:
         case name if name == DECIMAL:
             parameters = schema.parameters or {}
-            precision = int(parameters.get("connect.decimal.precision", 38))
-            return DecimalType(min(precision, 38), int(parameters["scale"]))
+            precision, scale = int(parameters.get("connect.decimal.precision", 38)), int(parameters["scale"])
+            if scale > _MAX_SPARK_DIGITS:
+                return StringType()
+            return DecimalType(min(max(precision, scale), _MAX_SPARK_DIGITS), scale)
         case name if name == VARIABLE_SCALE_DECIMAL:
             return VARIABLE_SCALE_DECIMAL_TYPE
         case name if name in (DATE, CONNECT_DATE):
@@ -125,6 +133,10 @@ def decode(value: Column, schema: ConnectSchema) -> Column:
     match schema.name:
         case name if name == DECIMAL:
             target = decoded_type(schema)
+            if isinstance(target, StringType):
+                scale = int((schema.parameters or {})["scale"])
+                text = _decimal_text(value, F.lit(scale))
+                return F.regexp_replace(text, r"\.0*$", "") if scale > _MAX_POSTGRES_SCALE else text
             assert isinstance(target, DecimalType)
             return _decimal(value, F.lit(target.scale), target)
         case name if name == VARIABLE_SCALE_DECIMAL:

@@ -138,3 +138,15 @@ def test_undecodable_values_are_told_apart_from_nulls(spark):
     schema = ConnectSchema.model_validate({"type": "bytes"})
     flags = frame.select(undecodable(F.col("raw"), decode(F.col("raw"), schema)).alias("bad")).collect()
     assert [row.bad for row in flags] == [True, False, False]
+
+
+def test_decimal_scales_spark_cannot_hold_as_they_are_in_postgres(spark, decimals_decoded_by):
+    """Postgres 15's numeric(2,4) (scale above the precision) fits a decimal(4,4); numeric(5,-2), whose
+    scale Debezium reads as 2046 (the type modifier's 11 bits), and scales above 38 refine as exact text."""
+    above = {**DECIMAL_12_2, "parameters": {"scale": "4", "connect.decimal.precision": "2"}}
+    assert decoded(spark, above, [two_complement(12), two_complement(-99)]) == [Decimal("0.0012"), Decimal("-0.0099")]
+    negative = {**DECIMAL_12_2, "parameters": {"scale": "2046", "connect.decimal.precision": "5"}}
+    assert decoded(spark, negative, [two_complement(123 * 10**2048), two_complement(-99999 * 10**2048), "AA=="]) == [
+        "12300", "-9999900", "0"]  # fmt: skip
+    wide = {**DECIMAL_12_2, "parameters": {"scale": "40", "connect.decimal.precision": "41"}}
+    assert decoded(spark, wide, [two_complement(15 * 10**39)]) == ["1." + "5" + "0" * 39]
