@@ -53,6 +53,17 @@ CONNECT_TIMESTAMP = "org.apache.kafka.connect.data.Timestamp"
 MICRO_TIMESTAMP = "io.debezium.time.MicroTimestamp"
 NANO_TIMESTAMP = "io.debezium.time.NanoTimestamp"
 ZONED_TIMESTAMP = "io.debezium.time.ZonedTimestamp"
+CONNECT_TIME = "org.apache.kafka.connect.data.Time"  # millis of the day (time.precision.mode=connect)
+MICRO_DURATION = "io.debezium.time.MicroDuration"
+
+# Spark's dates and timestamps hold years 1 to 9999. Postgres' reach further (4713 BC, 294276 AD, and
+# ±infinity, which Debezium sends as numbers far out of range): such a value is undecodable (so
+# quarantined with its field) rather than a wrong date.
+_FIRST_DAY, _LAST_DAY = -719162, 2932896
+_FIRST_MICROS, _LAST_MICROS = -62135596800000000, 253402300799999999
+_DAY_MICROS = 86_400_000_000
+# interval.handling.mode=numeric: Debezium saturates an interval beyond a long's microseconds to these.
+_SATURATED_MICROS = (-(2**63), 2**63 - 1)
 
 # Postgres' unconstrained numeric has no fixed precision or scale; it lands in the widest decimal
 # Spark has, with room for 18 fractional digits. A value that does not fit is undecodable.
@@ -107,7 +118,7 @@ def decoded_type(schema: ConnectSchema) -> DataType:
             return VARIABLE_SCALE_DECIMAL_TYPE
         case name if name in (DATE, CONNECT_DATE):
             return DateType()
-        case name if name in (TIME, MICRO_TIME, NANO_TIME, ZONED_TIME):
+        case name if name in (TIME, CONNECT_TIME, MICRO_TIME, NANO_TIME, ZONED_TIME):
             return StringType()  # Spark 4.0 has no time-of-day type: ISO text, e.g. 13:45:00.123456
         case name if name in (TIMESTAMP, CONNECT_TIMESTAMP, MICRO_TIMESTAMP, NANO_TIMESTAMP):
             return TimestampNTZType()
@@ -146,21 +157,24 @@ def decode(value: Column, schema: ConnectSchema) -> Column:
             rounded = F.regexp_like(text, F.lit(rf"\.\d{{{VARIABLE_SCALE_DECIMAL_TYPE.scale}}}\d*[1-9]"))
             return F.when(~rounded, text.try_cast(VARIABLE_SCALE_DECIMAL_TYPE))
         case name if name in (DATE, CONNECT_DATE):
-            return F.date_add(F.lit("1970-01-01").cast("date"), value)
-        case name if name == TIME:
+            return F.when(value.between(_FIRST_DAY, _LAST_DAY), F.date_add(F.lit("1970-01-01").cast("date"), value))
+        case name if name in (TIME, CONNECT_TIME):
             return _time_of_day(value.cast("long") * 1000)
         case name if name == MICRO_TIME:
             return _time_of_day(value)
         case name if name == NANO_TIME:
             return _time_of_day(F.floor(value / 1000))
         case name if name in (TIMESTAMP, CONNECT_TIMESTAMP):
-            return F.timestamp_millis(value).cast(TimestampNTZType())
+            return _timestamp(F.try_multiply(value.cast("long"), F.lit(1000)))
         case name if name == MICRO_TIMESTAMP:
-            return F.timestamp_micros(value).cast(TimestampNTZType())
+            return _timestamp(value)
         case name if name == NANO_TIMESTAMP:
-            return F.timestamp_micros(F.floor(value / 1000)).cast(TimestampNTZType())
+            return _timestamp(F.floor(value / 1000))
         case name if name == ZONED_TIMESTAMP:
-            return value.try_cast(TimestampType())  # ISO 8601 in UTC: 2026-11-21T05:53:15.094926Z
+            instant = value.try_cast(TimestampType())  # ISO 8601 in UTC: 2026-11-21T05:53:15.094926Z
+            return F.when(F.unix_micros(instant).between(_FIRST_MICROS, _LAST_MICROS), instant)
+        case name if name == MICRO_DURATION:
+            return F.when(~value.isin(*_SATURATED_MICROS), value)
     match schema.type:
         case ConnectType.BYTES:
             return F.try_to_binary(value, F.lit("base64"))
@@ -182,8 +196,14 @@ def decode(value: Column, schema: ConnectSchema) -> Column:
 
 
 def _time_of_day(micros: Column) -> Column:
-    """Microseconds since midnight as ``HH:mm:ss.SSSSSS``."""
-    return F.date_format(F.timestamp_micros(micros).cast(TimestampNTZType()), "HH:mm:ss.SSSSSS")
+    """Microseconds since midnight as ``HH:mm:ss.SSSSSS`` (Postgres' 24:00:00 included); null out of that range."""
+    text = F.date_format(F.timestamp_micros(micros).cast(TimestampNTZType()), "HH:mm:ss.SSSSSS")
+    return F.when(micros == _DAY_MICROS, F.lit("24:00:00.000000")).when((micros >= 0) & (micros < _DAY_MICROS), text)
+
+
+def _timestamp(micros: Column) -> Column:
+    """Microseconds since the epoch as a timestamp without zone; null out of Spark's years 1-9999."""
+    return F.when(micros.between(_FIRST_MICROS, _LAST_MICROS), F.timestamp_micros(micros).cast(TimestampNTZType()))
 
 
 def _powers_of_256() -> Column:

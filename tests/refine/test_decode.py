@@ -150,3 +150,31 @@ def test_decimal_scales_spark_cannot_hold_as_they_are_in_postgres(spark, decimal
         "12300", "-9999900", "0"]  # fmt: skip
     wide = {**DECIMAL_12_2, "parameters": {"scale": "40", "connect.decimal.precision": "41"}}
     assert decoded(spark, wide, [two_complement(15 * 10**39)]) == ["1." + "5" + "0" * 39]
+
+
+def test_dates_and_timestamps_beyond_sparks_years_do_not_decode(spark):
+    """Spark holds years 1-9999; Debezium sends Postgres' infinity and years beyond as numbers out of
+    that range (wrong dates if read as they are): they are undecodable, so quarantined."""
+    days = decoded(spark, {"type": "int32", "name": "io.debezium.time.Date"}, [-719162, 2932896, -719163, 2932897, -622191234])
+    assert days == [date(1, 1, 1), date(9999, 12, 31), None, None, None]
+    infinity, minus_infinity = 9223372036825200000, -9223372036832400000  # Debezium's ±infinity
+    micros = decoded(spark, {"type": "int64", "name": "io.debezium.time.MicroTimestamp"},
+                     [253402300799999999, infinity, minus_infinity, -62135596800000001])  # fmt: skip
+    assert micros == [datetime(9999, 12, 31, 23, 59, 59, 999999), None, None, None]
+    millis = decoded(spark, {"type": "int64", "name": "io.debezium.time.Timestamp"}, [0, infinity // 1000, 2**63 - 1])
+    assert millis == [datetime(1970, 1, 1), None, None]
+    zoned = decoded(spark, {"type": "string", "name": "io.debezium.time.ZonedTimestamp"},
+                    ["infinity", "+10000-01-01T00:00:00Z", "0001-01-01T00:00:00Z"])  # fmt: skip
+    assert zoned[:2] == [None, None] and zoned[2] is not None
+
+
+def test_times_of_day_include_midnight_at_the_end_and_connects_own_time(spark):
+    micro = decoded(spark, {"type": "int64", "name": "io.debezium.time.MicroTime"}, [86_400_000_000, 0, 86_400_000_001])
+    assert micro == ["24:00:00.000000", "00:00:00.000000", None]
+    connect = decoded(spark, {"type": "int32", "name": "org.apache.kafka.connect.data.Time"}, [49_500_123])
+    assert connect == ["13:45:00.123000"]
+
+
+def test_saturated_interval_microseconds_do_not_decode(spark):
+    schema = {"type": "int64", "name": "io.debezium.time.MicroDuration"}
+    assert decoded(spark, schema, [37091106789000, -(2**63), 2**63 - 1]) == [37091106789000, None, None]
