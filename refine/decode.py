@@ -55,6 +55,7 @@ NANO_TIMESTAMP = "io.debezium.time.NanoTimestamp"
 ZONED_TIMESTAMP = "io.debezium.time.ZonedTimestamp"
 CONNECT_TIME = "org.apache.kafka.connect.data.Time"  # millis of the day (time.precision.mode=connect)
 MICRO_DURATION = "io.debezium.time.MicroDuration"
+BITS = "io.debezium.data.Bits"
 
 # Spark's dates and timestamps hold years 1 to 9999. Postgres' reach further (4713 BC, 294276 AD, and
 # ±infinity, which Debezium sends as numbers far out of range): such a value is undecodable (so
@@ -124,6 +125,8 @@ def decoded_type(schema: ConnectSchema) -> DataType:
             return TimestampNTZType()
         case name if name == ZONED_TIMESTAMP:
             return TimestampType()
+        case name if name == BITS:
+            return StringType()  # bit(n), varbit: the bits as Postgres writes them, 0101
     match schema.type:
         case ConnectType.BYTES:
             return BinaryType()
@@ -175,6 +178,8 @@ def decode(value: Column, schema: ConnectSchema) -> Column:
             return F.when(F.unix_micros(instant).between(_FIRST_MICROS, _LAST_MICROS), instant)
         case name if name == MICRO_DURATION:
             return F.when(~value.isin(*_SATURATED_MICROS), value)
+        case name if name == BITS:
+            return _bits(value, int((schema.parameters or {}).get("length", 2**31 - 1)))
     match schema.type:
         case ConnectType.BYTES:
             return F.try_to_binary(value, F.lit("base64"))
@@ -204,6 +209,18 @@ def _time_of_day(micros: Column) -> Column:
 def _timestamp(micros: Column) -> Column:
     """Microseconds since the epoch as a timestamp without zone; null out of Spark's years 1-9999."""
     return F.when(micros.between(_FIRST_MICROS, _LAST_MICROS), F.timestamp_micros(micros).cast(TimestampNTZType()))
+
+
+def _bits(base64: Column, length: int) -> Column:
+    """Debezium's ``Bits`` (the bit string as a little-endian integer's bytes) as Postgres writes it,
+    ``length`` digits (a varbit's length is not sent: its leading zeros are lost)."""
+    data = F.try_to_binary(base64, F.lit("base64"))
+    byte_digits = F.transform(F.sequence(F.lit(1), F.octet_length(data)),
+                              lambda i: F.lpad(F.conv(F.hex(F.substring(data, i, 1)), 16, 2), 8, "0"))  # fmt: skip
+    digits = F.when(F.octet_length(data) > 0, F.array_join(F.reverse(byte_digits), "")).otherwise(F.lit(""))
+    if length >= 2**31 - 1:  # varbit
+        return F.when(data.isNotNull(), F.regexp_replace(digits, "^0+", ""))
+    return F.when(data.isNotNull(), F.lpad(F.substring(F.concat(F.repeat(F.lit("0"), length), digits), -length, length), length, "0"))
 
 
 def _powers_of_256() -> Column:

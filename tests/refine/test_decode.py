@@ -178,3 +178,12 @@ def test_times_of_day_include_midnight_at_the_end_and_connects_own_time(spark):
 def test_saturated_interval_microseconds_do_not_decode(spark):
     schema = {"type": "int64", "name": "io.debezium.time.MicroDuration"}
     assert decoded(spark, schema, [37091106789000, -(2**63), 2**63 - 1]) == [37091106789000, None, None]
+
+
+def test_bits_as_postgres_writes_them(spark):
+    """Debezium's Bits: the bit string as an integer, its bytes little-endian (B'101000000001' is 0x01 0x0A)."""
+    bits12 = {"type": "bytes", "name": "io.debezium.data.Bits", "parameters": {"length": "12"}}
+    assert decoded(spark, bits12, ["AQo=", "", "/w8=", "AQ=="]) == ["101000000001", "000000000000", "111111111111", "000000000001"]
+    varbit = {"type": "bytes", "name": "io.debezium.data.Bits", "parameters": {"length": "2147483647"}}
+    # A varbit's length is not sent: B'0011' arrives as B'11'.
+    assert decoded(spark, varbit, ["BQ==", "B/gH", "", "Aw=="]) == ["101", "1111111100000000111", "", "11"]
