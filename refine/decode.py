@@ -63,6 +63,9 @@ BITS = "io.debezium.data.Bits"
 _FIRST_DAY, _LAST_DAY = -719162, 2932896
 _FIRST_MICROS, _LAST_MICROS = -62135596800000000, 253402300799999999
 _DAY_MICROS = 86_400_000_000
+# An array of two dimensions of a text-like type reaches Debezium as arrays of Java arrays, and it sends
+# their Java names ("[Ljava.lang.String;@19b1e693") as the elements: such an array is undecodable.
+_JAVA_ARRAY_NAME = r"^\[L[\w.$]+;@[0-9a-f]+$"
 # interval.handling.mode=numeric: Debezium saturates an interval beyond a long's microseconds to these.
 _SATURATED_MICROS = (-(2**63), 2**63 - 1)
 
@@ -191,7 +194,11 @@ def decode(value: Column, schema: ConnectSchema) -> Column:
         case ConnectType.ARRAY:
             assert schema.items is not None
             items = schema.items
-            return F.transform(value, lambda item: decode(item, items))
+            decoded = F.transform(value, lambda item: decode(item, items))
+            if json_type(items) == StringType():
+                garbled = F.exists(value, lambda item: F.coalesce(item.rlike(_JAVA_ARRAY_NAME), F.lit(False)))
+                return F.when(~garbled, decoded)
+            return decoded
         case ConnectType.MAP:
             assert schema.values is not None
             values = schema.values

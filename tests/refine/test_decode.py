@@ -187,3 +187,12 @@ def test_bits_as_postgres_writes_them(spark):
     varbit = {"type": "bytes", "name": "io.debezium.data.Bits", "parameters": {"length": "2147483647"}}
     # A varbit's length is not sent: B'0011' arrives as B'11'.
     assert decoded(spark, varbit, ["BQ==", "B/gH", "", "Aw=="]) == ["101", "1111111100000000111", "", "11"]
+
+
+def test_arrays_of_two_dimensions_debezium_sends_as_java_array_names_do_not_decode(spark):
+    """A text[] holding {{a,b},{c,d}} arrives as the names of two Java arrays: not a value to keep."""
+    schema = {"type": "array", "items": {"type": "string", "optional": True}}
+    names = ["[Ljava.lang.String;@19b1e693", "[Ljava.lang.String;@7e4a7ad9"]
+    assert decoded(spark, schema, [names, ["[L", "x", None], ["[Ljava.util.UUID;@2e28025c", None]]) == [None, ["[L", "x", None], None]
+    uuids = {"type": "array", "items": {"type": "string", "optional": True, "name": "io.debezium.data.Uuid"}}
+    assert decoded(spark, uuids, [["[Ljava.util.UUID;@2e28025c"]]) == [None]
