@@ -441,9 +441,10 @@ def expected_cells(dsn: str, table: str, case: str) -> dict[int, dict]:
     for col in compared(case):
         if col.lossy and not _garbled(col):
             expected[7][col.name] = col.lossy[1]  # arrays of two dimensions; a BC date read by a snapshot
-        if col.kind == "time" and _is_array(col):  # time[]: Debezium keeps milliseconds only
+        if col.kind in ("time", "timetz") and _is_array(col):  # Debezium keeps milliseconds of time[], seconds of timetz[]
+            unit = 1000 if col.kind == "time" else 1_000_000
             for row in expected.values():
-                row[col.name] = row[col.name] and [None if t is None else t - t % 1000 for t in row[col.name]]
+                row[col.name] = row[col.name] and [None if t is None else t - t % unit for t in row[col.name]]
         if col.name in NULL_WITH_A_NULL_ELEMENT:  # Debezium sends NULL for the whole array
             for row in expected.values():
                 if row[col.name] and None in row[col.name]:
