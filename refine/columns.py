@@ -33,7 +33,7 @@ from refine.envelope import ConnectSchema
 _PRIMITIVES = {
     "string": {"type": "string"}, "boolean": {"type": "boolean"}, "tinyint": {"type": "int8"},
     "smallint": {"type": "int16"}, "int": {"type": "int32"}, "bigint": {"type": "int64"},
-    "float": {"type": "float32"}, "double": {"type": "float64"}, "binary": {"type": "bytes"},
+    "float": {"type": "float"}, "double": {"type": "double"}, "binary": {"type": "bytes"},
     "date": {"type": "int32", "name": DATE}, "timestamp": {"type": "string", "name": ZONED_TIMESTAMP},
     "timestamp_ntz": {"type": "int64", "name": MICRO_TIMESTAMP}, "time": {"type": "int64", "name": MICRO_TIME},
 }  # fmt: skip

@@ -53,10 +53,31 @@ CONNECT_TIMESTAMP = "org.apache.kafka.connect.data.Timestamp"
 MICRO_TIMESTAMP = "io.debezium.time.MicroTimestamp"
 NANO_TIMESTAMP = "io.debezium.time.NanoTimestamp"
 ZONED_TIMESTAMP = "io.debezium.time.ZonedTimestamp"
+CONNECT_TIME = "org.apache.kafka.connect.data.Time"  # millis of the day (time.precision.mode=connect)
+MICRO_DURATION = "io.debezium.time.MicroDuration"
+BITS = "io.debezium.data.Bits"
+
+# Spark's dates and timestamps hold years 1 to 9999. Postgres' reach further (4713 BC, 294276 AD, and
+# ±infinity, which Debezium sends as numbers far out of range): such a value is undecodable (so
+# quarantined with its field) rather than a wrong date.
+_FIRST_DAY, _LAST_DAY = -719162, 2932896
+_FIRST_MICROS, _LAST_MICROS = -62135596800000000, 253402300799999999
+_DAY_MICROS = 86_400_000_000
+# An array of two dimensions of a text-like type reaches Debezium as arrays of Java arrays, and it sends
+# their Java names ("[Ljava.lang.String;@19b1e693") as the elements: such an array is undecodable.
+_JAVA_ARRAY_NAME = r"^\[L[\w.$]+;@[0-9a-f]+$"
+# interval.handling.mode=numeric: Debezium saturates an interval beyond a long's microseconds to these.
+_SATURATED_MICROS = (-(2**63), 2**63 - 1)
 
 # Postgres' unconstrained numeric has no fixed precision or scale; it lands in the widest decimal
 # Spark has, with room for 18 fractional digits. A value that does not fit is undecodable.
 VARIABLE_SCALE_DECIMAL_TYPE = DecimalType(38, 18)
+# Postgres 15 allows a scale above the precision (numeric(2,4)) and a negative one (numeric(5,-2)),
+# which Debezium reads from the type modifier's 11 bits as 2048 plus the scale (2046 for -2). A scale
+# Spark's decimals cannot hold (above 38) refines as the value's exact text; a misread negative scale
+# has only zeros after the point, which the text drops (numeric(5,-2)'s 12300 is "12300").
+_MAX_POSTGRES_SCALE = 1000
+_MAX_SPARK_DIGITS = 38
 
 _PRIMITIVES: dict[ConnectType, DataType] = {
     ConnectType.INT8: ByteType(),
@@ -93,18 +114,22 @@ def decoded_type(schema: ConnectSchema) -> DataType:
     match schema.name:
         case name if name == DECIMAL:
             parameters = schema.parameters or {}
-            precision = int(parameters.get("connect.decimal.precision", 38))
-            return DecimalType(min(precision, 38), int(parameters["scale"]))
+            precision, scale = int(parameters.get("connect.decimal.precision", 38)), int(parameters["scale"])
+            if scale > _MAX_SPARK_DIGITS:
+                return StringType()
+            return DecimalType(min(max(precision, scale), _MAX_SPARK_DIGITS), scale)
         case name if name == VARIABLE_SCALE_DECIMAL:
             return VARIABLE_SCALE_DECIMAL_TYPE
         case name if name in (DATE, CONNECT_DATE):
             return DateType()
-        case name if name in (TIME, MICRO_TIME, NANO_TIME, ZONED_TIME):
+        case name if name in (TIME, CONNECT_TIME, MICRO_TIME, NANO_TIME, ZONED_TIME):
             return StringType()  # Spark 4.0 has no time-of-day type: ISO text, e.g. 13:45:00.123456
         case name if name in (TIMESTAMP, CONNECT_TIMESTAMP, MICRO_TIMESTAMP, NANO_TIMESTAMP):
             return TimestampNTZType()
         case name if name == ZONED_TIMESTAMP:
             return TimestampType()
+        case name if name == BITS:
+            return StringType()  # bit(n), varbit: the bits as Postgres writes them, 0101
     match schema.type:
         case ConnectType.BYTES:
             return BinaryType()
@@ -125,6 +150,10 @@ def decode(value: Column, schema: ConnectSchema) -> Column:
     match schema.name:
         case name if name == DECIMAL:
             target = decoded_type(schema)
+            if isinstance(target, StringType):
+                scale = int((schema.parameters or {})["scale"])
+                text = _decimal_text(value, F.lit(scale))
+                return F.regexp_replace(text, r"\.0*$", "") if scale > _MAX_POSTGRES_SCALE else text
             assert isinstance(target, DecimalType)
             return _decimal(value, F.lit(target.scale), target)
         case name if name == VARIABLE_SCALE_DECIMAL:
@@ -134,21 +163,26 @@ def decode(value: Column, schema: ConnectSchema) -> Column:
             rounded = F.regexp_like(text, F.lit(rf"\.\d{{{VARIABLE_SCALE_DECIMAL_TYPE.scale}}}\d*[1-9]"))
             return F.when(~rounded, text.try_cast(VARIABLE_SCALE_DECIMAL_TYPE))
         case name if name in (DATE, CONNECT_DATE):
-            return F.date_add(F.lit("1970-01-01").cast("date"), value)
-        case name if name == TIME:
+            return F.when(value.between(_FIRST_DAY, _LAST_DAY), F.date_add(F.lit("1970-01-01").cast("date"), value))
+        case name if name in (TIME, CONNECT_TIME):
             return _time_of_day(value.cast("long") * 1000)
         case name if name == MICRO_TIME:
             return _time_of_day(value)
         case name if name == NANO_TIME:
             return _time_of_day(F.floor(value / 1000))
         case name if name in (TIMESTAMP, CONNECT_TIMESTAMP):
-            return F.timestamp_millis(value).cast(TimestampNTZType())
+            return _timestamp(F.try_multiply(value.cast("long"), F.lit(1000)))
         case name if name == MICRO_TIMESTAMP:
-            return F.timestamp_micros(value).cast(TimestampNTZType())
+            return _timestamp(value)
         case name if name == NANO_TIMESTAMP:
-            return F.timestamp_micros(F.floor(value / 1000)).cast(TimestampNTZType())
+            return _timestamp(F.floor(value / 1000))
         case name if name == ZONED_TIMESTAMP:
-            return value.try_cast(TimestampType())  # ISO 8601 in UTC: 2026-11-21T05:53:15.094926Z
+            instant = value.try_cast(TimestampType())  # ISO 8601 in UTC: 2026-11-21T05:53:15.094926Z
+            return F.when(F.unix_micros(instant).between(_FIRST_MICROS, _LAST_MICROS), instant)
+        case name if name == MICRO_DURATION:
+            return F.when(~value.isin(*_SATURATED_MICROS), value)
+        case name if name == BITS:
+            return _bits(value, int((schema.parameters or {}).get("length", 2**31 - 1)))
     match schema.type:
         case ConnectType.BYTES:
             return F.try_to_binary(value, F.lit("base64"))
@@ -160,7 +194,11 @@ def decode(value: Column, schema: ConnectSchema) -> Column:
         case ConnectType.ARRAY:
             assert schema.items is not None
             items = schema.items
-            return F.transform(value, lambda item: decode(item, items))
+            decoded = F.transform(value, lambda item: decode(item, items))
+            if json_type(items) == StringType():
+                garbled = F.exists(value, lambda item: F.coalesce(item.rlike(_JAVA_ARRAY_NAME), F.lit(False)))
+                return F.when(~garbled, decoded)
+            return decoded
         case ConnectType.MAP:
             assert schema.values is not None
             values = schema.values
@@ -170,8 +208,26 @@ def decode(value: Column, schema: ConnectSchema) -> Column:
 
 
 def _time_of_day(micros: Column) -> Column:
-    """Microseconds since midnight as ``HH:mm:ss.SSSSSS``."""
-    return F.date_format(F.timestamp_micros(micros).cast(TimestampNTZType()), "HH:mm:ss.SSSSSS")
+    """Microseconds since midnight as ``HH:mm:ss.SSSSSS`` (Postgres' 24:00:00 included); null out of that range."""
+    text = F.date_format(F.timestamp_micros(micros).cast(TimestampNTZType()), "HH:mm:ss.SSSSSS")
+    return F.when(micros == _DAY_MICROS, F.lit("24:00:00.000000")).when((micros >= 0) & (micros < _DAY_MICROS), text)
+
+
+def _timestamp(micros: Column) -> Column:
+    """Microseconds since the epoch as a timestamp without zone; null out of Spark's years 1-9999."""
+    return F.when(micros.between(_FIRST_MICROS, _LAST_MICROS), F.timestamp_micros(micros).cast(TimestampNTZType()))
+
+
+def _bits(base64: Column, length: int) -> Column:
+    """Debezium's ``Bits`` (the bit string as a little-endian integer's bytes) as Postgres writes it,
+    ``length`` digits (a varbit's length is not sent: its leading zeros are lost)."""
+    data = F.try_to_binary(base64, F.lit("base64"))
+    byte_digits = F.transform(F.sequence(F.lit(1), F.octet_length(data)),
+                              lambda i: F.lpad(F.conv(F.hex(F.substring(data, i, 1)), 16, 2), 8, "0"))  # fmt: skip
+    digits = F.when(F.octet_length(data) > 0, F.array_join(F.reverse(byte_digits), "")).otherwise(F.lit(""))
+    if length >= 2**31 - 1:  # varbit
+        return F.when(data.isNotNull(), F.regexp_replace(digits, "^0+", ""))
+    return F.when(data.isNotNull(), F.lpad(F.substring(F.concat(F.repeat(F.lit("0"), length), digits), -length, length), length, "0"))
 
 
 def _powers_of_256() -> Column:

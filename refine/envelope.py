@@ -29,14 +29,15 @@ class Op(str, Enum):
 
 
 class ConnectType(str, Enum):
-    """Kafka Connect's schema types, as JsonConverter writes them."""
+    """Kafka Connect's schema types, as JsonConverter writes them: its schema JSON names FLOAT32 and
+    FLOAT64 ``float`` and ``double`` (not Connect's Java names); the other names are Connect's."""
 
     INT8 = "int8"
     INT16 = "int16"
     INT32 = "int32"
     INT64 = "int64"
-    FLOAT32 = "float32"
-    FLOAT64 = "float64"
+    FLOAT32 = "float"
+    FLOAT64 = "double"
     BOOLEAN = "boolean"
     STRING = "string"
     BYTES = "bytes"

@@ -67,8 +67,9 @@ class PostgresServer(Component):
             "-c", "listen_addresses=127.0.0.1",
             "-c", f"unix_socket_directories={self.data_dir}",
             "-c", "wal_level=logical",
-            "-c", "max_wal_senders=10",
-            "-c", "max_replication_slots=10",
+            # Room for a connector per encoding setting on one table (tests/refine/test_type_matrix.py).
+            "-c", "max_wal_senders=20",
+            "-c", "max_replication_slots=20",
         ]  # fmt: skip
 
     def is_up(self) -> bool:
