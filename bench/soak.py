@@ -147,6 +147,9 @@ def soak(args: argparse.Namespace, settings, stack: LocalStack, seed: int) -> in
         while time.monotonic() < end:
             workload.transaction()
             time.sleep(faults_rng.uniform(0, 0.3))  # the workload's pace
+            if sync.poll() is not None:  # it stopped by itself (Kafka gone too long, say): started again
+                faults["cdc sync stopped by itself"] += 1
+                sync = start_sync(pipeline, warehouse, bootstrap, log, "--trigger-interval", "1")
             if time.monotonic() < next_fault:
                 continue
             victim = faults_rng.choice(["cdc sync", "kafka", "kafka connect"])
@@ -157,14 +160,16 @@ def soak(args: argparse.Namespace, settings, stack: LocalStack, seed: int) -> in
                 sync = start_sync(pipeline, warehouse, bootstrap, log, "--trigger-interval", "1")
             else:
                 component = kafka if victim == "kafka" else connect
-                os.kill(component.status().pid, signal.SIGKILL)
+                pid = component.status().pid
+                os.killpg(pid, signal.SIGKILL)
                 while component.status().pid is not None:
                     time.sleep(0.1)
+                try:
+                    os.waitpid(pid, os.WNOHANG)  # our child when this run started the stack
+                except ChildProcessError:
+                    pass
                 component.start()
                 restart_failed_tasks(client, name)
-            if sync.poll() is not None:  # it stopped by itself (Kafka gone too long): started again
-                faults["cdc sync stopped by itself"] += 1
-                sync = start_sync(pipeline, warehouse, bootstrap, log, "--trigger-interval", "1")
             next_fault = time.monotonic() + faults_rng.expovariate(1 / args.fault_every)
         while workload.held_for:
             workload.transaction()

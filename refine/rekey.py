@@ -5,7 +5,8 @@ of the new key at the same LSN; the create carries TOAST placeholders for the la
 left alone, and the header ``__debezium.oldkey`` (the old key as JSON) links it to the old row. That
 row's values are the old key's state just before the create: an earlier change in the batch, else a
 stored row (the refined table's current row or, when the delete came in an earlier batch, its
-image kept by :mod:`refine.deleted`).
+image kept by :mod:`refine.deleted`). That state may itself come from a key change (A to B, then B
+to C in one batch): such chains are resolved one link per round (:func:`fill_from_old_keys`).
 """
 
 from __future__ import annotations
