@@ -5,7 +5,8 @@ of the new key at the same LSN; the create carries TOAST placeholders for the la
 left alone, and the header ``__debezium.oldkey`` (the old key as JSON) links it to the old row. That
 row's values are the old key's state just before the create: an earlier change in the batch, else a
 stored row (the refined table's current row or, when the delete came in an earlier batch, its
-image kept by :mod:`refine.deleted`).
+image kept by :mod:`refine.deleted`). That state may itself come from a key change (A to B, then B
+to C in one batch): such chains are resolved one link per round (:func:`fill_from_old_keys`).
 """
 
 from __future__ import annotations
@@ -87,13 +88,51 @@ def with_state_before(rows: DataFrame, looks_up: Column, key: Column, states: Da
     return rows.join(prior, "lookup_id", "left").drop("lookup_id")
 
 
+def chain_depth(changes: DataFrame, rekeyed: Column) -> int:
+    """The longest chain of primary-key changes in ``changes`` (A to B, then B to C: 2), each
+    create's link the last key change into its old key before it. Its links are the batch's key
+    changes only, and it takes one small query per link of the longest chain: independent key
+    changes, however many, take one."""
+    lsn, offset = POSITION_COLUMNS
+    links = changes.where(rekeyed).select(
+        F.struct("kafka_partition", "kafka_offset").alias("id"), "key", "old_key", F.col(lsn).alias("lsn"),
+        F.col(offset).alias("offset"),
+    )  # fmt: skip
+    earlier = ~at_or_after([F.col("p.lsn"), F.col("p.offset")], [F.col("c.lsn"), F.col("c.offset")])
+    chained = (
+        links.alias("c").join(links.alias("p"), (F.col("c.old_key") == F.col("p.key")) & earlier)
+        .groupBy(F.col("c.id").alias("id")).agg(F.max(F.struct("p.lsn", "p.offset", "p.id"))["id"].alias("parent"))
+    ).persist()  # fmt: skip
+    try:
+        depth, links_at_depth = 1, chained  # the creates at least depth + 1 links down a chain
+        while not links_at_depth.isEmpty():
+            depth += 1
+            links_at_depth = chained.join(links_at_depth.select(F.col("id").alias("parent")), "parent", "left_semi")
+        return depth
+    finally:
+        chained.unpersist()
+
+
 def fill_from_old_keys(changes: DataFrame, key_schema: ConnectSchema, stored: DataFrame | None) -> DataFrame:
     """``changes`` with each key's placeholders filled from its earlier changes, and a primary-key
-    change's create filled from the old key's state (see the module's doc)."""
+    change's create filled from the old key's state (see the module's doc).
+
+    A create's own placeholders come from its old key, never from the changes its new key had before
+    it (a row deleted earlier): each key change starts a segment of its key's changes that is filled
+    on its own. The old key's state may itself be the create of an earlier key change (A to B to C
+    in one batch): each round fills one more link of the chains, as many rounds as the longest has."""
     key_columns = [field.field for field in key_schema.fields or ()]
+    order = [F.col(c) for c in POSITION_COLUMNS]
     changes = changes.withColumn("old_key", old_key(F.col("kafka_headers"), key_schema))
-    filled = fill_from_earlier_changes(changes, key_columns, [F.col(c) for c in POSITION_COLUMNS])
     rekeyed = (F.col("op") == Op.CREATE.value) & F.col("old_key").isNotNull()
-    with_prior = with_state_before(filled, rekeyed, F.col("old_key"), batch_states(filled), stored)
-    after = replace_placeholders(F.col("after"), F.col("image"), changes.schema["after"].dataType)
-    return with_prior.withColumn("after", after).drop("image", "old_key")
+    segments = Window.partitionBy(*[F.col(f"key.`{k}`") for k in key_columns]).orderBy(*order)
+    changes = changes.withColumn("key_segment", F.count(F.when(rekeyed, 1)).over(segments))
+    filled = fill_from_earlier_changes(changes, key_columns, order, within=(F.col("key_segment"),))
+    for round_ in range(chain_depth(changes, rekeyed)):
+        if round_:  # each round reads the last one's rows twice: cut the lineage, or the plan doubles per round
+            filled = filled.localCheckpoint()
+        with_prior = with_state_before(filled, rekeyed, F.col("old_key"), batch_states(filled), stored)
+        after = replace_placeholders(F.col("after"), F.col("image"), changes.schema["after"].dataType)
+        filled = fill_from_earlier_changes(with_prior.withColumn("after", after).drop("image"), key_columns, order,
+                                           within=(F.col("key_segment"),))  # fmt: skip
+    return filled.drop("old_key", "key_segment")

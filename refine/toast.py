@@ -76,12 +76,15 @@ def has_placeholder(row: Column, row_type: StructType) -> Column:
     return F.coalesce(reduce(Column.__or__, checks), F.lit(False)) if checks else F.lit(False)
 
 
-def fill_from_earlier_changes(changes: DataFrame, key_columns: list[str], order: list[Column]) -> DataFrame:
-    """Replace placeholders in ``after`` by the key's last real value among its earlier changes."""
+def fill_from_earlier_changes(
+    changes: DataFrame, key_columns: list[str], order: list[Column], within: tuple[Column, ...] = ()
+) -> DataFrame:
+    """Replace placeholders in ``after`` by the key's last real value among its earlier changes (those
+    of the same ``within`` values, when given)."""
     after_type = changes.schema["after"].dataType
     assert isinstance(after_type, StructType)
     history = (
-        Window.partitionBy(*[F.col(f"key.{key}") for key in key_columns])
+        Window.partitionBy(*[F.col(f"key.{key}") for key in key_columns], *within)
         .orderBy(*order)
         .rowsBetween(Window.unboundedPreceding, Window.currentRow)
     )

@@ -1,4 +1,8 @@
-"""Primary-key changes of rows with TOASTed values, from a real Debezium connector to the refined table."""
+"""Primary-key changes of rows with TOASTed values: chains resolved against a reference model, and from a
+real Debezium connector to the refined table."""
+
+import json
+import random
 
 import psycopg
 import pytest
@@ -6,9 +10,78 @@ from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from cdc.stack.workload import run_workload
+from refine.envelope import ConnectSchema
+from refine.rekey import OLD_KEY_HEADER, chain_depth, fill_from_old_keys, old_key
 from refine.toast import TOAST_PLACEHOLDER
 
-pytestmark = pytest.mark.integration
+KEY_SCHEMA = ConnectSchema.model_validate({"type": "struct", "fields": [{"type": "int64", "field": "id"}]})
+CHANGES = ("op string, key struct<id:bigint>, after struct<id:bigint, note:string, n:int>, source_lsn bigint, "
+           "kafka_offset bigint, kafka_partition int, kafka_headers array<struct<key:string, value:binary>>")  # fmt: skip
+
+
+def random_key_changes(seed: int, steps: int) -> tuple[list[tuple], dict[int, str]]:
+    """Debezium's changes of a random run of inserts, updates leaving the note alone (its placeholder),
+    primary-key changes (a delete and a create carrying the placeholder and the old key) and deletes;
+    and, by change offset, the note a reference model of the table holds after each create or update."""
+    rng, rows, changes, notes, next_id, deleted = random.Random(seed), {}, [], {}, 0, []
+
+    def new_key() -> int:  # a fresh one, or one deleted before (its old values must not come back)
+        nonlocal next_id
+        if deleted and rng.random() < 0.3:
+            return deleted.pop(rng.randrange(len(deleted)))
+        next_id += 1
+        return next_id
+
+    def emit(op: str, key: int, note: str | None = None, old: int | None = None) -> None:
+        offset = len(changes)
+        headers = [] if old is None else [(OLD_KEY_HEADER, json.dumps({"id": old}).encode())]
+        after = None if op == "d" else (key, note, offset)
+        changes.append((op, (key,), after, offset // 2, offset, 0, headers))  # a key change's pair shares its LSN
+        if op != "d":
+            notes[offset] = rows[key]
+
+    for _ in range(steps):
+        kind = rng.choice(["insert", "update", "rekey", "rekey", "delete"]) if rows else "insert"
+        if kind == "insert":
+            key = new_key()
+            rows[key] = f"note {key} at {len(changes)}"
+            emit("c", key, rows[key])
+            continue
+        key = rng.choice(sorted(rows))
+        if kind == "update":
+            emit("u", key, TOAST_PLACEHOLDER)
+        elif kind == "rekey":
+            new = new_key()
+            rows[new] = rows.pop(key)
+            emit("d", key)
+            emit("c", new, TOAST_PLACEHOLDER, old=key)
+            deleted.append(key)
+        else:
+            del rows[key]
+            emit("d", key)
+            deleted.append(key)
+    return changes, notes
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_key_change_chains_take_the_first_keys_values_like_a_reference_model(spark, seed):
+    changes, notes = random_key_changes(seed, 40)
+    filled = fill_from_old_keys(spark.createDataFrame(changes, CHANGES), KEY_SCHEMA, None)
+    assertDataFrameEqual(filled.where("after IS NOT NULL").select("kafka_offset", "after.note"), sorted(notes.items()))
+
+
+def test_the_chain_depth_is_the_longest_chain_of_key_changes(spark):
+    def depth(changes: list[tuple]) -> int:
+        frame = spark.createDataFrame(changes, CHANGES).withColumn("old_key", old_key(F.col("kafka_headers"), KEY_SCHEMA))
+        return chain_depth(frame, (F.col("op") == "c") & F.col("old_key").isNotNull())
+
+    def rekey(offset: int, old: int, new: int) -> tuple:
+        return ("c", (new,), (new, TOAST_PLACEHOLDER, 0), offset, offset, 0, [(OLD_KEY_HEADER, json.dumps({"id": old}).encode())])
+
+    assert depth([("c", (1,), (1, "a", 0), 0, 0, 0, [])]) == 1  # no key change: one round, as before
+    assert depth([rekey(i, i, 1000 + i) for i in range(1, 200)]) == 1  # a bulk re-key of independent rows
+    assert depth([rekey(1, 1, 2), rekey(2, 2, 3), rekey(3, 3, 4), rekey(4, 10, 11)]) == 3
+    assert depth([rekey(2, 2, 3), rekey(3, 1, 2)]) == 1  # 1 to 2 after 2 to 3: no chain
 
 
 def change_primary_keys(dsn: str) -> None:
@@ -22,6 +95,7 @@ def change_primary_keys(dsn: str) -> None:
                      "WHERE id > %s)", (refined_earlier + 1000,))  # fmt: skip
 
 
+@pytest.mark.integration
 def test_new_key_takes_the_old_rows_toasted_values(kafka, stack_config, postgres_connector, tmp_path, wait_for,
                                                     land_and_refine, postgres_table, refined_table):  # fmt: skip
     dsn, warehouse = stack_config.postgres.dsn(), str(tmp_path)
@@ -43,6 +117,7 @@ def test_new_key_takes_the_old_rows_toasted_values(kafka, stack_config, postgres
     assert refined_table(warehouse, topic).where(F.col("notes") == TOAST_PLACEHOLDER).count() == 0
 
 
+@pytest.mark.integration
 def test_new_key_in_the_batch_after_the_old_keys_delete(kafka, stack_config, postgres_connector, tmp_path, unique_name,
                                                         wait_for, land_and_refine, postgres_table, refined_table):  # fmt: skip
     """Raw landing may end a batch between the delete of the old key and the create of the new one."""
@@ -65,3 +140,63 @@ def test_new_key_in_the_batch_after_the_old_keys_delete(kafka, stack_config, pos
         kafka.produce_again(copy, chunk)
         land_and_refine(warehouse, copy)
     assertDataFrameEqual(refined_table(warehouse, copy), postgres_table("customers"))
+
+
+# A value of ~20 KB of random text, out of line and uncompressed (STORAGE EXTERNAL): always TOASTed.
+BIG_NOTE = "(SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 640))"
+END_MARKER = "INSERT INTO shop.{table} VALUES (100000, 0, 'end')"  # the last record, awaited in Kafka
+CHAINS = {
+    "re-keyed, updated, re-keyed": [
+        ["INSERT INTO shop.{table} VALUES (1, 0, " + BIG_NOTE + ")", "UPDATE shop.{table} SET id = 2 WHERE id = 1",
+         "UPDATE shop.{table} SET n = 1 WHERE id = 2", "UPDATE shop.{table} SET id = 3 WHERE id = 2"],
+    ],
+    "three hops": [
+        ["INSERT INTO shop.{table} VALUES (1, 0, " + BIG_NOTE + ")", "UPDATE shop.{table} SET id = 2 WHERE id = 1",
+         "UPDATE shop.{table} SET id = 3 WHERE id = 2", "UPDATE shop.{table} SET id = 4 WHERE id = 3"],
+    ],
+    "refined, then re-keyed twice with an update between": [
+        ["INSERT INTO shop.{table} VALUES (1, 0, " + BIG_NOTE + ")"],
+        ["UPDATE shop.{table} SET id = 2 WHERE id = 1", "UPDATE shop.{table} SET n = 1 WHERE id = 2",
+         "UPDATE shop.{table} SET id = 3 WHERE id = 2"],
+    ],
+    "re-keyed onto a key deleted earlier in the batch": [
+        ["INSERT INTO shop.{table} VALUES (5, 0, 'the deleted row''s note')",
+         "INSERT INTO shop.{table} VALUES (1, 0, " + BIG_NOTE + ")", "DELETE FROM shop.{table} WHERE id = 5",
+         "UPDATE shop.{table} SET id = 5 WHERE id = 1"],
+    ],
+}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("batches", CHAINS.values(), ids=CHAINS.keys())
+def test_chained_key_changes_keep_the_toasted_values(spark, kafka, stack_config, postgres_connector, tmp_path,
+                                                     unique_name, land_and_refine, refined_table, batches):  # fmt: skip
+    """Each batch's statements, refined together (with history): a key change's create takes its
+    TOASTed values from the old key's state even when that state is itself a key change's create."""
+    dsn, warehouse, table = stack_config.postgres.dsn(), str(tmp_path), f"rekey_{unique_name}"
+    topic = f"{postgres_connector.topic_prefix}.shop.{table}"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE shop.{table} (id int PRIMARY KEY, n int, notes text)")
+        conn.execute(f"ALTER TABLE shop.{table} ALTER COLUMN notes SET STORAGE EXTERNAL")
+        conn.execute(f'ALTER PUBLICATION "{postgres_connector.name}" ADD TABLE shop.{table}')
+
+    def source():
+        with psycopg.connect(dsn) as conn:
+            rows = conn.execute(f"SELECT id, n, notes FROM shop.{table}").fetchall()
+        return spark.createDataFrame(rows, "id int, n int, notes string")
+
+    try:
+        for number, statements in enumerate(batches):
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                for statement in [*statements, END_MARKER.replace("100000", str(100000 + number))]:
+                    conn.execute(statement.format(table=table))
+            kafka.wait_for_last_value(topic, lambda value: value is not None and b'"notes":"end"' in value)
+            for _ in range(2):  # a rerun changes nothing
+                land_and_refine(warehouse, topic, history=True)
+                history = spark.read.format("delta").load(f"{warehouse}/refined/{topic}__history")
+                assertDataFrameEqual(refined_table(warehouse, topic).select("id", "n", "notes"), source())
+                assertDataFrameEqual(history.where("_cdc_is_current").select("id", "n", "notes"), source())
+                assert history.where(F.col("notes") == TOAST_PLACEHOLDER).count() == 0
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE shop.{table}")

@@ -1,0 +1,74 @@
+"""Randomized differential test: seeded random transactions through the real connector, refined in
+batches of random sizes, compared with Postgres read back with psycopg (cdc/stack/random_workload.py).
+
+Each run takes a fresh seed, printed (and named in a failure's message); ``CDC_RANDOM_SEED=<seed>``
+replays one. The transactions are refined all in one batch first, then after each transaction,
+then after random numbers of them; the refined tables, the history's current versions and the
+child table must equal Postgres after every batch, and again after a rerun.
+"""
+
+import os
+import random
+
+import psycopg
+import pytest
+
+from cdc.config import validate
+from cdc.raw.config import RawJobConfig
+from cdc.raw.job import run_raw_job
+from cdc.stack.random_workload import RandomTables, RandomWorkload, compare, wait_for_marks
+
+pytestmark = pytest.mark.integration
+
+TRANSACTIONS = int(os.environ.get("CDC_RANDOM_TRANSACTIONS", "30"))
+
+
+@pytest.mark.timeout(2400)  # about ten refine runs: a few minutes alone, far longer on a shared, loaded machine
+def test_random_transactions_refine_equal_to_postgres(spark, kafka, stack_config, postgres_connector, tmp_path,
+                                                      unique_name, refine):  # fmt: skip
+    seed = int(os.environ.get("CDC_RANDOM_SEED") or random.randrange(2**32))
+    print(f"random workload: CDC_RANDOM_SEED={seed}")
+    rng = random.Random(seed)
+    dsn, warehouse, prefix = stack_config.postgres.dsn(), str(tmp_path), postgres_connector.topic_prefix
+    tables = RandomTables(f"r{unique_name}")
+    topics = [tables.topic(prefix, table) for table in tables.names]
+    settings = {tables.keyed: {"history": True, "explode": ["tags"]}, tables.pair: {"history": True}, tables.bag: {}}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        tables.create(conn, publication=postgres_connector.name)
+    workload = RandomWorkload(dsn, tables, rng)
+    batches = 0
+
+    def refine_and_compare() -> None:
+        nonlocal batches
+        batches += 1
+        wait_for_marks(kafka.bootstrap_servers, topics, workload.mark())
+        raw = {"topics": {"kind": "topics", "topics": topics}, "warehouse": warehouse,
+               "trigger": {"kind": "available_now"}, "kafka": {"bootstrap_servers": kafka.bootstrap_servers}}  # fmt: skip
+        run_raw_job(spark, validate(RawJobConfig, raw, "raw job"), say=lambda line: None)
+        for table, topic in zip(tables.names, topics):
+            refine(warehouse, topic, **settings[table])
+        print(f"random workload: refine run {batches} after {workload.counts.transactions} transactions", flush=True)
+        mismatched = [result for result in compare(spark, dsn, tables, warehouse, dict(zip(tables.names, topics))) if result.mismatches]
+        assert not mismatched, (f"CDC_RANDOM_SEED={seed}, refine run {batches} after {workload.counts.transactions} "
+                                "transactions:\n" + "\n".join(result.describe() for result in mismatched))  # fmt: skip
+
+    try:
+        for _ in range(TRANSACTIONS // 3):  # all in one batch
+            workload.transaction()
+        refine_and_compare()
+        for _ in range(2):  # a batch per transaction
+            workload.transaction()
+            refine_and_compare()
+        while workload.counts.transactions < TRANSACTIONS:  # batches of random sizes
+            for _ in range(rng.randint(1, 12)):
+                workload.transaction()
+            refine_and_compare()
+        while workload.held_for:  # the transaction held open commits
+            workload.transaction()
+        refine_and_compare()
+        refine_and_compare()  # a rerun changes nothing
+        print(f"random workload: {workload.counts}")
+    finally:
+        workload.close()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            tables.drop(conn)
