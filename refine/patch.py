@@ -104,10 +104,11 @@ def _tree(column_types: StructType, updated: list[str], removed: list[str], trun
 
 
 def apply_patch(state: Column, column_types: StructType, patch: Column, updated: list[str], removed: list[str],
-                truncated: list[str]) -> Column:  # fmt: skip
+                truncated: list[str], decoders: dict[str, Callable[[Column], Column]] | None = None) -> Column:  # fmt: skip
     """``state`` (a document of ``column_types``) after ``patch`` (``updated`` variant, ``removed``
     paths, ``truncated`` arrays); the lists name the batch's paths, each resolvable in ``column_types``
-    to a column (paths no column holds change nothing and are left out by the caller).
+    to a column (paths no column holds change nothing and are left out by the caller). ``decoders``
+    turn the variant set at a path into its column's value where :func:`decode` does not.
 
     The document is rebuilt once along the tree of the batch's paths (the paths of one update never
     overlap, as MongoDB requires): the expression nests as deep as the paths do, not once per path,
@@ -142,7 +143,8 @@ def apply_patch(state: Column, column_types: StructType, patch: Column, updated:
             below = any_of([touches(c) for c in node.children.values()])
             result = F.when(below, _bind(result, lambda current: rebuild_children(current, data_type, node))).otherwise(result)
         if node.updated:
-            result = F.when(new_value(node).isNotNull(), decode(new_value(node), data_type)).otherwise(result)
+            decoded = (decoders or {}).get(node.path, lambda v: decode(v, data_type))(new_value(node))
+            result = F.when(new_value(node).isNotNull(), decoded).otherwise(result)
         if node.removed:
             result = F.when(is_removed(node), F.lit(None).cast(data_type)).otherwise(result)
         return result
