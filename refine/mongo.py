@@ -504,9 +504,7 @@ def refine_mongo_batch(spark: SparkSession, records: DataFrame, *, refined: str,
                 ensure_json_columns(spark, refined, list(columns.json), "refined")
                 if history_at is not None:
                     ensure_json_columns(spark, history_at, list(columns.json), HISTORY_KIND)
-                if exists:  # a table created here holds no document yet
-                    table = DeltaTable.forPath(spark, refined).toDF()
-            if exists:
+            if exists:  # read again: columns may have been added or converted (a table created above holds no document yet)
                 add_nested_columns(spark, refined, data_columns, columns.types)
                 table = DeltaTable.forPath(spark, refined).toDF()
             latest = latest_documents(flagged, columns, shapes, table).persist()
