@@ -312,6 +312,9 @@ def jars_fetch(args: argparse.Namespace, settings: Settings) -> int:
         resolved = jars.resolve(bundle)
         print(f"{bundle.name:<28} {len(resolved):>3} jars in {resolved[0].parent.parent}")
     print(f"{'helpers (cdc/jvm)':<28} {1:>3} jar  at {jars.helpers_jar()}")
+    from cdc.stack.mongo_harness import harness_classpath  # the MongoDB part of the test stack
+
+    print(f"{'MongoDB harness':<28} {len(harness_classpath()):>3} jars at {harness_classpath()[0].parent}")
     try:
         archive = build_class_archive(settings.spark)
     except DependencyError as error:  # an optimisation: jobs run without it, only start slower

@@ -90,6 +90,17 @@ DEBEZIUM_POSTGRES_BUNDLE = Bundle(
     excludes=("org.apache.kafka", "org.slf4j"),
 )
 
+# Debezium's MongoDB connector with the MongoDB Java driver (bson, driver-core): not a plugin of the
+# test stack's worker (no MongoDB server installs here) but the classes the MongoDB harness drives
+# (cdc/stack/mongo_harness.py) to write the connector's records for scripted change-stream events.
+# 3.6.1.Final: the newest release of the MongoDB connector on Maven Central as these machines reach it.
+DEBEZIUM_MONGODB_VERSION = "3.6.1.Final"
+DEBEZIUM_MONGODB_BUNDLE = Bundle(
+    "debezium-connector-mongodb",
+    (f"io.debezium:debezium-connector-mongodb:{DEBEZIUM_MONGODB_VERSION}",),
+    excludes=("org.apache.kafka", "org.slf4j"),
+)
+
 
 def default_cache_dir() -> Path:
     """``$CDC_JARS_CACHE``, else ``$XDG_CACHE_HOME/cdc-lakehouse/jars``, else ``~/.cache/...``."""

@@ -219,3 +219,36 @@ def decode(value: Column, column: DataType) -> Column:
     else:
         raise ValueError(f"no Extended JSON decoding into {column.simpleString()}")
     return F.when(~is_null(value), decoded)
+
+
+# A field whose values have had types no one column type holds (an int, then a string) is stored as
+# each value's JSON text; the column's comment says so (readers of any kind see it, and the next
+# batch knows not to quote its strings again).
+JSON_TEXT_COMMENT = "MongoDB values of several types, as JSON text"
+JSON_TEXT_METADATA = {"comment": JSON_TEXT_COMMENT}
+
+
+def is_json_text(field: StructField) -> bool:
+    return field.metadata.get("comment") == JSON_TEXT_COMMENT
+
+
+def json_text(value: Column) -> Column:
+    """A typed value as JSON text: numbers bare, strings quoted, documents and arrays as JSON,
+    timestamps as ISO text in UTC, binary as base64; null stays null."""
+    return F.when(value.isNotNull(), F.regexp_extract(F.to_json(F.array(value)), r"^\[(.*)\]$", 1))
+
+
+def variant_json_text(value: Column, shapes: list[str]) -> Column:
+    """A variant (Extended JSON, strict or relaxed) as :func:`json_text` of its value decoded to
+    its own type (``shapes``: the ``schema_of_variant`` strings the batch has for it), so an int64
+    is ``5`` whether written ``{"$numberLong": "5"}`` or ``5``; types without a column type of
+    their own (``$timestamp``, mixed arrays) as their Extended JSON."""
+    result = F.when(is_null(value), F.lit(None).cast(StringType()))
+    for shape in sorted(set(shapes)):
+        shape_type = variant_type(shape)
+        column = known(document_type(shape_type))
+        if column is None or (isinstance(column, StringType) and not isinstance(shape_type, StringType)
+                              and not (isinstance(shape_type, StructType) and shape_type.names == ["$oid"])):  # fmt: skip
+            continue
+        result = result.when(F.schema_of_variant(value) == shape, json_text(decode(value, column)))
+    return result.otherwise(F.to_json(value))

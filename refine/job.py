@@ -63,7 +63,7 @@ from refine.history import (
 )
 from refine.merge import COMMITTED_AT, OP, REFINED_AT, SOURCE_POSITION, merge_changes, refined_rows, refresh_children
 from refine.toast import has_placeholder, placeholder_test
-from refine.mongo import is_mongo, refine_mongo_batch
+from refine.mongo import has_bare_mongo_envelopes, is_mongo, refine_mongo_batch
 from refine.parse import OTHER_SCHEMA, first_wrapper_schemas, parse_changes, record_columns, wrapper_schemas
 from refine.quarantine import quarantine, quarantine_location
 from refine.rekey import batch_states, fill_from_old_keys, is_key_change, stored_states
@@ -252,10 +252,11 @@ class RefineBatch:
         for column, found in texts.items():
             self.known_schemas[column] = list(dict.fromkeys([*found, *self.known_schemas.get(column, ())]))[:_KNOWN]
         _LAST_SCHEMAS[self.raw] = {column: found[-1:] for column, found in texts.items()} if texts["value"] else None
-        if not texts["value"] and _has_bare_envelopes(records):
+        bare_mongo = not texts["value"] and has_bare_mongo_envelopes(records)  # documents need no declared columns
+        if not texts["value"] and not bare_mongo and _has_bare_envelopes(records):
             return self._refine_schemaless(spark, records)
         schemas = [ConnectSchema.model_validate_json(text) for text in texts["value"]]
-        if schemas and is_mongo(schemas[-1]):
+        if bare_mongo or (schemas and is_mongo(schemas[-1])):
             refine_mongo_batch(spark, records, refined=self.refined, raw=self.raw, topic=self.config.table,
                                quarantine_at=quarantine_location(self.config.warehouse), rules=self.rules,
                                batch_id=self.batch_id,

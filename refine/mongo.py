@@ -1,5 +1,8 @@
 """Debezium MongoDB connector topics, refined: documents as typed columns, one row per ``_id``.
 
+Topics written with and without schemas (JsonConverter ``schemas.enable``) are both read: a value
+without the ``{schema, payload}`` wrapper is told by ``source.connector == "mongodb"``.
+
 The refined table holds ``_id`` (the document id's Extended JSON text as the connector writes it in
 the Kafka key: ``{"$oid": "..."}``, ``"abc"`` with its quotes, ``42``, ``{"a": 1}``; so an ObjectId
 and a string never collide), a column per top-level field of the documents (types as in
@@ -12,9 +15,12 @@ Per batch (:func:`refine_mongo_batch`):
    ``updateDescription`` touch, are collected (a handful of type strings, not data) and merged with
    the refined table's schema into the column types (:func:`column_types`): a new field is a new
    column, a new field of a nested document a new nested column;
-2. the first type a field is seen with fixes its column; a record whose value does not fit its
-   column (a string where the column is bigint), or whose update path cannot apply, is quarantined
-   with the reason. Within one batch, the shape most records have wins;
+2. the first type a field is seen with fixes its column (in one batch, integers and fractions
+   together make a double); a top-level field whose values then have a type the column cannot hold
+   (a string where it is bigint, a document where it is an array) drifts: its column becomes JSON
+   text (a string holding each value's JSON, the column's comment says so), the refined and history
+   tables' rows converted in one overwrite each (:func:`ensure_json_columns`). A record whose update
+   path cannot apply (below a string, or inside a JSON-text column) is quarantined with the reason;
 3. per ``_id``, changes are ordered by (``source.ts_ms``, ``source.ord``, Kafka offset): the last
    full document (create, snapshot read, update or replace with ``after``) or delete, then the
    updates after it that carry only ``updateDescription`` (``capture.mode=change_streams``) applied
@@ -48,7 +54,11 @@ from pyspark.sql.types import (
 from cdc.raw.table import is_delta_table
 from refine.envelope import TOMBSTONE, ConnectSchema, Op
 from refine.extended_json import (
+    JSON_TEXT_METADATA,
     decode,
+    is_json_text,
+    json_text,
+    variant_json_text,
     document_type,
     fits,
     is_null,
@@ -59,7 +69,7 @@ from refine.extended_json import (
     variant_type,
 )
 from refine.flatten import array_element
-from refine.history import apply_history, debezium_history_spec, debezium_versions
+from refine.history import HISTORY_KIND, apply_history, debezium_history_spec, debezium_versions
 from refine.merge import (
     COMMITTED_AT,
     LSN,
@@ -68,6 +78,7 @@ from refine.merge import (
     OP,
     PARTITION,
     REFINED_AT,
+    ensure_refined_table,
     merge_changes,
     refresh_children,
 )
@@ -104,6 +115,12 @@ class Kind:
     TOMBSTONE = TOMBSTONE
 
 
+def has_bare_mongo_envelopes(records: DataFrame) -> bool:
+    """Values that are MongoDB connector envelopes written without schemas (``schemas.enable=false``):
+    told by ``source.connector``, as the envelope has no ``{schema, payload}`` wrapper."""
+    return not records.where(F.get_json_object("value", "$.source.connector") == "mongodb").isEmpty()
+
+
 def is_mongo(value_schema: ConnectSchema) -> bool:
     """A MongoDB connector's envelope (told by its ``source`` block's schema name)."""
     try:
@@ -120,9 +137,11 @@ def parse_mongo_changes(raw: DataFrame) -> DataFrame:
     offset), ``source_committed_at``, ``kafka_partition``, ``kafka_offset``, ``problem``,
     ``raw_value``.
     """
-    envelope = F.from_json("value", StructType([StructField("payload", _ENVELOPE)]))["payload"]
+    # With schemas.enable=false the envelope and the key are not wrapped in {schema, payload}.
+    bare = F.when(F.get_json_object("value", "$.source").isNotNull(), F.from_json("value", _ENVELOPE))
+    envelope = F.coalesce(F.from_json("value", StructType([StructField("payload", _ENVELOPE)]))["payload"], bare)
     parsed = raw.select(
-        F.get_json_object("key", "$.payload.id").alias(ID),
+        F.coalesce(F.get_json_object("key", "$.payload.id"), F.get_json_object("key", "$.id")).alias(ID),
         F.col("value").alias("raw_value"),
         F.col("partition").alias("kafka_partition"),
         F.col("offset").alias("kafka_offset"),
@@ -203,6 +222,7 @@ class Columns:
     types: StructType
     misfits: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)  # (kind, name) -> shape -> reason
     unsupported: dict[tuple[str, str], str] = field(default_factory=dict)  # (kind, path) -> reason
+    json: dict[str, list[str]] = field(default_factory=dict)  # JSON-text column -> the batch's shapes of its values
 
     def paths(self, kind: str, shapes: list[Shape]) -> list[str]:
         """The batch's update paths of ``kind`` that change a column."""
@@ -230,25 +250,64 @@ def _grow(table: DataType, merged: DataType) -> DataType:
     return table
 
 
-def column_types(table: StructType, shapes: list[Shape]) -> Columns:
-    """The refined table's data columns (``table``: its current ones) grown by the batch's ``shapes``."""
-    merged: dict[str, DataType] = {f.name: f.dataType for f in table.fields}
-    columns = Columns(StructType(table.fields))
+def _top(shape: Shape) -> str:
+    return shape.name.split(".")[0] if shape.kind != "field" else shape.name
+
+
+def _merged(table: StructType, shapes: list[Shape], json: set[str]) -> tuple[dict[str, DataType], set[str]]:
+    """The columns' types merged with the batch's ``shapes`` (``json``: the JSON-text columns, left
+    as strings), and the columns whose types conflict (they drift)."""
+    merged: dict[str, DataType] = {f.name: StringType() if f.name in json else f.dataType for f in table.fields}
+    merged.update({name: StringType() for name in json})
+    conflicts = set()
     for shape in sorted((s for s in shapes if s.kind in ("field", "set")), key=lambda s: (-s.count, s.name, s.shape or "")):
+        if _top(shape) in json:
+            continue
         try:
             name, implied = _implied(StructType([StructField(n, t) for n, t in merged.items()]), shape)
-        except ValueError as error:
-            columns.unsupported[(shape.kind, shape.name)] = f"cannot apply update path {shape.name}: {error}"
-            continue
+        except ValueError:
+            continue  # reported below
         combined = merge_types(merged.get(name, NullType()), implied)
-        if combined is not None:
+        if combined is None:
+            conflicts.add(name)
+        else:
             merged[name] = combined
-    types = [StructField(f.name, _grow(f.dataType, merged[f.name])) for f in table.fields]
-    types += [StructField(n, t) for n, m in merged.items() if n not in table.names and (t := known(m)) is not None]
-    columns.types = StructType(types)
+    # A table's column keeps its types (a bigint column does not become double): values it cannot hold drift.
+    conflicts |= {f.name for f in table.fields if f.name not in json and f.name not in conflicts
+                  and not fits(merged[f.name], _grow(f.dataType, merged[f.name]))}  # fmt: skip
+    return merged, conflicts
+
+
+def column_types(table: StructType, shapes: list[Shape]) -> Columns:
+    """The refined table's data columns (``table``: its current ones) grown by the batch's ``shapes``.
+
+    A field whose values have types no one column type holds (a number, then a string; a document,
+    then an array) becomes a JSON-text column (:data:`refine.extended_json.JSON_TEXT_COMMENT`): a
+    string holding each value's JSON, the type every value fits."""
+    json = {f.name for f in table.fields if is_json_text(f)}
+    while True:
+        merged, conflicts = _merged(table, shapes, json)
+        if not conflicts:
+            break
+        json |= conflicts
+
+    def typed(name: str, data_type: DataType) -> StructField:
+        return StructField(name, StringType(), True, JSON_TEXT_METADATA) if name in json else StructField(name, data_type)
+
+    types = [typed(f.name, _grow(f.dataType, merged[f.name]) if f.name not in json else StringType()) for f in table.fields]
+    types += [typed(n, t) for n, m in merged.items() if n not in table.names and (t := known(m)) is not None]
+    columns = Columns(StructType(types))
+    columns.json = {name: sorted({s.shape for s in shapes if s.kind in ("field", "set") and s.name == name and s.shape})
+                    for name in sorted(json)}  # fmt: skip
     for shape in shapes:
-        if (shape.kind, shape.name) in columns.unsupported:
+        top = _top(shape)
+        if top in json and (shape.name != top or shape.kind == "truncate"):
+            columns.unsupported[(shape.kind, shape.name)] = (
+                f"cannot apply update path {shape.name}: {top} has held values of several types and is stored as "
+                "JSON text, which an update cannot reach into")  # fmt: skip
             continue
+        if top in json:
+            continue  # every value fits JSON text
         try:
             if shape.kind in ("set", "field"):
                 name, implied = _implied(columns.types, shape)
@@ -272,10 +331,19 @@ def _misfit(changes_value: Column, name: str, reasons: dict[str, str], problem: 
     return problem
 
 
+def decode_document(document: Column, columns: Columns) -> Column:
+    """A document (a variant) as a struct of the ``columns``."""
+    return F.when(~is_null(document), F.struct(*[
+        (variant_json_text(member(document, f.name), columns.json[f.name]) if f.name in columns.json
+         else decode(member(document, f.name), f.dataType)).alias(f.name)
+        for f in columns.types.fields
+    ]))  # fmt: skip
+
+
 def flag_misfits(changes: DataFrame, columns: Columns) -> DataFrame:
     """``changes`` with ``state`` (the document decoded to the columns) and problems for the values
     that do not fit them, the update paths that cannot apply and the values that do not decode."""
-    state = F.when(F.col("kind") == Kind.IMAGE, decode(F.col("document"), columns.types))
+    state = F.when(F.col("kind") == Kind.IMAGE, decode_document(F.col("document"), columns))
     changes = changes.withColumn("state", state)
     problem = F.when(F.col("problem").isNotNull(), F.col("problem"))
     for (kind, name), reasons in sorted(columns.misfits.items()):
@@ -328,8 +396,9 @@ def latest_documents(changes: DataFrame, columns: Columns, shapes: list[Shape], 
     base_position = F.when(F.col("image").isNotNull(), F.col("image.position")).otherwise(F.col("current_position"))
     pending = F.filter("patches", lambda p: base_position.isNull() | (p["position"] > base_position))
     updated, removed, truncated = (columns.paths(kind, shapes) for kind in ("set", "unset", "truncate"))
+    decoders = {name: lambda v, shapes=shapes_: variant_json_text(v, shapes) for name, shapes_ in columns.json.items()}
     state = F.aggregate(pending, base_state.cast(columns.types), lambda s, p: apply_patch(
-        s, columns.types, p["patch"], updated, removed, truncated))  # fmt: skip
+        s, columns.types, p["patch"], updated, removed, truncated, decoders))  # fmt: skip
     patched = F.size(pending) > 0
     return rows.select(
         ID, "position", "source_committed_at", "kafka_partition",
@@ -379,6 +448,28 @@ def add_nested_columns(spark: SparkSession, location: str, table: StructType, ty
         spark.sql(f"ALTER TABLE delta.`{location}` ADD COLUMNS ({', '.join(nested)})")
 
 
+def ensure_json_columns(spark: SparkSession, location: str, names: list[str], kind: str) -> None:
+    """Make ``names`` JSON-text columns of the table at ``location`` (created when missing, of
+    ``kind``): a typed column is converted, its rows' values to their JSON text, in one overwrite
+    (the old version stays for time travel); a missing one is added."""
+    if not is_delta_table(spark, location):
+        ensure_refined_table(spark, location, StructType([StructField(ID, StringType()), *[
+            StructField(name, StringType(), True, JSON_TEXT_METADATA) for name in names]]), kind=kind)  # fmt: skip
+        return
+    table = spark.read.format("delta").load(location)
+    converted = [name for name in names if name in table.columns and not is_json_text(table.schema[name])]
+    if converted:
+        (
+            table.select(*[json_text(F.col(f"`{f.name}`")).alias(f.name, metadata=JSON_TEXT_METADATA) if f.name in converted
+                           else F.col(f"`{f.name}`") for f in table.schema.fields])
+            .write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(location)
+        )  # fmt: skip
+    added = [name for name in names if name not in table.columns]
+    if added:
+        columns = ", ".join(f"`{name.replace('`', '``')}` STRING COMMENT '{JSON_TEXT_METADATA['comment']}'" for name in added)
+        spark.sql(f"ALTER TABLE delta.`{location}` ADD COLUMNS ({columns})")
+
+
 def has_path(schema: StructType, path: str) -> bool:
     """Whether the refined table has the array at ``path`` yet; a ConfigError when it has something else there."""
     first, *rest = path.split(".")
@@ -409,7 +500,11 @@ def refine_mongo_batch(spark: SparkSession, records: DataFrame, *, refined: str,
         columns = column_types(data_columns, shapes)
         flagged = flag_misfits(changes, columns).persist()
         try:
-            if exists:
+            if columns.json:  # before the MERGE, which refuses a column whose type changed
+                ensure_json_columns(spark, refined, list(columns.json), "refined")
+                if history_at is not None:
+                    ensure_json_columns(spark, history_at, list(columns.json), HISTORY_KIND)
+            if exists:  # read again: columns may have been added or converted (a table created above holds no document yet)
                 add_nested_columns(spark, refined, data_columns, columns.types)
                 table = DeltaTable.forPath(spark, refined).toDF()
             latest = latest_documents(flagged, columns, shapes, table).persist()
@@ -432,7 +527,7 @@ def refine_mongo_batch(spark: SparkSession, records: DataFrame, *, refined: str,
                 with rules.enforced(spark, rows, [ID], batch_id, deleted=F.col(OP) == Op.DELETE.value) as passing:
                     merge_changes(spark, refined, passing.drop(PARTITION), [ID], None, POSITION, keys=latest.select(ID))
                 for path, location in children.items():
-                    if has_path(DeltaTable.forPath(spark, refined).toDF().schema, path):
+                    if path.split(".")[0] not in columns.json and has_path(DeltaTable.forPath(spark, refined).toDF().schema, path):
                         refresh_children(spark, refined, location, latest.select(ID), [ID], path)
             finally:
                 latest.unpersist()

@@ -16,6 +16,8 @@ under an array.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import reduce
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
@@ -72,64 +74,107 @@ def empty(data_type: StructType) -> Column:
     return F.struct(*[F.lit(None).cast(f.dataType).alias(f.name) for f in data_type.fields])
 
 
-def set_path(value: Column, data_type: DataType, steps: list[Step], new: Callable[[Column], Column],
-             applies: Column) -> Column:  # fmt: skip
-    """``value`` with the value at ``steps`` replaced by ``new(old)`` where ``applies``."""
-    if not steps:
-        return F.when(applies, new(value)).otherwise(value)
-    step, rest = steps[0], steps[1:]
-    if isinstance(step, int):
-        assert isinstance(data_type, ArrayType)
-        element = data_type.elementType
-        items = F.coalesce(value, F.array().cast(data_type))
-        length = F.greatest(F.size(items), F.lit(step + 1))
-        rebuilt = F.transform(
-            F.sequence(F.lit(0), length - 1),
-            lambda i: F.when(i == step, set_path(F.try_element_at(items, i + 1), element, rest, new, applies))
-            .otherwise(F.try_element_at(items, i + 1)),
-        )
-        return F.when(applies, rebuilt).otherwise(value)
-    assert isinstance(data_type, StructType)
-    rebuilt = _bind(F.coalesce(value, empty(data_type)), lambda document: F.struct(*[
-        (set_path(document[f.name], f.dataType, rest, new, applies) if f.name == step else document[f.name]).alias(f.name)
-        for f in data_type.fields
-    ]))  # fmt: skip
-    return F.when(applies, rebuilt).otherwise(value)
-
-
 def _bind(value: Column, body: Callable[[Column], Column]) -> Column:
     """``body(value)`` with ``value`` evaluated once: a lambda variable, not a copy of its expression
-    per use (a patch of many paths would otherwise grow exponentially)."""
+    per use (a document's fields each read it)."""
     return F.transform(F.array(value), body)[0]
 
 
+@dataclass
+class _Node:
+    """The batch's paths as a tree: what a patch may do at one step of them."""
+
+    path: str = ""
+    updated: bool = False
+    removed: bool = False
+    truncated: bool = False
+    children: dict[Step, _Node] = field(default_factory=dict)
+
+
+def _tree(column_types: StructType, updated: list[str], removed: list[str], truncated: list[str]) -> _Node:
+    root = _Node()
+    for kind, paths in (("updated", updated), ("removed", removed), ("truncated", truncated)):
+        for path in paths:
+            node = root
+            for step in resolve(column_types, path):
+                node = node.children.setdefault(step, _Node())
+            node.path = path
+            setattr(node, kind, True)
+    return root
+
+
 def apply_patch(state: Column, column_types: StructType, patch: Column, updated: list[str], removed: list[str],
-                truncated: list[str]) -> Column:  # fmt: skip
+                truncated: list[str], decoders: dict[str, Callable[[Column], Column]] | None = None) -> Column:  # fmt: skip
     """``state`` (a document of ``column_types``) after ``patch`` (``updated`` variant, ``removed``
     paths, ``truncated`` arrays); the lists name the batch's paths, each resolvable in ``column_types``
-    to a column (paths no column holds change nothing and are left out by the caller)."""
-    def change(path: str, new: Callable[[Column], Column], applies: Column) -> Callable[[Column], Column]:
-        steps = resolve(column_types, path)
-        return lambda s: set_path(s, column_types, steps, new, applies)
+    to a column (paths no column holds change nothing and are left out by the caller). ``decoders``
+    turn the variant set at a path into its column's value where :func:`decode` does not.
 
-    def truncation(path: str) -> Callable[[Column], Column]:
-        size = F.filter(patch["truncated"], lambda t: t["field"] == path)[0]["size"]
-        return change(path, lambda old: F.slice(old, 1, size), size.isNotNull())
+    The document is rebuilt once along the tree of the batch's paths (the paths of one update never
+    overlap, as MongoDB requires): the expression nests as deep as the paths do, not once per path,
+    so a batch of many paths stays a plan Spark's analyzer resolves."""
 
-    def update(path: str) -> Callable[[Column], Column]:
-        value = member(patch["updated"], path)
-        leaf = leaf_type(column_types, resolve(column_types, path))
-        return change(path, lambda old: decode(value, leaf), value.isNotNull())
+    def new_value(node: _Node) -> Column:
+        return member(patch["updated"], node.path)
 
-    def removal(path: str) -> Callable[[Column], Column]:
-        leaf = leaf_type(column_types, resolve(column_types, path))
-        applies = F.coalesce(F.array_contains(patch["removed"], path), F.lit(False))
-        return change(path, lambda old: F.lit(None).cast(leaf), applies)
+    def is_removed(node: _Node) -> Column:
+        return F.coalesce(F.array_contains(patch["removed"], node.path), F.lit(False))
 
-    # MongoDB truncates arrays before it sets fields; set and removed paths never overlap.
-    for body in [truncation(p) for p in truncated] + [update(p) for p in updated] + [removal(p) for p in removed]:
-        state = _bind(state, body)
-    return state
+    def truncated_size(node: _Node) -> Column:  # null when the patch does not truncate this array
+        return F.try_element_at(F.filter(patch["truncated"], lambda t: t["field"] == node.path), F.lit(1))["size"]
+
+    def any_of(conditions: list[Column]) -> Column:
+        return reduce(Column.__or__, conditions, F.lit(False))
+
+    def sets_below(node: _Node) -> Column:  # the patch sets a path at or below node: missing documents are created
+        return any_of([new_value(node).isNotNull()] * node.updated + [sets_below(c) for c in node.children.values()])
+
+    def touches(node: _Node) -> Column:
+        own = [new_value(node).isNotNull()] * node.updated + [is_removed(node)] * node.removed
+        own += [truncated_size(node).isNotNull()] * node.truncated
+        return any_of(own + [touches(c) for c in node.children.values()])
+
+    def rebuild(value: Column, data_type: DataType, node: _Node) -> Column:
+        result = value
+        if node.truncated:  # MongoDB truncates before it sets elements
+            size = truncated_size(node)
+            result = F.when(size.isNotNull(), F.slice(result, 1, size)).otherwise(result)
+        if node.children:
+            below = any_of([touches(c) for c in node.children.values()])
+            result = F.when(below, _bind(result, lambda current: rebuild_children(current, data_type, node))).otherwise(result)
+        if node.updated:
+            decoded = (decoders or {}).get(node.path, lambda v: decode(v, data_type))(new_value(node))
+            result = F.when(new_value(node).isNotNull(), decoded).otherwise(result)
+        if node.removed:
+            result = F.when(is_removed(node), F.lit(None).cast(data_type)).otherwise(result)
+        return result
+
+    def rebuild_children(current: Column, data_type: DataType, node: _Node) -> Column:
+        created = any_of([sets_below(c) for c in node.children.values()])
+        if isinstance(data_type, ArrayType):
+            element = data_type.elementType
+            items = F.coalesce(current, F.array().cast(data_type))
+            # Setting an index past the end pads with nulls, as MongoDB does.
+            length = F.greatest(F.size(items), *[F.when(sets_below(c), F.lit(i + 1)) for i, c in node.children.items()])
+
+            def item(_: Column, i: Column) -> Column:
+                at = F.try_element_at(items, i + 1)
+                chosen = F.when(F.lit(False), at)
+                for index, child in node.children.items():
+                    chosen = chosen.when(i == index, rebuild(at, element, child))
+                return chosen.otherwise(at)
+
+            rebuilt = F.transform(F.array_repeat(F.lit(0), length), item)
+        else:
+            assert isinstance(data_type, StructType)
+            document = F.coalesce(current, empty(data_type))
+            rebuilt = F.struct(*[
+                (rebuild(document[f.name], f.dataType, node.children[f.name]) if f.name in node.children else document[f.name]).alias(f.name)
+                for f in data_type.fields
+            ])  # fmt: skip
+        return F.when(current.isNull() & ~created, current).otherwise(rebuilt)  # nothing to create in a missing value
+
+    return rebuild(state, column_types, _tree(column_types, updated, removed, truncated))
 
 
 def leaf_type(column_types: StructType, steps: list[Step]) -> DataType | None:

@@ -93,3 +93,30 @@ def test_types_merge_widen_and_conflict():
     assert fits(LongType(), DoubleType()) and not fits(DoubleType(), LongType())
     assert fits(with_zip, merge_types(address, with_zip)) and not fits(with_zip, address)
     assert known(StructType([StructField("a", NullType()), StructField("b", ArrayType(NullType()))])) is None
+
+
+def test_values_of_any_type_as_json_text(spark):
+    """A drifted field's values as JSON text: the strict (``after``) and relaxed (``updatedFields``)
+    forms of one value give one text, and a typed column converts to the same text."""
+    from refine.extended_json import json_text, variant_json_text
+
+    pairs = [
+        ('{"$numberLong": "5"}', "5", "5"),
+        ('{"$date": 1700000000000}', '{"$date": "2023-11-14T22:13:20Z"}', '"2023-11-14T22:13:20.000Z"'),
+        ('{"$oid": "64b7f0c2a1b2c3d4e5f60718"}', '{"$oid": "64b7f0c2a1b2c3d4e5f60718"}', '"64b7f0c2a1b2c3d4e5f60718"'),
+        ('{"a": {"$numberLong": "1"}, "b": [1.5]}', '{"a": 1, "b": [1.5]}', '{"a":1,"b":[1.5]}'),
+        ('"discontinued"', '"discontinued"', '"discontinued"'),
+        ("true", "true", "true"),
+        ('[1, "x"]', '[1, "x"]', '[1,"x"]'),
+        ("null", "null", None),
+    ]
+    frame = spark.createDataFrame([(s, r) for s, r, _ in pairs], "strict string, relaxed string").select(
+        to_variant(F.col("strict")).alias("strict"), to_variant(F.col("relaxed")).alias("relaxed"))
+    shapes = sorted({row[0] for column in ("strict", "relaxed")
+                     for row in frame.select(F.schema_of_variant(column)).distinct().collect()})  # fmt: skip
+    texts = frame.select(variant_json_text(F.col("strict"), shapes), variant_json_text(F.col("relaxed"), shapes)).collect()
+    assert [tuple(row) for row in texts] == [(text, text) for _, _, text in pairs]
+    typed = spark.createDataFrame([(5, datetime(2023, 11, 14, 22, 13, 20, tzinfo=timezone.utc), "discontinued")],
+                                  "n bigint, t timestamp, s string")  # fmt: skip
+    assert tuple(typed.select(*[json_text(F.col(c)) for c in typed.columns]).head()) == (
+        "5", '"2023-11-14T22:13:20.000Z"', '"discontinued"')

@@ -1,0 +1,126 @@
+package cdc.stack.mongo;
+
+import java.io.BufferedReader;
+import java.io.InputStreamReader;
+import java.io.PrintStream;
+import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+
+import org.apache.kafka.connect.data.Struct;
+import org.apache.kafka.connect.header.ConnectHeaders;
+import org.apache.kafka.connect.json.JsonConverter;
+import org.bson.BsonDocument;
+import org.bson.codecs.Codec;
+import org.bson.codecs.DecoderContext;
+import org.bson.json.JsonReader;
+
+import com.fasterxml.jackson.databind.ObjectMapper;
+import com.mongodb.MongoClientSettings;
+import com.mongodb.client.model.changestream.ChangeStreamDocument;
+
+import io.debezium.config.Configuration;
+import io.debezium.connector.mongodb.CollectionId;
+import io.debezium.connector.mongodb.MongoDbCollectionSchema;
+import io.debezium.connector.mongodb.MongoDbConnectorConfig;
+import io.debezium.connector.mongodb.MongoDbOffsetContext;
+import io.debezium.connector.mongodb.MongoDbPartition;
+import io.debezium.connector.mongodb.MongoDbSchema;
+import io.debezium.connector.mongodb.MongoDbTaskContext;
+import io.debezium.connector.mongodb.recordemitter.MongoDbChangeRecordEmitter;
+import io.debezium.data.Envelope.Operation;
+import io.debezium.pipeline.spi.ChangeRecordEmitter;
+import io.debezium.pipeline.spi.OffsetContext;
+import io.debezium.schema.DataCollectionSchema;
+import io.debezium.util.Clock;
+
+/**
+ * The records Debezium's MongoDB connector writes for change-stream documents, without a MongoDB
+ * server: each line of stdin is one change-stream document as a 6.0+ replica set sends it (canonical
+ * Extended JSON), decoded by the MongoDB driver's own ChangeStreamDocument codec; the connector's
+ * own classes (its configuration, collection schema, offset context and record emitter) build the
+ * record as its streaming source does, and Kafka Connect's JsonConverter serialises key and value
+ * with and without schemas. A delete is followed by its tombstone (tombstones.on.delete).
+ *
+ * Usage: MongoChangeEvents key=value... (connector settings: topic.prefix, capture.mode, ...).
+ * Each output line is a JSON object: topic, key, value (schemas.enable=true), key_bare, value_bare
+ * (schemas.enable=false); value null for a tombstone.
+ */
+public final class MongoChangeEvents {
+
+    public static void main(String[] args) throws Exception {
+        Configuration.Builder builder = Configuration.create()
+                .with("mongodb.connection.string", "mongodb://localhost:27017/?replicaSet=rs0")
+                .with("connector.class", "io.debezium.connector.mongodb.MongoDbConnector");
+        for (String arg : args) {
+            int equals = arg.indexOf('=');
+            builder = builder.with(arg.substring(0, equals), arg.substring(equals + 1));
+        }
+        Configuration config = builder.build();
+        MongoDbConnectorConfig connectorConfig = new MongoDbConnectorConfig(config);
+        MongoDbTaskContext taskContext = new MongoDbTaskContext(config);
+        MongoDbSchema schema = new MongoDbSchema(connectorConfig, taskContext,
+                connectorConfig.getTopicNamingStrategy(MongoDbConnectorConfig.TOPIC_NAMING_STRATEGY),
+                connectorConfig.getSourceInfoStructMaker().schema(), connectorConfig.schemaNameAdjuster());
+        MongoDbPartition partition = new MongoDbPartition(connectorConfig.getLogicalName());
+        MongoDbOffsetContext offset = new MongoDbOffsetContext.Loader(connectorConfig).load(new HashMap<>());
+        Codec<ChangeStreamDocument<BsonDocument>> codec = ChangeStreamDocument.createCodec(
+                BsonDocument.class, MongoClientSettings.getDefaultCodecRegistry());
+        Map<String, JsonConverter> converters = new HashMap<>();
+        for (String kind : new String[]{ "key", "value" }) {
+            for (boolean schemas : new boolean[]{ true, false }) {
+                JsonConverter converter = new JsonConverter();
+                converter.configure(Map.of("schemas.enable", String.valueOf(schemas)), kind.equals("key"));
+                converters.put(kind + (schemas ? "" : "_bare"), converter);
+            }
+        }
+        ObjectMapper json = new ObjectMapper();
+        PrintStream out = new PrintStream(System.out, true, StandardCharsets.UTF_8);
+        BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
+        String line;
+        while ((line = in.readLine()) != null) {
+            if (line.isBlank()) {
+                continue;
+            }
+            ChangeStreamDocument<BsonDocument> event = codec.decode(new JsonReader(line), DecoderContext.builder().build());
+            CollectionId collectionId = new CollectionId(event.getNamespace().getDatabaseName(), event.getNamespace().getCollectionName());
+            MongoDbCollectionSchema collectionSchema = (MongoDbCollectionSchema) schema.schemaFor(collectionId);
+            String topic = connectorConfig.getTopicNamingStrategy(MongoDbConnectorConfig.TOPIC_NAMING_STRATEGY).dataChangeTopic(collectionId);
+            // As MongoDbStreamingChangeEventSource does: the emitter, then the offset moves to the event, then the dispatch.
+            MongoDbChangeRecordEmitter emitter = new MongoDbChangeRecordEmitter(partition, offset, Clock.system(), event, connectorConfig);
+            offset.changeStreamEvent(event);
+            List<Map<String, Object>> records = new ArrayList<>();
+            emitter.emitChangeRecords(collectionSchema, new ChangeRecordEmitter.Receiver<MongoDbPartition>() {
+                @Override
+                public void changeRecord(MongoDbPartition p, DataCollectionSchema s, Operation operation, Object key, Struct value,
+                                         OffsetContext o, ConnectHeaders headers) {
+                    records.add(record(converters, topic, collectionSchema, key, value));
+                    if (operation == Operation.DELETE && connectorConfig.isEmitTombstoneOnDelete()) {
+                        records.add(record(converters, topic, collectionSchema, key, null));
+                    }
+                }
+            });
+            for (Map<String, Object> record : records) {
+                out.println(json.writeValueAsString(record));
+            }
+        }
+    }
+
+    private static Map<String, Object> record(Map<String, JsonConverter> converters, String topic, MongoDbCollectionSchema schema,
+                                              Object key, Struct value) {
+        Map<String, Object> record = new HashMap<>();
+        record.put("topic", topic);
+        for (String suffix : new String[]{ "", "_bare" }) {
+            record.put("key" + suffix, text(converters.get("key" + suffix).fromConnectData(topic, schema.keySchema(), key)));
+            record.put("value" + suffix, value == null ? null
+                    : text(converters.get("value" + suffix).fromConnectData(topic, schema.getEnvelopeSchema().schema(), value)));
+        }
+        return record;
+    }
+
+    private static String text(byte[] bytes) {
+        return bytes == null ? null : new String(bytes, StandardCharsets.UTF_8);
+    }
+}

@@ -1,0 +1,71 @@
+"""The MongoDB part of the test stack: the records Debezium's MongoDB connector writes, without a
+MongoDB server (none installs on these machines).
+
+Change-stream documents (as a 6.0+ replica set sends them; :mod:`cdc.stack.mongo_model` writes
+them from a reference model of the collections) go through ``cdc/stack/mongo/MongoChangeEvents.java``:
+the MongoDB driver's own ``ChangeStreamDocument`` codec decodes them, the connector's own classes
+(``MongoDbConnectorConfig``, ``MongoDbSchema``/``MongoDbCollectionSchema``, ``MongoDbOffsetContext``/
+``SourceInfo``, ``MongoDbChangeRecordEmitter``) build each record as the connector's streaming source
+does, and Kafka Connect's ``JsonConverter`` serialises key and value, with and without schemas. What
+is not proven is only what a real server would have sent. Not covered: snapshot reads and the
+``__debezium.context.*`` headers (the connector's EventDispatcher is not driven).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+from cdc import jars
+from cdc.errors import DependencyError
+
+SOURCES = Path(__file__).parent / "mongo"
+MAIN_CLASS = "cdc.stack.mongo.MongoChangeEvents"
+
+
+def _connector_jars(cache_dir: Path | None) -> list[Path]:
+    # Kafka's Jackson serves JsonConverter (it needs the Blackbird module of its own version).
+    mongo = [jar for jar in jars.resolve(jars.DEBEZIUM_MONGODB_BUNDLE, cache_dir) if not jar.parent.name.startswith("jackson")]
+    return mongo + jars.resolve(jars.KAFKA_BUNDLE, cache_dir)
+
+
+def harness_classpath(cache_dir: Path | None = None) -> list[Path]:
+    """The harness's classes (compiled with ``javac`` once per version of its sources, cached beside
+    the jar bundles) and the connector's jars."""
+    cache_dir = Path(cache_dir or jars.default_cache_dir())
+    connector = _connector_jars(cache_dir)
+    sources = sorted(SOURCES.glob("*.java"))
+    text = "\n".join([jars.DEBEZIUM_MONGODB_VERSION, jars.KAFKA_VERSION, *(s.read_text() for s in sources)])
+    target = cache_dir / f"mongo-harness-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+    classes = target / "classes"
+
+    def compile_sources() -> Path:
+        staging = target.with_name(target.name + ".partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        command = [jars._jdk_tool("javac"), "--release", "17", "-nowarn", "-cp", ":".join(map(str, connector)),
+                   "-d", str(staging / "classes"), *map(str, sources)]  # fmt: skip
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise DependencyError(f"could not compile the MongoDB harness:\n{result.stderr.strip()}", sources=str(SOURCES))
+        shutil.rmtree(target, ignore_errors=True)
+        staging.rename(target)
+        return classes
+
+    return [jars.built_once(cache_dir, lambda: classes if classes.exists() else None, compile_sources), *connector]
+
+
+def connector_records(events: list[dict], settings: dict[str, str]) -> list[dict]:
+    """The connector's records for change-stream ``events`` (canonical Extended JSON documents) under
+    connector ``settings`` (``topic.prefix``, ``capture.mode``, ...), in order: dicts of ``topic``,
+    ``key``/``value`` (JsonConverter, schemas.enable=true) and ``key_bare``/``value_bare``
+    (schemas.enable=false) as text; ``value`` None for a tombstone."""
+    command = [jars.java_executable(), "-cp", ":".join(map(str, harness_classpath())), MAIN_CLASS,
+               *(f"{key}={value}" for key, value in settings.items())]  # fmt: skip
+    lines = "".join(json.dumps(event) + "\n" for event in events)
+    result = subprocess.run(command, input=lines, capture_output=True, text=True, timeout=600)
+    if result.returncode != 0:
+        raise RuntimeError(f"the MongoDB harness failed:\n{result.stderr[-3000:]}")
+    return [json.loads(line) for line in result.stdout.splitlines() if line.strip()]

@@ -1,0 +1,149 @@
+"""Debezium's MongoDB connector classes (through the MongoDB harness) -> Kafka -> `cdc raw` -> `cdc refine`:
+refined collections equal the reference model's final documents.
+
+The records are the connector's own (its record emitter, collection schema and source info,
+serialised by Kafka Connect's JsonConverter) for change-stream documents the reference model of
+the collections writes (:mod:`cdc.stack.mongo_model`, MongoDB's update semantics). The writes are
+seeded random (the seed is printed on failure): nested $set, $unset, $push/$pull/$pop, truncated
+arrays, replaces, deletes and re-inserts of one _id, type drift, ids of several BSON types.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from pyspark.sql import functions as F
+
+from cdc.stack.mongo_harness import connector_records
+from cdc.stack.mongo_model import (
+    Binary,
+    Collection,
+    Date,
+    Decimal128,
+    Int64,
+    ObjectId,
+    Update,
+    as_json,
+    random_writes,
+)
+from cdc.raw.table import is_delta_table
+from refine.job import refined_table_location
+from refine.quarantine import quarantine_location
+
+pytestmark = pytest.mark.integration
+
+JSON_TEXT_COMMENT = "MongoDB values of several types, as JSON text"  # a column of values of several types
+
+
+def _id_text(document_id) -> str:
+    """An _id as comparable text: the Kafka key's relaxed Extended JSON, parsed."""
+    if isinstance(document_id, ObjectId):
+        document_id = {"$oid": document_id.hex}
+    elif isinstance(document_id, Int64):
+        document_id = document_id.value
+    return json.dumps(document_id, sort_keys=True)
+
+
+def refined_documents(spark, location: str) -> dict[str, dict]:
+    """The refined table's documents as JSON values (JSON-text columns parsed), null fields left out."""
+    table = spark.read.format("delta").load(location)
+    data = [c for c in table.columns if c != "_id" and not c.startswith("_cdc_")]
+    texts = {f.name for f in table.schema.fields if f.metadata.get("comment") == JSON_TEXT_COMMENT}
+    rows = table.select("_id", F.to_json(F.struct(*[F.col(f"`{c}`") for c in data])).alias("document")).collect()
+    documents = {}
+    for row in rows:
+        document = json.loads(row.document)
+        documents[json.dumps(json.loads(row._id), sort_keys=True)] = {
+            name: json.loads(value) if name in texts else value for name, value in document.items()}  # fmt: skip
+    return documents
+
+
+def expected_documents(collection: Collection, columns: set[str]) -> dict[str, dict]:
+    """The model's documents as :func:`refined_documents` shows them; a field that has only held
+    ``[]`` has no column yet (its element type is unknown)."""
+    expected = {}
+    for document_id, document in collection.documents.items():
+        fields = as_json({k: v for k, v in document.items() if k != "_id"})
+        expected[_id_text(document_id)] = {k: v for k, v in fields.items() if k in columns or v != []}
+    return expected
+
+
+def scripted_writes(collection: Collection, full_document: bool) -> None:
+    """Every BSON type and _id type the model has, and each kind of write, in a fixed order."""
+    ada, bob = ObjectId("64b7f0c2a1b2c3d4e5f60718"), "bob"
+    collection.insert({"_id": ada, "name": "Ada", "qty": 1, "big": Int64(2**53 + 1), "price": 2.5,
+                       "balance": Decimal128("10.50"), "joined": Date(-86_400_000), "active": True, "none": None,
+                       "avatar": Binary(b"\x01\x02"), "ref": ObjectId("64b7f0c2a1b2c3d4e5f60719"),
+                       "address": {"city": "London", "zip": "N1", "geo": {"lat": 51.5}},
+                       "tags": ["a", "b", "c", "d"], "orders": [{"sku": "x", "qty": 1}, {"sku": "y", "qty": 2}]})  # fmt: skip
+    collection.insert({"_id": bob, "name": "Bob", "qty": 2, "tags": ["z"]})
+    collection.insert({"_id": 7, "name": "Seven", "qty": 3})
+    collection.insert({"_id": Int64(2**40), "name": "Big", "qty": 4})
+    # Many changes to one document within one second.
+    collection.update(ada, Update([("$set", "address.city", "Paris"), ("$unset", "address.zip", ""),
+                                   ("$set", "address.geo.lat", 48.9), ("$push", "tags", "e")]), full_document)  # fmt: skip
+    collection.update(ada, Update([("$pop", "tags", 1), ("$set", "orders.1.qty", 5), ("$set", "orders.3", {"sku": "w", "qty": 9})]),
+                      full_document)  # fmt: skip
+    collection.update(ada, Update([("$pull", "tags", "b"), ("$pop", "orders", -1)]), full_document)
+    collection.next_second()
+    collection.update(bob, Update([("$set", "qty", "many"), ("$unset", "tags", "")]), full_document)  # type drift
+    collection.update(7, Update([("$set", "qty", Int64(2**40)), ("$set", "extra", {"k": [1, 2]})]), full_document)
+    collection.replace({"_id": Int64(2**40), "name": "Big v2", "note": "replaced"})
+    collection.delete(bob)
+    collection.next_second()
+    collection.insert({"_id": bob, "name": "Bob again", "qty": 1.5})  # re-inserted; qty a double now
+    collection.update(ada, Update([("$set", "joined", Date(1_700_000_000_123)), ("$set", "active", False)]), full_document)
+
+
+@pytest.mark.parametrize("mode", ["change_streams_update_full", "change_streams"])
+def test_scripted_writes_refine_to_the_model_documents(spark, kafka, land_and_refine, unique_name, tmp_path, mode):
+    collection = Collection("shop", "people")
+    scripted_writes(collection, full_document=mode == "change_streams_update_full")
+    records = connector_records(collection.events, {"topic.prefix": unique_name, "capture.mode": mode})
+    assert [json.loads(r["value"])["payload"]["op"] if r["value"] else None for r in records] == [
+        "c", "c", "c", "c", "u", "u", "u", "u", "u", "u", "d", None, "c", "u"]  # fmt: skip
+    topic = kafka.create_topic(records[0]["topic"])
+    warehouse = str(tmp_path)
+    kafka.produce(topic, [(r["key"].encode(), None if r["value"] is None else r["value"].encode()) for r in records[:4]])
+    land_and_refine(warehouse, topic)
+    kafka.produce(topic, [(r["key"].encode(), None if r["value"] is None else r["value"].encode()) for r in records[4:]])
+    land_and_refine(warehouse, topic)
+    location = refined_table_location(warehouse, topic)
+    got = refined_documents(spark, location)
+    wanted = expected_documents(collection, set(spark.read.format("delta").load(location).columns))
+    assert got == wanted
+    assert not is_delta_table(spark, quarantine_location(warehouse))
+
+
+@pytest.mark.parametrize("mode,schemas", [("change_streams_update_full", True), ("change_streams", True),
+                                          ("change_streams_update_full", False), ("change_streams", False)])
+def test_random_writes_refine_to_the_model_documents(spark, kafka, land_and_refine, unique_name, tmp_path, mode, schemas):
+    seed = random.randrange(2**32)
+    collection = Collection("shop", "things")
+    random_writes(seed, collection, steps=160, full_document=mode == "change_streams_update_full")
+    records = connector_records(collection.events, {"topic.prefix": unique_name, "capture.mode": mode})
+    topic = kafka.create_topic(records[0]["topic"])
+    warehouse = str(tmp_path)
+    rng = random.Random(seed)
+    cuts = sorted(rng.sample(range(1, len(records)), 2)) + [len(records)]  # batches of random sizes
+    start = 0
+    for cut in cuts:
+        key, value = ("key", "value") if schemas else ("key_bare", "value_bare")
+        kafka.produce(topic, [(r[key].encode(), None if r[value] is None else r[value].encode()) for r in records[start:cut]])
+        start = cut
+        land_and_refine(warehouse, topic)
+    location = refined_table_location(warehouse, topic)
+    for _ in range(2):  # a rerun changes nothing
+        got = refined_documents(spark, location)
+        columns = set(spark.read.format("delta").load(location).columns)
+        wanted = expected_documents(collection, columns)
+        assert wanted, f"seed {seed}: the model holds no document"
+        differing = sorted(k for k in set(got) | set(wanted) if got.get(k) != wanted.get(k))
+        assert not differing, (f"seed {seed} ({mode}): {len(differing)} documents differ, e.g. {differing[0]}: "
+                               f"refined {got.get(differing[0])} != model {wanted.get(differing[0])}")  # fmt: skip
+        land_and_refine(warehouse, topic)
+    if is_delta_table(spark, quarantine_location(warehouse)):
+        reasons = [row.reason for row in spark.read.format("delta").load(quarantine_location(warehouse)).collect()]
+        assert not reasons, f"seed {seed} ({mode}): quarantined {reasons}"
