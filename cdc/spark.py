@@ -81,6 +81,10 @@ def job_spark_config(config: SparkConfig, *, refines_continuously: bool) -> Spar
     return config.model_copy(update={"garbage_collector": GarbageCollector.PARALLEL})
 
 
+_STREAM_ENGINES = ("org.apache.spark.sql.execution.streaming.MicroBatchExecution",
+                   "org.apache.spark.sql.execution.streaming.StreamExecution")  # fmt: skip
+
+
 def build_spark_session(config: SparkConfig | None = None) -> SparkSession:
     """Build (or return the running) SparkSession configured by ``config``.
 
@@ -99,6 +103,11 @@ def build_spark_session(config: SparkConfig | None = None) -> SparkSession:
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    # A query's failure reaches the user as the job's own one-line error (cdc.streaming); Spark would
+    # log it first with its whole stack (that of a failed micro-batch: the Python traceback too).
+    for engine in _STREAM_ENGINES:
+        spark._jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
+            engine, spark._jvm.org.apache.logging.log4j.Level.OFF)  # fmt: skip
     _register_helpers(spark)
     return spark
 

@@ -33,7 +33,7 @@ from cdc.raw.config import TOPIC_NAME, Continuous, Trigger
 from cdc.raw.table import raw_table_location, raw_table_topic
 from cdc.shared_tables import retrying_conflicts
 from cdc.storage import normalize_location
-from cdc.streaming import ProgressReports, ending_on_request, failure, stop_queries, with_trigger
+from cdc.streaming import ProgressReports, batch_error, ending_on_request, failure, stop_queries, with_trigger
 from refine.columns import connect_type, declared_schemas, declared_types
 from refine.deleted import (
     deleted_location,
@@ -208,8 +208,9 @@ class RefineBatch:
         self.batch_id = batch_id
         try:
             run_batch_retrying_conflicts(lambda: self._refine_batch(batch), batch_id, self.conflicts)
-        except CdcError as error:
-            self.error = error  # raised again by run_refine_job: Spark's own message would bury it
+        except Exception as error:
+            # Raised again by watch_refine_queries: Spark's own message would bury it.
+            self.error = batch_error(error, self.config.target, batch_id)
             raise
 
     def _refine_batch(self, batch: DataFrame) -> None:
@@ -494,7 +495,7 @@ def watch_refine_queries(
 
 def _raise_failure(name: str, query: StreamingQuery, batches: dict[str, object] | None) -> None:
     if (message := failure(query)) is not None:
-        # A CdcError raised in a micro-batch reaches the user as itself: Spark's message would bury it.
+        # A micro-batch's own failure (batch_error) reaches the user as itself: Spark's message would bury it.
         if (error := getattr((batches or {}).get(name), "error", None)) is not None:
             raise error
         raise StreamError(f"the refine stream stopped: {message.splitlines()[0]}", table=name)
