@@ -300,10 +300,6 @@ def _not_py4j_failures_after_jvm_exit(record: logging.LogRecord) -> bool:
     return not message.startswith(("Exception while sending command", "There was an exception while executing the Python Proxy"))
 
 
-def _not_batch_failures(record: logging.LogRecord) -> bool:
-    return not record.getMessage().startswith("There was an exception while executing the Python Proxy")
-
-
 def jars_fetch(args: argparse.Namespace, settings: Settings) -> int:
     from cdc.spark import build_class_archive
 
@@ -453,10 +449,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # Progress lines reach a pipe (a log collector, `tee`) as they are printed, not in 8 KiB blocks.
     sys.stdout.reconfigure(line_buffering=True)
-    if not args.debug:
-        # A failed micro-batch reaches the user as one line (cdc.streaming.batch_error); py4j would log its
-        # traceback first.
-        logging.getLogger("py4j.clientserver").addFilter(_not_batch_failures)
+    if args.debug or "cdc.spark" in sys.modules:  # (not imported for the commands without Spark)
+        import cdc.spark
+
+        cdc.spark.show_failure_logs = args.debug  # Spark's own logs of a failure, with its stack
     try:
         return args.handler(args, _settings(args))
     except CdcError as error:
