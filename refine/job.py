@@ -137,13 +137,17 @@ def refined_table_location(warehouse: str, topic: str) -> str:
 
 
 def merged_schema(schemas: list[ConnectSchema]) -> ConnectSchema:
-    """One envelope schema covering a batch's schemas: a column added mid-batch is in it."""
+    """One envelope schema covering a batch's schemas: a column added mid-batch is in it (optional, as
+    the records before it hold none)."""
     latest = schemas[-1]
     rows = [schema.field_named("after") for schema in schemas]
     fields: dict[str, dict] = {}
     for row in rows:
         for field in row.fields or ():
             fields.setdefault(field.field, field.model_dump(exclude_none=True))
+    for name, field in fields.items():  # a column added or dropped within the batch: null in some records
+        if not all(any(f.field == name for f in row.fields or ()) for row in rows):
+            field["optional"] = True
     after = {**rows[-1].model_dump(exclude_none=True), "fields": list(fields.values())}
     envelope = latest.model_dump(exclude_none=True)
     envelope["fields"] = [
