@@ -461,6 +461,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # Progress lines reach a pipe (a log collector, `tee`) as they are printed, not in 8 KiB blocks.
     sys.stdout.reconfigure(line_buffering=True)
+    if args.debug or "cdc.spark" in sys.modules:  # (not imported for the commands without Spark)
+        import cdc.spark
+
+        cdc.spark.show_failure_logs = args.debug  # Spark's own logs of a failure, with its stack
     try:
         return args.handler(args, _settings(args))
     except CdcError as error:

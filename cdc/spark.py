@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -81,6 +82,31 @@ def job_spark_config(config: SparkConfig, *, refines_continuously: bool) -> Spar
     return config.model_copy(update={"garbage_collector": GarbageCollector.PARALLEL})
 
 
+# A query's failure reaches the user as the job's own one-line error (cdc.streaming.batch_error); Spark,
+# PySpark and py4j would each log it first with its whole stack (a failed micro-batch's: the Python
+# traceback too). Shown under `cdc --debug`, which sets this.
+show_failure_logs = False
+_STREAM_ENGINES = ("org.apache.spark.sql.execution.streaming.MicroBatchExecution",
+                   "org.apache.spark.sql.execution.streaming.StreamExecution")  # fmt: skip
+_FAILURE_LOGGERS = ("DataFrameQueryContextLogger", "SQLQueryContextLogger", "py4j.clientserver")
+
+
+def _no_failure_logs(record: logging.LogRecord) -> bool:
+    return record.name == "py4j.clientserver" and not record.getMessage().startswith(
+        "There was an exception while executing the Python Proxy")
+
+
+def _show_failure_logs(spark: SparkSession, show: bool) -> None:
+    from pyspark.logger import PySparkLogger
+
+    level = spark._jvm.org.apache.logging.log4j.Level.ERROR if show else spark._jvm.org.apache.logging.log4j.Level.OFF
+    for engine in _STREAM_ENGINES:
+        spark._jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(engine, level)
+    for name in _FAILURE_LOGGERS:
+        logger = logging.getLogger(name) if name.startswith("py4j") else PySparkLogger.getLogger(name)
+        (logger.removeFilter if show else logger.addFilter)(_no_failure_logs)
+
+
 def build_spark_session(config: SparkConfig | None = None) -> SparkSession:
     """Build (or return the running) SparkSession configured by ``config``.
 
@@ -99,6 +125,7 @@ def build_spark_session(config: SparkConfig | None = None) -> SparkSession:
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    _show_failure_logs(spark, show_failure_logs)
     _register_helpers(spark)
     return spark
 

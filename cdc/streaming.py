@@ -8,11 +8,11 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from py4j.protocol import Py4JError
+from py4j.protocol import Py4JError, Py4JJavaError
 from pyspark.errors import StreamingQueryException
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
-from cdc.errors import StreamError
+from cdc.errors import CdcError, StreamError
 from cdc.raw.config import AvailableNow, Continuous, Trigger
 from cdc.source import redact
 
@@ -37,6 +37,40 @@ def failure(query: StreamingQuery, secrets: list[str] | None = None) -> str | No
         return None
     message = redact(str(getattr(error, "desc", None) or error), secrets or []).strip()
     return message or type(error).__name__
+
+
+def batch_error(error: Exception, table: str, batch_id: int) -> CdcError:
+    """What a micro-batch's failure reaches the user as, in one line: a :class:`CdcError` as itself, with
+    the batch; anything else (a Spark AnalysisException, a pydantic ValidationError, a bug) as a
+    :class:`StreamError` naming its type, the first meaningful line of its message, the table and the
+    batch. The original stays its cause, for the traceback under ``--debug``. (Raised from the batch,
+    it would reach the driver as "An exception was raised by the Python Proxy", its cause buried.)"""
+    if isinstance(error, CdcError):
+        error.context.setdefault("batch", batch_id)
+        return error
+    wrapped = StreamError(f"a refine batch failed: {error_summary(error)}", table=table, batch=batch_id)
+    wrapped.__cause__ = error
+    return wrapped
+
+
+def error_summary(error: BaseException) -> str:
+    """``<type>: <first meaningful line of its message>`` (a Java exception's own class and message)."""
+    from pydantic import ValidationError
+
+    name, message = type(error).__name__, str(error)
+    if isinstance(error, ValidationError) and error.errors():
+        first = error.errors()[0]
+        place = ".".join(str(part) for part in first["loc"])
+        message = f"{error.title}: {place + ': ' if place else ''}{first['msg']}"
+    elif isinstance(error, Py4JJavaError):
+        try:
+            java = error.java_exception
+            name, message = java.getClass().getName(), java.getMessage() or ""
+        except Py4JError:  # the JVM is gone: py4j's own text
+            pass
+    lines = [line.strip() for line in message.splitlines()]
+    line = next((line for line in lines if line and not line.startswith(("Traceback", "An error occurred while calling"))), "")
+    return f"{name}: {line}" if line else name
 
 
 @contextmanager

@@ -32,6 +32,7 @@ from cdc.pipeline.checks import table_shape_problems
 from cdc.pipeline.config import Name, RefinedTable, WireSchema
 from cdc.raw.config import TOPIC_NAME
 from cdc.raw.table import raw_table_location
+from cdc.streaming import batch_error
 from refine.avro_events import AvroDecoder
 from refine.flatten import child_rows, child_table_name, column, flat_name, flatten
 from refine.job import RefineRun, refined_table_location, run_batch_retrying_conflicts
@@ -197,8 +198,9 @@ class EventsBatch:
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         try:
             run_batch_retrying_conflicts(lambda: self._refine(batch, batch_id), batch_id, self.conflicts)
-        except CdcError as error:
-            self.error = error  # raised again by watch_refine_queries: Spark's own message would bury it
+        except Exception as error:
+            # Raised again by watch_refine_queries: Spark's own message would bury it.
+            self.error = batch_error(error, self.config.name, batch_id)
             raise
 
     def _refine(self, batch: DataFrame, batch_id: int) -> None:

@@ -16,6 +16,7 @@ ExtractNewDocumentState (:mod:`refine.flattened`).
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from typing import Annotated, NamedTuple
@@ -26,7 +27,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
-from pydantic import AfterValidator, Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
 
 from cdc.config import _Strict
 from cdc.errors import CdcError, ConfigError, StreamError, TableError
@@ -34,7 +35,7 @@ from cdc.raw.config import TOPIC_NAME, Continuous, Trigger
 from cdc.raw.table import delta_properties, is_delta_table, raw_table_location, raw_table_topic
 from cdc.shared_tables import retrying_conflicts
 from cdc.storage import Storage, normalize_location
-from cdc.streaming import ProgressReports, ending_on_request, failure, stop_queries, with_trigger
+from cdc.streaming import ProgressReports, batch_error, ending_on_request, failure, stop_queries, with_trigger
 from refine.columns import connect_type, declared_schemas, declared_types
 from refine.deleted import (
     deleted_location,
@@ -44,7 +45,7 @@ from refine.deleted import (
     with_deleted_images,
     without_resurrections,
 )
-from refine.envelope import ConnectSchema, Op
+from refine.envelope import ConnectSchema, ConnectType, Op
 from refine.flattened import (
     as_envelope, has_lsn, is_flattened, parse_flattened, remember_schema, remembered_schema, with_key_columns,
 )
@@ -64,7 +65,10 @@ from refine.history import (
 from refine.merge import COMMITTED_AT, OP, REFINED_AT, SOURCE_POSITION, merge_changes, refined_rows, refresh_children
 from refine.toast import has_placeholder, placeholder_test
 from refine.mongo import has_bare_mongo_envelopes, is_mongo, refine_mongo_batch
-from refine.parse import OTHER_SCHEMA, first_wrapper_schemas, parse_changes, record_columns, wrapper_schemas
+from refine.decode import decoded_type
+from refine.parse import (
+    OTHER_SCHEMA, first_wrapper_schemas, parse_changes, record_columns, refused_schema, wrapper_schemas,
+)
 from refine.quarantine import quarantine, quarantine_location
 from refine.rekey import batch_states, fill_from_old_keys, is_key_change, stored_states
 from refine.rules import TableRules, history_table_name
@@ -142,13 +146,17 @@ def refined_table_location(warehouse: str, topic: str) -> str:
 
 
 def merged_schema(schemas: list[ConnectSchema]) -> ConnectSchema:
-    """One envelope schema covering a batch's schemas: a column added mid-batch is in it."""
+    """One envelope schema covering a batch's schemas: a column added mid-batch is in it (optional, as
+    the records before it hold none)."""
     latest = schemas[-1]
     rows = [schema.field_named("after") for schema in schemas]
     fields: dict[str, dict] = {}
     for row in rows:
         for field in row.fields or ():
             fields.setdefault(field.field, field.model_dump(exclude_none=True))
+    for name, field in fields.items():  # a column added or dropped within the batch: null in some records
+        if not all(any(f.field == name for f in row.fields or ()) for row in rows):
+            field["optional"] = True
     after = {**rows[-1].model_dump(exclude_none=True), "fields": list(fields.values())}
     envelope = latest.model_dump(exclude_none=True)
     envelope["fields"] = [
@@ -156,6 +164,79 @@ def merged_schema(schemas: list[ConnectSchema]) -> ConnectSchema:
         for field in envelope["fields"]
     ]
     return ConnectSchema.model_validate(envelope)
+
+
+def read_schema(text: str) -> tuple[ConnectSchema | None, str | None]:
+    """A wrapper schema (JSON text) as a :class:`ConnectSchema`, or None and why it is none, naming the field."""
+    try:
+        return ConnectSchema.model_validate_json(text), None
+    except ValidationError as error:
+        first = error.errors()[0]
+        names, node = [], None
+        try:
+            node = json.loads(text)
+        except ValueError:
+            pass
+        for part in first["loc"]:  # the Connect field names along the error's path
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+                node = node[part]
+                if isinstance(node, dict) and "field" in node:
+                    names.append(str(node["field"]))
+            else:
+                break
+        found = f" (found {first['input']!r})" if isinstance(first.get("input"), (str, int, float)) else ""
+        where = f"field {'.'.join(names)}: " if names else ""
+        return None, f"{where}the schema is no Kafka Connect schema: {first['msg']}{found}"
+
+
+def _envelope_problem(schema: ConnectSchema) -> str | None:
+    """Why a Debezium envelope's schema cannot be read (its row images are no structs)."""
+    for image in ("before", "after"):
+        field = schema.field_named(image)
+        if field.type != ConnectType.STRUCT:
+            return f"field {image}: the schema's type is {field.type.value}, not struct"
+    return None
+
+
+def readable_value_schemas(texts: list[str]) -> tuple[list[ConnectSchema], list[str], dict[str, str]]:
+    """The value schemas of a batch that can be read, their texts, and the others' texts with why.
+    When some are Debezium envelopes, schemas of another kind (rows, another connector's) are refused:
+    one topic holds one kind."""
+    read = {text: read_schema(text) for text in texts}
+    refused = {text: f"value {why}" for text, (_, why) in read.items() if why is not None}
+    valid = {text: schema for text, (schema, _) in read.items() if schema is not None}
+    envelopes = {text: schema for text, schema in valid.items() if not is_flattened(schema) and not is_mongo(schema)}
+    if envelopes:
+        for text, schema in valid.items():
+            if text not in envelopes:
+                refused[text] = "value schema is no Debezium envelope (before, after, source, op), as the topic's others are"
+            elif (why := _envelope_problem(schema)) is not None:
+                refused[text] = f"value schema: {why}"
+    kept = [text for text in texts if text in valid and text not in refused]
+    return [valid[text] for text in kept], kept, refused
+
+
+def readable_key_schemas(texts: list[str], value_schema: ConnectSchema) -> tuple[list[str], dict[str, str]]:
+    """The key schemas of a batch whose fields are all columns of the value's rows, of the same type;
+    the others' texts with why (a change is applied by its key's columns)."""
+    columns = {field.field: field for field in value_schema.field_named("after").fields or ()}
+    refused = {}
+    for text in texts:
+        schema, why = read_schema(text)
+        if schema is not None:
+            for field in schema.fields or () if schema.type == ConnectType.STRUCT else ():
+                if field.field not in columns:
+                    why = f"field {field.field} of the key's schema is no column of the value's rows"
+                elif decoded_type(field) != decoded_type(columns[field.field]):
+                    why = (f"field {field.field} is {decoded_type(field).simpleString()} in the key's schema and "
+                           f"{decoded_type(columns[field.field]).simpleString()} in the value's")  # fmt: skip
+                if why:
+                    break
+        if why is not None:
+            refused[text] = f"key {why}"
+    return [text for text in texts if text not in refused], refused
 
 
 class BatchFacts(NamedTuple):
@@ -214,8 +295,9 @@ class RefineBatch:
         self.batch_id = batch_id
         try:
             run_batch_retrying_conflicts(lambda: self._refine_batch(batch), batch_id, self.conflicts)
-        except CdcError as error:
-            self.error = error  # raised again by run_refine_job: Spark's own message would bury it
+        except Exception as error:
+            # Raised again by watch_refine_queries: Spark's own message would bury it.
+            self.error = batch_error(error, self.config.target, batch_id)
             raise
 
     def _refine_batch(self, batch: DataFrame) -> None:
@@ -241,9 +323,10 @@ class RefineBatch:
             _LAST_SCHEMAS[self.raw] = first_wrapper_schemas(spark.read.format("delta").load(self.raw))
         if (texts := _LAST_SCHEMAS[self.raw]) is None:
             return False
-        schema = ConnectSchema.model_validate_json(texts["value"][0])
-        if is_mongo(schema) or (is_flattened(schema) and not texts["key"]):
+        schemas, _, refused = readable_value_schemas(texts["value"])
+        if refused or is_mongo(schemas[0]) or (is_flattened(schemas[0]) and not texts["key"]):
             return False
+        schema = schemas[0]
         return self._refine_rows(spark, records, [schema], texts, guessed=True)
 
     def _refine(self, spark: SparkSession, records: DataFrame) -> None:
@@ -251,11 +334,11 @@ class RefineBatch:
         texts = wrapper_schemas(records, {column: self.known_schemas.get(column, []) for column in ("value", "key")})
         for column, found in texts.items():
             self.known_schemas[column] = list(dict.fromkeys([*found, *self.known_schemas.get(column, ())]))[:_KNOWN]
-        _LAST_SCHEMAS[self.raw] = {column: found[-1:] for column, found in texts.items()} if texts["value"] else None
+        schemas, value_texts, refused = readable_value_schemas(texts["value"])
+        _LAST_SCHEMAS[self.raw] = {"value": value_texts[-1:], "key": texts["key"][-1:]} if value_texts else None
         bare_mongo = not texts["value"] and has_bare_mongo_envelopes(records)  # documents need no declared columns
         if not texts["value"] and not bare_mongo and _has_bare_envelopes(records):
             return self._refine_schemaless(spark, records)
-        schemas = [ConnectSchema.model_validate_json(text) for text in texts["value"]]
         if bare_mongo or (schemas and is_mongo(schemas[-1])):
             refine_mongo_batch(spark, records, refined=self.refined, raw=self.raw, topic=self.config.table,
                                quarantine_at=quarantine_location(self.config.warehouse), rules=self.rules,
@@ -265,11 +348,15 @@ class RefineBatch:
             return
         schemas = schemas or [known for known in [remembered_schema(spark, self.refined)] if known]
         if not schemas:  # tombstones (their deletes came before them), and values that are no envelope
+            problem = F.when(F.col("value").isNull(), F.lit("value is not UTF-8 text (its bytes are in the raw table's value_bytes)"))
+            if (refusal := refused_schema(F.col("value"), refused)) is not None:
+                problem = problem.when(refusal.isNotNull(), refusal)
+            problem = problem.otherwise(F.lit("value is not a Debezium JSON envelope"))
             quarantine(spark, quarantine_location(self.config.warehouse), self.raw, self.config.table, records.where(
-                F.col("value").isNotNull()).select(*record_columns(), F.col("value").alias("raw_value"),
-                F.lit("value is not a Debezium JSON envelope").alias("problem")))  # fmt: skip
+                F.col("value").isNotNull() | F.col("value_bytes").isNotNull()).select(
+                *record_columns(), F.col("value").alias("raw_value"), problem.alias("problem")))  # fmt: skip
             return
-        self._refine_rows(spark, records, schemas, texts)
+        self._refine_rows(spark, records, schemas, {**texts, "value": value_texts}, refused=refused)
 
     def _refine_rows(
         self,
@@ -278,12 +365,20 @@ class RefineBatch:
         schemas: list[ConnectSchema],
         texts: dict[str, list[str]],
         guessed: bool = False,
+        refused: dict[str, str] | None = None,
     ) -> bool:
         """Refine Postgres envelopes or flattened rows of the value ``schemas`` (in order of appearance)
-        and the wrapper schema ``texts``; ``guessed``: see :meth:`_apply`."""
+        and the wrapper schema ``texts``; ``guessed``: see :meth:`_apply`; ``refused``: value schema
+        texts the batch cannot be read with, and why (their records go to the quarantine)."""
         flattened = is_flattened(schemas[-1])
         value_schema = merged_schema([as_envelope(schema) if flattened else schema for schema in schemas])
-        key_schema = ConnectSchema.model_validate_json(texts["key"][-1]) if texts["key"] else None  # None: no primary key
+        key_texts, refused_keys = texts["key"], {}
+        if not flattened:
+            key_texts, refused_keys = readable_key_schemas(texts["key"], value_schema)
+            if guessed and refused_keys:
+                return False
+        # None: no primary key (or none readable: then only the quarantine is written, see _apply)
+        key_schema = ConnectSchema.model_validate_json(key_texts[-1]) if key_texts else None
         if flattened:
             if key_schema is None:
                 raise TableError("flattened rows (ExtractNewRecordState) of a table without a primary key cannot "
@@ -292,10 +387,11 @@ class RefineBatch:
             value_schema = with_key_columns(value_schema, key_schema)
         changes = (
             parse_flattened(records, key_schema, value_schema, has_lsn(schemas[-1]), texts, only_schemas=guessed)
-            if flattened else parse_changes(records, key_schema, value_schema, schema_texts=texts, only_schemas=guessed)
+            if flattened else parse_changes(records, key_schema, value_schema, schema_texts={**texts, "key": key_texts},
+                                            only_schemas=guessed, refused_schemas={"value": refused or {}, "key": refused_keys})
         )  # fmt: skip
         applied = self._apply(spark, records, declared_types(changes, self.config.columns or {}), value_schema,
-                              key_schema, guessed)  # fmt: skip
+                              key_schema, guessed, no_readable_key=bool(refused_keys) and key_schema is None)  # fmt: skip
         if applied and flattened:
             remember_schema(spark, self.refined, schemas[-1])
         return applied
@@ -318,9 +414,11 @@ class RefineBatch:
         value_schema: ConnectSchema,
         key_schema: ConnectSchema | None,
         guessed: bool = False,
+        no_readable_key: bool = False,
     ) -> bool:
         """Apply the batch's parsed changes; False, with nothing written, when the schemas were
-        ``guessed`` and a record holds another."""
+        ``guessed`` and a record holds another. ``no_readable_key``: the batch's keys have schemas that
+        cannot be read (so went to the quarantine): the table is keyed, and only the quarantine is written."""
         # Parsed once, for the facts below, the quarantine and the MERGEs; the raw value only where a
         # problem needs it.
         parsed = changes.withColumn("raw_value", F.when(F.col("problem").isNotNull(), F.col("raw_value"))).persist()
@@ -336,6 +434,8 @@ class RefineBatch:
             records.unpersist()  # the parsed changes are cached now
             valid = (parsed.where("problem IS NULL") if facts.problems else parsed).drop("raw_value")
             columns = [field.field for field in value_schema.field_named("after").fields or ()]
+            if no_readable_key:
+                return True
             if key_schema is None:
                 self.rules.refuse_unchecked("tables without a primary key")
                 self._refuse_keyless()
@@ -521,7 +621,7 @@ def watch_refine_queries(
 
 def _raise_failure(name: str, query: StreamingQuery, batches: dict[str, object] | None) -> None:
     if (message := failure(query)) is not None:
-        # A CdcError raised in a micro-batch reaches the user as itself: Spark's message would bury it.
+        # A micro-batch's own failure (batch_error) reaches the user as itself: Spark's message would bury it.
         if (error := getattr((batches or {}).get(name), "error", None)) is not None:
             raise error
         raise StreamError(f"the refine stream stopped: {message.splitlines()[0]}", table=name)

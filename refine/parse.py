@@ -14,7 +14,7 @@ from functools import reduce
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructField, StructType
+from pyspark.sql.types import StringType, StructField, StructType
 
 from refine.decode import decode, decoded_type, json_type, undecodable
 from refine.envelope import TOMBSTONE, ConnectSchema, ConnectType, Op
@@ -30,6 +30,11 @@ _WRAPPER_START, _PAYLOAD_MARK = '{"schema":', ',"payload":'
 # The problem of a record whose wrapper schema is not among those a parser was built for, when it
 # parses only those (``only_schemas``).
 OTHER_SCHEMA = "the record's schema is not among the batch's"
+# from_json's column for a record that does not match the type it is read as: null for every good
+# record, so the check costs nothing on them; the field that did not match is then looked for in the
+# record's JSON (:func:`mismatched_field`) for the bad ones only.
+UNPARSED = "__cdc_unparsed"
+_UNPARSED_OPTIONS = {"columnNameOfCorruptRecord": UNPARSED}
 # Passes that each find one new schema, before the rest are grouped in one (slower) pass.
 _DISCOVERY_PASSES = 4
 
@@ -114,22 +119,94 @@ def wrapper_schemas(records: DataFrame, known: dict[str, Sequence[str]]) -> dict
     return found
 
 
-def wrapped_payload(text: Column, schema: ConnectSchema, schema_texts: Sequence[str] = ()) -> Column:
+def with_unparsed(data_type: StructType) -> StructType:
+    """``data_type`` with :data:`UNPARSED`, where ``from_json`` (with :data:`_UNPARSED_OPTIONS`) keeps
+    the text of a record that does not match it."""
+    return StructType([*data_type.fields, StructField(UNPARSED, StringType())])
+
+
+def read_json(text: Column, schema: ConnectSchema) -> Column:
+    """``text`` (JSON without the wrapper) read as ``schema``, with :data:`UNPARSED` when it is a struct."""
+    data_type = json_type(schema)
+    if not isinstance(data_type, StructType):
+        return F.from_json(text, data_type)
+    return F.from_json(text, with_unparsed(data_type), _UNPARSED_OPTIONS)
+
+
+def wrapped_payload(text: Column, schema: ConnectSchema, schema_texts: Sequence[str] = (), unparsed: bool = False) -> Column:
     """The ``payload`` of JsonConverter's ``{schema, payload}`` wrapper, read as ``schema``;
     ``schema_texts``: the batch's wrapper schemas (:func:`wrapper_schemas`), whose values are cut
-    after them instead of being parsed whole."""
+    after them instead of being parsed whole. ``unparsed``: with :data:`UNPARSED` (a struct
+    ``schema``), the text of a record that does not match it."""
     payload_type = json_type(schema)
+    if unparsed and isinstance(payload_type, StructType):
+        return _wrapped_payload_and_unparsed(text, payload_type, schema_texts)
+    payload_text = _cut_payload(text, schema_texts)
+    wrapper = StructType([StructField("payload", payload_type)])
+    # from_json stops at the end of the payload's object: the wrapper's closing brace is not read.
+    return F.when(payload_text.isNotNull() & text.endswith("}"), F.from_json(payload_text, payload_type)).otherwise(
+        F.from_json(text, wrapper)["payload"]
+    )
+
+
+def _wrapped_payload_and_unparsed(text: Column, payload_type: StructType, schema_texts: Sequence[str]) -> Column:
+    payload_text = _cut_payload(text, schema_texts)
+    whole = F.from_json(text, StructType([StructField("payload", payload_type), StructField(UNPARSED, StringType())]),
+                        _UNPARSED_OPTIONS)  # fmt: skip
+    # Never null for a value: a wrapper without a payload, or no JSON at all, is told by UNPARSED.
+    whole = F.when(whole.isNotNull(), F.struct(*[whole["payload"][name].alias(name) for name in payload_type.names],
+                                               whole[UNPARSED].alias(UNPARSED)))  # fmt: skip
+    return F.when(payload_text.isNotNull() & text.endswith("}"),
+                  F.from_json(payload_text, with_unparsed(payload_type), _UNPARSED_OPTIONS)).otherwise(whole)
+
+
+def _cut_payload(text: Column, schema_texts: Sequence[str]) -> Column:
+    """The text after the compact wrapper prefix of one of ``schema_texts``; null for any other."""
     payload_text = F.lit(None).cast("string")
     for schema_text in schema_texts:
         prefix = _wrapper_prefix(schema_text)
         # Cut as bytes: a string's substring counts characters from its start, a cost per record.
         payload = text.cast("binary").substr(len(prefix.encode()) + 1, 2**31 - 1).cast("string")
         payload_text = F.when(text.startswith(prefix), payload).otherwise(payload_text)
-    wrapper = StructType([StructField("payload", payload_type)])
-    # from_json stops at the end of the payload's object: the wrapper's closing brace is not read.
-    return F.when(payload_text.isNotNull() & text.endswith("}"), F.from_json(payload_text, payload_type)).otherwise(
-        F.from_json(text, wrapper)["payload"]
-    )
+    return payload_text
+
+
+def _json_at(value: Column, path: Sequence[str]) -> Column:
+    return F.try_variant_get(value, "$" + "".join("['" + name.replace("'", "\\'") + "']" for name in path), "variant")
+
+
+def _connect_type(schema: ConnectSchema) -> str:
+    return f"{schema.name} ({schema.type.value})" if schema.name else schema.type.value
+
+
+def mismatched_field(text: Column, parsed: Column, schema: ConnectSchema, at: Sequence[str], label: str) -> Column:
+    """Where the JSON ``text`` (a record ``from_json`` found :data:`UNPARSED`) holds a value that did not
+    read as ``schema`` (a struct) says: ``field <label><name>: cannot read <JSON> as <Connect type>``
+    for the first such field (top level first, then one level into structs); null when none is found.
+    ``at``: the path of the struct in ``text`` (``payload`` in a wrapper). The JSON is parsed here, so
+    only for the records that did not match."""
+    json = F.try_parse_json(text)
+    reason = None
+    levels = [[(field, [field.field], F.col(parsed)[field.field]) for field in schema.fields or ()]]
+    levels.append([(child, [field.field, child.field], F.col(parsed)[field.field][child.field])
+                   for field in schema.fields or () if field.type == ConnectType.STRUCT for child in field.fields or ()])  # fmt: skip
+    for level in levels:
+        for field, path, value in level:
+            found = _json_at(json, [*at, *path])
+            mismatch = value.isNull() & found.isNotNull() & ~F.is_variant_null(found)
+            message = F.concat(F.lit(f"field {label}{'.'.join(path)}: cannot read "), F.to_json(found),
+                               F.lit(f" as {_connect_type(field)}"))  # fmt: skip
+            reason = F.when(mismatch, message) if reason is None else reason.when(mismatch, message)
+    return reason if reason is not None else F.lit(None).cast("string")
+
+
+def refused_schema(text: Column, refused: dict[str, str]) -> Column | None:
+    """The reason ``refused`` gives (by wrapper schema text) for the schema of ``text``; None when none are refused."""
+    reason = None
+    for schema_text, why in refused.items():
+        match = text.startswith(_wrapper_prefix(schema_text)) | (wrapped_schema(text) == F.lit(schema_text))
+        reason = F.when(match, F.lit(why)) if reason is None else reason.when(match, F.lit(why))
+    return reason
 
 
 def _has_one_of(text: Column, schema_texts: Sequence[str]) -> Column:
@@ -242,22 +319,26 @@ class ChangeParser:
         wrapped: bool = True,
         schema_texts: dict[str, Sequence[str]] | None = None,
         only_schemas: bool = False,
+        refused_schemas: dict[str, dict[str, str]] | None = None,
     ) -> None:
-        texts = schema_texts or {}
+        texts, refused = schema_texts or {}, refused_schemas or {}
 
         def read(column: str, schema: ConnectSchema) -> Column:
             if not wrapped:
-                return F.from_json(F.col(column), json_type(schema))
-            return wrapped_payload(F.col(column), schema, texts.get(column, ()))
+                return read_json(F.col(column), schema)
+            return wrapped_payload(F.col(column), schema, texts.get(column, ()), unparsed=True)
 
         row_schema = value_schema.field_named("after")
         self._envelopes = [
             *record_columns(),
+            F.col("value_bytes").isNotNull().alias("value_not_utf8"),
+            F.col("key_bytes").isNotNull().alias("key_not_utf8"),
+            F.col("key").alias("key_text"),
             read("value", value_schema).alias("envelope"),
             (read("key", key_schema) if key_schema else F.lit(None)).alias("raw_key"),
         ]
         self._envelopes.append((of_known_schemas(texts) if only_schemas else F.lit(True)).alias("schema_known"))
-        op = F.when(F.col("value").isNull(), F.lit(TOMBSTONE)).otherwise(F.col("envelope.op"))
+        op = F.when(F.col("value").isNull() & ~F.col("value_not_utf8"), F.lit(TOMBSTONE)).otherwise(F.col("envelope.op"))
         self._decoded = [
             "*",
             op.alias("op"),
@@ -266,9 +347,30 @@ class ChangeParser:
             decode(F.col("envelope.after"), row_schema).alias("after"),
         ]
         known_ops = [member.value for member in Op] + [TOMBSTONE]
+        at = ["payload"] if wrapped else []
         problem = with_other_schemas(F.col("schema_known")).when(
+            F.col("value_not_utf8"), F.lit("value is not UTF-8 text (its bytes are in the raw table's value_bytes)")
+        ).when(F.col("key_not_utf8"), F.lit("key is not UTF-8 text (its bytes are in the raw table's key_bytes)"))  # fmt: skip
+        for column, text in (("value", "value"), ("key", "key_text")):
+            if (reason := refused_schema(F.col(text), refused.get(column, {}))) is not None:
+                problem = problem.when(reason.isNotNull(), reason)
+        unparsed = F.col(f"envelope.{UNPARSED}")
+        problem = problem.when(
             F.col("value").isNotNull() & F.col("envelope").isNull(), F.lit("value is not a Debezium JSON envelope")
-        ).when(~F.col("op").isin(*known_ops) | F.col("op").isNull(), F.concat(F.lit("unknown op "), F.coalesce("op", F.lit("null"))))
+        ).when(unparsed.isNotNull(), F.coalesce(
+            mismatched_field(F.col("value"), "envelope", value_schema, at, ""),
+            F.lit("value is not a Debezium JSON envelope"),
+        )).when(~F.col("op").isin(*known_ops) | F.col("op").isNull(), F.concat(F.lit("unknown op "), F.coalesce("op", F.lit("null"))))  # fmt: skip
+        if key_schema is not None and isinstance(json_type(key_schema), StructType):
+            problem = _key_problems(problem, key_schema, at)
+        problem = problem.when(F.col("op").isin(*_ROW_OPS) & F.col("envelope.after").isNull(), F.concat(
+            F.lit("field after: missing in a change of op "), F.col("op")))  # fmt: skip
+        for field in row_schema.fields or ():
+            if not field.optional:
+                problem = problem.when(F.col("envelope.after").isNotNull() & F.col(f"envelope.after.`{field.field}`").isNull(),
+                                       F.lit(f"field after.{field.field}: null, and the schema says it is not optional"))  # fmt: skip
+        if key_schema is not None:
+            problem = _key_image_problems(problem, key_schema)
         for image in ("before", "after"):
             problem = decoding_problems(problem, f"envelope.{image}", image, row_schema, f"{image}.")
         self._changes = change_columns(
@@ -278,7 +380,42 @@ class ChangeParser:
 
     def __call__(self, raw: DataFrame) -> DataFrame:
         """Typed changes from raw rows (columns of :data:`cdc.raw.table.RAW_SCHEMA`)."""
+        missing = [column for column in ("key_bytes", "value_bytes") if column not in raw.columns]
+        raw = raw.withColumns({column: F.lit(None).cast("binary") for column in missing}) if missing else raw
         return raw.select(*self._envelopes).select(*self._decoded).select(*self._changes)
+
+
+# Changes whose row is ``after``.
+_ROW_OPS = (Op.READ.value, Op.CREATE.value, Op.UPDATE.value)
+
+
+def _key_problems(problem: Column, key_schema: ConnectSchema, at: list[str]) -> Column:
+    """``problem`` extended with a key that is no JSON of ``key_schema``, or misses a required field."""
+    unparsed = F.col(f"raw_key.{UNPARSED}")
+    problem = problem.when(F.col("key_text").isNotNull() & F.col("raw_key").isNull(), F.lit(
+        "key is not a Debezium JSON key of the table's key schema")).when(unparsed.isNotNull(), F.coalesce(
+            mismatched_field(F.col("key_text"), "raw_key", key_schema, at, "key."),
+            F.lit("key is not a Debezium JSON key of the table's key schema")))  # fmt: skip
+    for field in key_schema.fields or ():
+        if not field.optional:
+            problem = problem.when(F.col("raw_key").isNotNull() & F.col(f"raw_key.`{field.field}`").isNull(),
+                                   F.lit(f"field key.{field.field}: null, and the schema says it is not optional"))  # fmt: skip
+    return problem
+
+
+def _key_image_problems(problem: Column, key_schema: ConnectSchema) -> Column:
+    """``problem`` extended with a key that is not that of the change's row: ``after``'s for a row
+    change, ``before``'s for a delete (changes are applied by key)."""
+    for field in key_schema.fields or ():
+        name = field.field
+        key = F.col(f"key.`{name}`")
+        for ops, image in ((_ROW_OPS, "after"), ((Op.DELETE.value,), "before")):
+            row = F.col(f"{image}.`{name}`")
+            differs = F.col("op").isin(*ops) & F.col(image).isNotNull() & ~key.eqNullSafe(row)
+            problem = problem.when(differs, F.concat(
+                F.lit(f"field key.{name}: "), F.coalesce(key.cast("string"), F.lit("null")),
+                F.lit(f" is not the row's {image}.{name}, "), F.coalesce(row.cast("string"), F.lit("null"))))  # fmt: skip
+    return problem
 
 
 def parse_changes(
@@ -288,6 +425,7 @@ def parse_changes(
     wrapped: bool = True,
     schema_texts: dict[str, Sequence[str]] | None = None,
     only_schemas: bool = False,
+    refused_schemas: dict[str, dict[str, str]] | None = None,
 ) -> DataFrame:
     """Typed changes from raw rows (columns of :data:`cdc.raw.table.RAW_SCHEMA`).
 
@@ -296,9 +434,14 @@ def parse_changes(
     ``wrapped``: key and value are JsonConverter's ``{schema, payload}`` (else the payload alone);
     ``schema_texts``: the batch's wrapper schemas by column (``key``, ``value``), see :func:`wrapped_payload`;
     ``only_schemas``: a record (key or value) that is no compact wrapper of one of them gets the problem
-    :data:`OTHER_SCHEMA` (``schema_texts`` was a guess, and the batch is to be parsed again).
+    :data:`OTHER_SCHEMA` (``schema_texts`` was a guess, and the batch is to be parsed again);
+    ``refused_schemas``: by column, wrapper schema texts the batch cannot be read with, and why: their
+    records get that problem.
+
+    A record that does not match the schemas (a value where the schema says another type, a required
+    field null, a key that is not its row's) gets a problem naming the field.
     """
-    return change_parser(key_schema, value_schema, wrapped, schema_texts, only_schemas)(raw)
+    return change_parser(key_schema, value_schema, wrapped, schema_texts, only_schemas, refused_schemas)(raw)
 
 
 # Parsers by schemas, least recently used first, for the life of the process: a refine run's next
@@ -315,13 +458,15 @@ def change_parser(
     wrapped: bool = True,
     schema_texts: dict[str, Sequence[str]] | None = None,
     only_schemas: bool = False,
+    refused_schemas: dict[str, dict[str, str]] | None = None,
 ) -> ChangeParser:
     """The :class:`ChangeParser` of these schemas, built on first use and kept."""
     schemas = (key_schema and key_schema.model_dump_json(), value_schema.model_dump_json(), wrapped,
-               tuple((column, tuple(seen)) for column, seen in sorted((schema_texts or {}).items())), only_schemas)  # fmt: skip
+               tuple((column, tuple(seen)) for column, seen in sorted((schema_texts or {}).items())), only_schemas,
+               tuple((column, tuple(sorted(why.items()))) for column, why in sorted((refused_schemas or {}).items())))  # fmt: skip
     with _PARSERS_LOCK:
         parser = _PARSERS.pop(schemas, None) or ChangeParser(key_schema, value_schema, wrapped, schema_texts,
-                                                             only_schemas)  # fmt: skip
+                                                             only_schemas, refused_schemas)  # fmt: skip
         _PARSERS[schemas] = parser  # now the most recently used
         while len(_PARSERS) > _PARSERS_KEPT:
             _PARSERS.pop(next(iter(_PARSERS)))

@@ -1,0 +1,211 @@
+"""Malformed records on a real Debezium Postgres topic: each goes to the quarantine with a reason naming
+the field, every good record is applied, the job exits 0 and a rerun changes nothing; a batch that
+fails for another reason stops the job with one line naming the cause, the table and the batch.
+
+The good records are the real connector's, byte for byte: captured from a table of this test's own,
+then produced again, in order, to a topic of their own with the malformed ones (copies of real records,
+mutated) between them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+
+import psycopg
+import pytest
+from pyspark.testing import assertDataFrameEqual
+
+from refine.job import refined_table_location
+from refine.merge import METADATA_COLUMNS
+from refine.quarantine import quarantine_location
+
+pytestmark = pytest.mark.integration
+
+COLUMNS = ("id int PRIMARY KEY, name text NOT NULL, born date, seen_at timestamp(6), updated_at timestamptz, "
+           "price numeric(10,2), qty bigint, flag boolean")  # fmt: skip
+SPARK_SCHEMA = ("id int, name string, born date, seen_at timestamp_ntz, updated_at timestamp, price decimal(10,2), "
+                "qty long, flag boolean")  # fmt: skip
+
+
+@pytest.fixture
+def captured_table(stack, stack_config, unique_name):
+    """``capture(statements)``: the table ``<unique_name>.items`` (:data:`COLUMNS`), changed by the SQL
+    ``statements`` while a Debezium connector of this test's own captures it; returns its topic's records
+    once the last statement's change is there. Removes the connector with its slot and publication."""
+    from connectors import definitions
+    from connectors.client import ConnectClient
+    from connectors.definitions import ConnectorDefinition
+
+    dsn, client = stack_config.postgres.dsn(), ConnectClient(stack_config.connect.url)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {unique_name}")
+        conn.execute(f"CREATE TABLE {unique_name}.items ({COLUMNS})")
+    connector = ConnectorDefinition(unique_name, {
+        **definitions.load("postgres").config, "topic.prefix": unique_name, "slot.name": unique_name,
+        "publication.name": unique_name, "schema.include.list": unique_name})  # fmt: skip
+    topic = f"{unique_name}.{unique_name}.items"
+
+    def capture(statements: list[str], kafka, last_value) -> list[tuple]:
+        client.register(connector)
+        client.wait_running(connector.name)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for statement in statements:
+                conn.execute(statement.format(table=f"{unique_name}.items"))
+        return kafka.wait_for_last_value(topic, last_value)
+
+    capture.topic, capture.dsn, capture.table = topic, dsn, f"{unique_name}.items"
+    capture.read = lambda spark: spark.createDataFrame(  # the table in Postgres, as the refined table types it
+        psycopg.connect(dsn).execute(f"SELECT * FROM {unique_name}.items").fetchall(), SPARK_SCHEMA)
+    yield capture
+    if connector.name in client.connectors():
+        client.delete(connector.name)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        deadline = time.monotonic() + 60
+        while conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (unique_name,)).fetchone() == (True,):
+            assert time.monotonic() < deadline, f"replication slot {unique_name} still active"
+            time.sleep(0.2)
+        conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (unique_name,))
+        conn.execute(f'DROP PUBLICATION IF EXISTS "{unique_name}"')
+
+
+WORKLOAD = [
+    "INSERT INTO {table} SELECT i, 'item ' || i, date '2020-01-01' + i, timestamp '2026-01-01 10:00:00.123456' + i * interval '1 hour', "
+    "timestamptz '2026-02-01 00:00:00+00' + i * interval '1 minute', i * 1.25, i * 1000000000000, i % 2 = 0 FROM generate_series(1, 8) i",
+    "UPDATE {table} SET name = 'renamed', price = 99.99 WHERE id = 2",
+    "UPDATE {table} SET born = NULL, flag = NULL WHERE id = 3",
+    "DELETE FROM {table} WHERE id = 4",
+    "UPDATE {table} SET id = 40 WHERE id = 5",
+    "INSERT INTO {table} (id, name) VALUES (9, 'late')",
+]
+
+
+def _split(value: bytes) -> tuple[dict, dict]:
+    document = json.loads(value)
+    return document["schema"], document["payload"]
+
+
+def _wrap(schema: dict, payload) -> bytes:
+    return json.dumps({"schema": schema, "payload": payload}, separators=(",", ":")).encode()
+
+
+def _key(key_schema: dict, key: dict) -> bytes:
+    return _wrap(key_schema, key)
+
+
+def malformed_records(records: list[tuple]) -> list[tuple[str, str, bytes | None, bytes | None]]:
+    """(kind, the text its reason must hold, key, value): copies of the real ``records``, mutated."""
+    create = next(r for r in records if r[4] and _split(r[4])[1]["op"] == "c")
+    key_schema, _ = _split(create[3])
+    schema, payload = _split(create[4])
+
+    def new_row(row_id: int, **changes) -> dict:  # a create of a row Postgres never had
+        return {**payload, "after": {**payload["after"], "id": row_id, "name": "BAD", **changes}}
+
+    def record(kind, reason, row_id, after=None, key=None, value_schema=None, **envelope):
+        value = {**new_row(row_id, **(after or {})), **envelope}
+        return kind, reason, _key(key_schema, key if key is not None else {"id": row_id}), _wrap(value_schema or schema, value)
+
+    good_value = create[4]
+    unknown_type = json.loads(json.dumps(schema))
+    next(f for f in unknown_type["fields"] if f["field"] == "after")["fields"][6]["type"] = "int128"
+    not_envelope = {"type": "struct", "optional": False, "name": "x.Value",
+                    "fields": [{"type": "int32", "optional": False, "field": "id"}]}  # fmt: skip
+    wrong_key_schema = {**key_schema, "fields": [{"type": "int32", "optional": False, "field": "nope"}]}
+    return [
+        ("value not JSON", "value", _key(key_schema, {"id": 101}), b"{not json"),
+        ("value cut short", "value", _key(key_schema, {"id": 102}), good_value[: len(good_value) // 2]),
+        ("value not UTF-8", "UTF-8", _key(key_schema, {"id": 103}), b"\xff\xfe" + good_value[2:]),
+        ("value a JSON array", "value", _key(key_schema, {"id": 104}), b"[1,2,3]"),
+        ("payload null", "value", _key(key_schema, {"id": 105}), _wrap(schema, None)),
+        record("unknown op", "op", 106, op="x"),
+        record("no op", "op", 107, op=None),
+        ("after a string", "after", _key(key_schema, {"id": 108}), _wrap(schema, {**payload, "after": "oops"})),
+        ("create without after", "after", _key(key_schema, {"id": 109}), _wrap(schema, {**payload, "after": None})),
+        record("date as a string", "after.born", 110, after={"born": "2020-01-01"}),
+        record("timestamp as a string", "after.seen_at", 111, after={"seen_at": "2026-01-01T10:00:00"}),
+        record("zoned timestamp not a time", "after.updated_at", 112, after={"updated_at": "yesterday"}),
+        record("int32 key column a string", "after.id", 113, after={"id": "one hundred"}),
+        record("int32 key column out of range", "after.id", 114, after={"id": 2**40}),
+        record("decimal not base64", "after.price", 115, after={"price": "!!"}),
+        record("boolean a string", "after.flag", 116, after={"flag": "yes"}),
+        record("int64 a fraction", "after.qty", 117, after={"qty": 1.5}),
+        record("required column null", "after.name", 118, after={"name": None}),
+        record("source.lsn a string", "source.lsn", 119, source={**payload["source"], "lsn": "abc"}),
+        ("key not JSON", "key", b"{oops", _wrap(schema, new_row(120))),
+        ("key not UTF-8", "key", b"\xff\xfe\x00", _wrap(schema, new_row(121))),
+        record("key disagrees with after", "key.id", 122, key={"id": 1}),
+        ("key missing on a keyed table", "key", None, _wrap(schema, new_row(123))),
+        ("key schema names a field the value lacks", "nope", _wrap(wrong_key_schema, {"nope": 124}), _wrap(schema, new_row(124))),
+        record("unknown type in the schema", "int128", 125, value_schema=unknown_type),
+        ("schema not an envelope", "envelope", _key(key_schema, {"id": 126}), _wrap(not_envelope, {"id": 126})),
+    ]
+
+
+def test_malformed_records_go_to_the_quarantine_and_every_good_record_is_applied(
+    spark, kafka, captured_table, tmp_path, monkeypatch, capsys, unique_name
+):
+    from cdc.cli import main
+
+    records = captured_table(WORKLOAD, kafka, lambda value: value is not None and b'"name":"late"' in value)
+    bad = malformed_records(records)
+    # One topic: the real records in their order, a malformed one after each (and the rest at the end).
+    topic = kafka.create_topic(f"{unique_name}.corpus")
+    good = [(key, value, headers) for _, _, _, key, value, headers in records]
+    mixed, kinds = [], {}
+    for index in range(max(len(good), len(bad))):
+        if index < len(good):
+            mixed.append(("good", good[index]))
+        if index < len(bad):
+            kind, reason, key, value = bad[index]
+            mixed.append(((kind, reason), (key, value)))
+    kafka.produce(topic, [record for _, record in mixed], partition=0)
+    kinds = {offset: kind for offset, (kind, _) in enumerate(mixed) if kind != "good"}
+
+    warehouse = str(tmp_path)
+    monkeypatch.setenv("CDC_KAFKA__BOOTSTRAP_SERVERS", kafka.bootstrap_servers)
+    assert main(["raw", "--topic", topic, "--warehouse", warehouse, "--available-now"]) == 0
+    refined = lambda: spark.read.format("delta").load(refined_table_location(warehouse, topic))  # noqa: E731
+    quarantined = lambda: spark.read.format("delta").load(quarantine_location(warehouse))  # noqa: E731
+    for run in range(2):  # the second replays every batch: nothing changes
+        if run:
+            shutil.rmtree(f"{warehouse}/_cdc/checkpoints/refine/{topic}")
+        capsys.readouterr()
+        assert main(["refine", "--table", topic, "--warehouse", warehouse, "--available-now"]) == 0, capsys.readouterr().err
+        reasons = {row.offset: row.reason for row in quarantined().collect()}
+        wrong = {kind: reasons.get(offset) for offset, (kind, expected) in kinds.items()
+                 if expected.lower() not in (reasons.get(offset) or "").lower()}  # fmt: skip
+        assert not wrong, f"not quarantined with a reason naming the field: {wrong}"
+        assert set(reasons) == set(kinds), "good records were quarantined"
+        assertDataFrameEqual(refined().drop(*METADATA_COLUMNS), captured_table.read(spark))
+
+
+def test_a_batch_that_fails_stops_the_job_with_one_line_naming_the_cause_table_and_batch(
+    spark, kafka, captured_table, tmp_path, monkeypatch, cdc_process
+):
+    """The refined table's location is taken by a file (a user's mistake, a broken copy): the batch's
+    first write fails inside Spark, with no error of the tool's own. `cdc refine` runs as a process of
+    its own: what the user sees is all it prints."""
+    from cdc.cli import main
+
+    topic = captured_table.topic
+    warehouse = str(tmp_path)
+    monkeypatch.setenv("CDC_KAFKA__BOOTSTRAP_SERVERS", kafka.bootstrap_servers)
+    captured_table(["INSERT INTO {table} (id, name, qty) VALUES (1, 'one', 1)"], kafka, lambda value: value is not None)
+    assert main(["raw", "--topic", topic, "--warehouse", warehouse, "--available-now"]) == 0
+    (tmp_path / "refined").mkdir()
+    (tmp_path / "refined" / topic).write_text("not a table")
+    for debug in (False, True):
+        job = cdc_process([*(["--debug"] if debug else []), "refine", "--table", topic, "--warehouse", warehouse,
+                           "--available-now"])  # fmt: skip
+        output = job.wait(timeout=300)
+        assert job.returncode == 9, output
+        errors = [line for line in output.splitlines() if line.startswith("cdc: error:")]
+        assert len(errors) == 1, output
+        assert re.fullmatch(rf"cdc: error: a refine batch failed: [\w.]+: \S.* \(table={re.escape(topic)}, batch=0\)",
+                            errors[0]), output  # fmt: skip
+        # Spark's log of the failure (with the Python Proxy's traceback) and the traceback: only under --debug.
+        assert ("Python Proxy" in output) == debug, output
+        assert ("Traceback" in output) == debug, output
