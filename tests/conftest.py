@@ -136,24 +136,9 @@ def recreate_postgres_connector(stack, stack_config: StackConfig, postgres_conne
 
 def remove_postgres_connector(stack_config: StackConfig, connector) -> None:
     """Delete a Postgres connector, then drop its replication slot and publication."""
-    import time
+    from cdc.stack.postgres import remove_connector
 
-    import psycopg
-
-    from connectors.client import ConnectClient
-
-    client = ConnectClient(stack_config.connect.url)
-    if connector.name in client.connectors():  # a test that failed early may not have registered it
-        client.delete(connector.name)
-    slot, publication = connector.config["slot.name"], connector.config["publication.name"]
-    with psycopg.connect(stack_config.postgres.dsn(), autocommit=True) as conn:
-        deadline = time.monotonic() + 60
-        # The slot stays active until the stopped task lets go of its replication connection.
-        while conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone() == (True,):
-            assert time.monotonic() < deadline, f"replication slot {slot} still active"
-            time.sleep(0.2)
-        conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (slot,))
-        conn.execute(f'DROP PUBLICATION IF EXISTS "{publication}"')
+    remove_connector(stack_config, connector)
 
 
 # Each demo table as a query and the Spark schema its refined table has.

@@ -270,7 +270,7 @@ def random_writes(seed: int, collection: Collection, steps: int, full_document: 
                     element = values[name][0]()[:1] or ([rng.choice(["t1", "t2"])] if name == "tags" else [{"sku": "a", "n": 1}])
                     operations.append(rng.choice([("$push", name, element[0]), ("$pop", name, rng.choice([1, -1])),
                                                   ("$pull", name, element[0])]
-                                                 + ([("$set", f"items.0.n", rng.randint(0, 9))] if name == "items" and present else [])))  # fmt: skip
+                                                 + ([("$set", "items.0.n", rng.randint(0, 9))] if name == "items" and present else [])))  # fmt: skip
                 elif rng.random() < 0.2 and name in current:
                     operations.append(("$unset", name, ""))
                 else:

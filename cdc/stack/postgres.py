@@ -18,6 +18,29 @@ from cdc.stack.base import POSTGRES
 from cdc.stack.component import Component
 from cdc.stack.process import account_kwargs
 
+def remove_connector(stack: StackConfig, connector) -> None:
+    """Delete a Debezium Postgres connector (a ``connectors.definitions.ConnectorDefinition``) from Kafka
+    Connect, then drop its replication slot and publication (a slot left behind keeps WAL forever)."""
+    import time
+
+    from connectors.client import ConnectClient
+
+    client = ConnectClient(stack.connect.url)
+    if connector.name in client.connectors():  # it may never have been registered
+        client.delete(connector.name)
+    slot, publication = connector.config["slot.name"], connector.config["publication.name"]
+    with psycopg.connect(stack.postgres.dsn(), autocommit=True) as conn:
+        deadline = time.monotonic() + 60
+        # The slot stays active until the stopped task lets go of its replication connection.
+        while conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone() == (True,):
+            if time.monotonic() > deadline:
+                raise StackError(f"replication slot {slot} still active 60 s after its connector was deleted",
+                                 component=POSTGRES)  # fmt: skip
+            time.sleep(0.2)
+        conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+        conn.execute(f'DROP PUBLICATION IF EXISTS "{publication}"')
+
+
 # Postgres refuses to run as root; a root caller runs it as the account Debian's package creates.
 SERVER_ACCOUNT = "postgres"
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import time
 
 import psycopg
 import pytest
@@ -20,6 +19,7 @@ from pyspark.testing import assertDataFrameEqual
 
 from refine.job import refined_table_location
 from refine.merge import METADATA_COLUMNS
+from cdc.stack.postgres import remove_connector
 from refine.quarantine import quarantine_location
 
 pytestmark = pytest.mark.integration
@@ -60,15 +60,7 @@ def captured_table(stack, stack_config, unique_name):
     capture.read = lambda spark: spark.createDataFrame(  # the table in Postgres, as the refined table types it
         psycopg.connect(dsn).execute(f"SELECT * FROM {unique_name}.items").fetchall(), SPARK_SCHEMA)
     yield capture
-    if connector.name in client.connectors():
-        client.delete(connector.name)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        deadline = time.monotonic() + 60
-        while conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (unique_name,)).fetchone() == (True,):
-            assert time.monotonic() < deadline, f"replication slot {unique_name} still active"
-            time.sleep(0.2)
-        conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (unique_name,))
-        conn.execute(f'DROP PUBLICATION IF EXISTS "{unique_name}"')
+    remove_connector(stack_config, connector)
 
 
 WORKLOAD = [

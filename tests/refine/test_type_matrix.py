@@ -24,6 +24,7 @@ import pytest
 from connectors import definitions
 from connectors.client import ConnectClient
 from connectors.definitions import ConnectorDefinition
+from cdc.stack.postgres import remove_connector
 from refine.quarantine import quarantine_location
 
 pytestmark = pytest.mark.integration
@@ -479,19 +480,6 @@ class Matrix(NamedTuple):
     topics: dict[str, str]
 
 
-def _remove(stack_config, client: ConnectClient, connector: ConnectorDefinition) -> None:
-    if connector.name in client.connectors():
-        client.delete(connector.name)
-    slot, publication = connector.config["slot.name"], connector.config["publication.name"]
-    with psycopg.connect(stack_config.postgres.dsn(), autocommit=True) as conn:
-        deadline = time.monotonic() + 60
-        while conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone() == (True,):
-            assert time.monotonic() < deadline, f"replication slot {slot} still active"
-            time.sleep(0.2)
-        conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (slot,))
-        conn.execute(f'DROP PUBLICATION IF EXISTS "{publication}"')
-
-
 def _wait_for_records(kafka, topic: str, count: int, timeout_s: float = 180) -> None:
     deadline = time.monotonic() + timeout_s
     while len(kafka.records(topic)) < count:
@@ -529,7 +517,7 @@ def matrix(stack, stack_config, kafka):
         yield Matrix(table, topics)
     finally:
         for connector in connectors.values():
-            _remove(stack_config, client, connector)
+            remove_connector(stack_config, connector)
         with psycopg.connect(dsn, autocommit=True) as conn:
             drop_table(conn, table)
 
