@@ -113,6 +113,18 @@ def chain_depth(changes: DataFrame, rekeyed: Column) -> int:
         chained.unpersist()
 
 
+def _checkpointed(rows: DataFrame) -> DataFrame:
+    """``rows`` computed once, with a lineage of their own and their measured size. A checkpoint alone keeps
+    its plan's size estimate, which each round's joins multiply: its digits grew threefold per round and
+    a chain of 10 links never finished planning."""
+    cached = rows.persist()
+    try:
+        cached.count()  # the cache's measured size now stands for the plan's estimate
+        return cached.localCheckpoint()
+    finally:
+        cached.unpersist()
+
+
 def fill_from_old_keys(changes: DataFrame, key_schema: ConnectSchema, stored: DataFrame | None) -> DataFrame:
     """``changes`` with each key's placeholders filled from its earlier changes, and a primary-key
     change's create filled from the old key's state (see the module's doc).
@@ -130,7 +142,7 @@ def fill_from_old_keys(changes: DataFrame, key_schema: ConnectSchema, stored: Da
     filled = fill_from_earlier_changes(changes, key_columns, order, within=(F.col("key_segment"),))
     for round_ in range(chain_depth(changes, rekeyed)):
         if round_:  # each round reads the last one's rows twice: cut the lineage, or the plan doubles per round
-            filled = filled.localCheckpoint()
+            filled = _checkpointed(filled)
         with_prior = with_state_before(filled, rekeyed, F.col("old_key"), batch_states(filled), stored)
         after = replace_placeholders(F.col("after"), F.col("image"), changes.schema["after"].dataType)
         filled = fill_from_earlier_changes(with_prior.withColumn("after", after).drop("image"), key_columns, order,

@@ -70,6 +70,18 @@ def test_key_change_chains_take_the_first_keys_values_like_a_reference_model(spa
     assertDataFrameEqual(filled.where("after IS NOT NULL").select("kafka_offset", "after.note"), sorted(notes.items()))
 
 
+def test_a_row_re_keyed_fifteen_times_in_one_batch_keeps_its_values(spark):
+    """Each round of a chain is planned on measured sizes: estimated ones multiplied through the rounds'
+    joins until planning a chain of 10 links never ended."""
+    changes = [("c", (0,), (0, "first", 0), 0, 0, 0, [])]
+    for hop in range(1, 16):
+        changes.append(("d", (hop - 1,), None, hop, 2 * hop - 1, 0, []))
+        changes.append(("c", (hop,), (hop, TOAST_PLACEHOLDER, hop), hop, 2 * hop, 0,
+                        [(OLD_KEY_HEADER, json.dumps({"id": hop - 1}).encode())]))  # fmt: skip
+    filled = fill_from_old_keys(spark.createDataFrame(changes, CHANGES), KEY_SCHEMA, None)
+    assert {row.note for row in filled.where("after IS NOT NULL").select("after.note").collect()} == {"first"}
+
+
 def test_the_chain_depth_is_the_longest_chain_of_key_changes(spark):
     def depth(changes: list[tuple]) -> int:
         frame = spark.createDataFrame(changes, CHANGES).withColumn("old_key", old_key(F.col("kafka_headers"), KEY_SCHEMA))
