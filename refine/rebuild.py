@@ -12,8 +12,10 @@ the way out is to refine it all again:
 2. each live table is then replaced by its staged copy in one Delta commit (an overwrite: readers
    see the old or the new table, never a mix, and the old version stays for time travel,
    ``VERSION AS OF``);
-3. the refinement's checkpoint is removed and the refined table records ``V``
-   (:data:`REBUILT_FROM_PROPERTY`): the next `cdc refine` streams the raw table from ``V + 1`` on.
+3. the refined table records ``V`` (:data:`REBUILT_FROM_PROPERTY`). The refinement goes on from its
+   checkpoint: the raw versions up to ``V`` it has not read yet are in the tables already, and its
+   guards leave them out (a position guard per row, the keyless stream mark, whose batch counter goes
+   on). Without a checkpoint (removed, or never made) it starts after ``V``.
 
 Records the rebuild quarantines join the warehouse's quarantine (a record already there is not added
 twice); its expectation counts are not added to the job's (they counted the records once already).
@@ -37,8 +39,8 @@ from cdc.errors import TableError
 from cdc.raw.table import delta_properties, is_delta_table, raw_table_location, raw_table_topic
 from cdc.storage import Storage
 from refine.deleted import deleted_location
-from refine.job import REBUILT_FROM_PROPERTY, RefineBatch, RefineJobConfig, refine_checkpoint_location, refined_table_location
-from refine.keyless import applied_location
+from refine.job import REBUILT_FROM_PROPERTY, RefineBatch, RefineJobConfig, refined_table_location
+from refine.keyless import applied_location, read_applied, write_applied
 from refine.quarantine import add_quarantined, quarantine_location
 from refine.rules import TableRules, history_table_name
 from refine.flatten import child_table_name
@@ -92,20 +94,22 @@ def rebuild_refined_table(
     for number, chunk in enumerate(chunks):
         batch(chunk.withColumn("_change_type", F.lit("insert")), number)
         say(f"rebuild {config.target}: raw batches {number + 1}/{len(chunks)} refined into {staging}")
+    applied = applied_location(config.warehouse, config.target)
+    counted = read_applied(spark, applied)
     replaced = [
         rebuilt for live, copy in _table_pairs(config, staging)
         if (rebuilt := _replace(spark, live, copy)) is not None
     ]  # fmt: skip
+    _keep_batch_counter(spark, applied, counted)
     _keep_quarantined(spark, quarantine_location(staging), quarantine_location(config.warehouse))
     refined = refined_table_location(config.warehouse, config.target)
     if is_delta_table(spark, refined):
         spark.sql(f"ALTER TABLE delta.`{refined}` SET TBLPROPERTIES ('{REBUILT_FROM_PROPERTY}' = '{raw_version}')")
-    storage.delete(refine_checkpoint_location(config.warehouse, config.target))
     storage.delete(staging)
     for table in replaced:
         before = "new" if table.version_before is None else f"version {table.version_before} -> {table.version_after}"
         say(f"rebuild {config.target}: {table.location} replaced ({before})")
-    say(f"rebuild {config.target}: done from raw version {raw_version}; the refinement goes on from there")
+    say(f"rebuild {config.target}: done, from raw version {raw_version}")
     return replaced
 
 
@@ -169,6 +173,14 @@ def _replace(spark: SparkSession, live: str, staged: str) -> RebuiltTable | None
     if gone:  # a mark of the old refinement (a truncate's position, say) the rebuild did not make
         spark.sql(f"ALTER TABLE delta.`{live}` UNSET TBLPROPERTIES IF EXISTS ({', '.join(repr(k) for k in gone)})")
     return RebuiltTable(live, before, _version(spark, live))
+
+
+def _keep_batch_counter(spark: SparkSession, applied: str, before: tuple[int | None, int, int, int] | None) -> None:
+    """A keyless table's batch counter goes on from where it was: the live table has Delta transactions of
+    the refinement's app id up to it, and a batch numbered at or below would be skipped by Delta as done."""
+    mark = read_applied(spark, applied)
+    if before is not None and mark is not None and mark[-1] < before[-1]:
+        write_applied(spark, applied, *mark[:-1], before[-1])
 
 
 def _keep_quarantined(spark: SparkSession, staged: str, live: str) -> None:

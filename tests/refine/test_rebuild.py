@@ -170,3 +170,34 @@ def test_a_pipeline_rebuild_remakes_a_mongo_collections_tables_and_refreshes_its
         assertDataFrameEqual(pipeline_run.table("names", "business"), business)
         # The rebuild's expectation counts are not added to the job's.
         assertDataFrameEqual(spark.read.format("delta").load(f"{pipeline_run.warehouse}/_cdc/expectations"), counts)
+
+
+def test_a_rebuilt_keyless_table_goes_on_counting_its_batches(
+    kafka, stack_config, postgres_connector, tmp_path, land_and_refine, postgres_table, refined_table, spark
+):  # fmt: skip
+    """A keyless table's MERGEs are Delta transactions numbered by its batches: after a rebuild (fewer
+    batches) the next ones must not be taken by Delta for ones it has."""
+    from cdc.stack.workload import run_workload
+
+    dsn, warehouse = stack_config.postgres.dsn(), str(tmp_path)
+    topic = f"{postgres_connector.topic_prefix}.shop.page_views"
+    def change(seed: int) -> None:
+        """The workload's changes of the table, and a last row to wait for."""
+        import psycopg
+
+        run_workload(dsn, customers=2, seed=seed)
+        with psycopg.connect(dsn) as conn:
+            conn.execute("INSERT INTO shop.page_views VALUES (%s, %s, '2026-02-01Z')", (seed, f"/mark{seed}"))
+        kafka.wait_for_last_value(topic, lambda value: value is not None and f"/mark{seed}".encode() in value)
+
+    for seed in (61, 62, 63):  # three batches
+        change(seed)
+        land_and_refine(warehouse, topic)
+    config = validate(RefineJobConfig, {"table": topic, "warehouse": warehouse, "trigger": {"kind": "available_now"}},
+                      "refine job")  # fmt: skip
+    rebuild_refined_table(spark, config, say=lambda line: None)
+    assertDataFrameEqual(refined_table(warehouse, topic), postgres_table("page_views"))
+    change(64)
+    for _ in range(2):
+        land_and_refine(warehouse, topic)
+        assertDataFrameEqual(refined_table(warehouse, topic), postgres_table("page_views"))
