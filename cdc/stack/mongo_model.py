@@ -90,7 +90,10 @@ def as_json(value: Any) -> Any:
     return value
 
 
-def _parent(document: dict, path: str, create: bool) -> tuple[Any, str]:
+def parent_of(document: dict, path: str, create: bool) -> tuple[Any, str]:
+    """The document or array that holds the dotted ``path``'s last segment, and that segment, as MongoDB
+    resolves it (a number is an index into an array); with ``create``, missing documents on the way are
+    made (an index past an array's end pads it with nulls). (None, segment) where the way is missing."""
     *parents, last = path.split(".")
     node: Any = document
     for part in parents:
@@ -125,7 +128,7 @@ def apply_update(document: dict, update: Update) -> dict:
     """The document after ``update`` (MongoDB's semantics); fills in ``update``'s description."""
     document = copy.deepcopy(document)
     for operator, path, value in update.operations:
-        parent, last = _parent(document, path, operator in ("$set", "$push"))
+        parent, last = parent_of(document, path, operator in ("$set", "$push"))
         if operator == "$set":
             if isinstance(parent, list):
                 parent.extend([None] * (int(last) + 1 - len(parent)))

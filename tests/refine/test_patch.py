@@ -7,6 +7,7 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, IntegerType, LongType, StringType, StructField, StructType
 
+from cdc.stack.mongo_model import parent_of
 from refine.extended_json import to_variant
 from refine.patch import apply_patch, path_type, resolve
 
@@ -66,22 +67,7 @@ def _reference(document: dict, updated: dict, removed: list[str], truncated: lis
     document = json.loads(json.dumps(document))
 
     def walk(path: str, create: bool):
-        *parents, last = path.split(".")
-        node = document
-        for part in parents:
-            if isinstance(node, list):
-                index = int(part)
-                if create and (index >= len(node) or node[index] is None):
-                    node.extend([None] * (index + 1 - len(node)))
-                    node[index] = {}
-                node = node[index] if index < len(node) else None
-            else:
-                if create and node.get(part) is None:
-                    node[part] = {}
-                node = node.get(part)
-            if node is None:
-                return None, last
-        return node, last
+        return parent_of(document, path, create)
 
     for path, size in truncated:
         parent, last = walk(path, False)
