@@ -55,8 +55,9 @@ def test_after_a_stop_signal_py4j_failures_are_not_logged(caplog):
     proxy_failure = "There was an exception while executing the Python Proxy on the Python Side."
     handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
-        logging.error("Exception while sending command.")  # before a stop: logged as py4j logs it
-        proxy.error(proxy_failure)
+        # Before a stop, py4j's own failures are logged as py4j logs them (a failed micro-batch's Python Proxy
+        # traceback is kept out by every session cdc.spark builds: see test_bad_records; not what this test is about).
+        logging.error("Exception while sending command.")
         stop = _stop_on_signals()
         os.kill(os.getpid(), signal.SIGTERM)
         assert stop.wait(5)
@@ -68,8 +69,7 @@ def test_after_a_stop_signal_py4j_failures_are_not_logged(caplog):
             logger.removeFilter(_not_py4j_failures_after_jvm_exit)
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
-    assert [record.getMessage() for record in caplog.records] == [
-        "Exception while sending command.", proxy_failure, "something else"]
+    assert [record.getMessage() for record in caplog.records] == ["Exception while sending command.", "something else"]
 
 
 class _SessionAsked(Exception):
