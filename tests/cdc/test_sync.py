@@ -83,9 +83,12 @@ def test_continuous_sync_follows_postgres_and_stops_on_sigterm(
     location = refined_table_location(warehouse, topic)
     try:
         with psycopg.connect(dsn) as conn:
-            conn.execute("UPDATE shop.customers SET full_name = 'Synced' WHERE id = (SELECT max(id) FROM shop.customers)")
+            # A name of this test's own: the demo table is shared by the run's tests.
+            conn.execute("UPDATE shop.customers SET full_name = %s WHERE id = (SELECT max(id) FROM shop.customers)",
+                         (f"Synced {topic}",))  # fmt: skip
         wait_for(lambda: process.poll() is not None or is_delta_table(spark, location) and refined_table(
-            warehouse, topic).where("full_name = 'Synced'").count() == 1, 600, "the change in the refined table", 1.0)  # fmt: skip
+            warehouse, topic).where(F.col("full_name") == f"Synced {topic}").count() == 1, 600,
+            "the change in the refined table", 1.0)  # fmt: skip
         assert process.poll() is None, process.wait()
         # The MERGE's commit is visible before the job reports its batch (its auto compaction runs in between).
         wait_for(lambda: f"refine {topic} batch" in process.output(), 60, "the refine batch's progress line", 0.1)
