@@ -51,8 +51,13 @@ def start_job(args: list[str], log: Path) -> subprocess.Popen:
     root = str(Path(__file__).resolve().parents[1])
     # -P: not the working directory first, where another checkout may be.
     command = [sys.executable, "-P", "-c", "import sys; from cdc.cli import main; sys.exit(main())", *args]
-    return subprocess.Popen(command, env={**os.environ, "PYTHONPATH": root}, stdout=log.open("w"),
-                            stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        command,
+        env={**os.environ, "PYTHONPATH": root},
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def stop_job(process: subprocess.Popen) -> None:
@@ -69,9 +74,10 @@ def wait_for_row(spark, location: str, row_id: int, timeout_s: float, column: st
     deadline = time.monotonic() + timeout_s
     while True:
         # The log folder exists before its first commit does.
-        if Path(location, "_delta_log", f"{0:020}.json").is_file() and spark.read.format("delta").load(location).where(
-            F.col(column) == row_id
-        ).count():
+        if (
+            Path(location, "_delta_log", f"{0:020}.json").is_file()
+            and spark.read.format("delta").load(location).where(F.col(column) == row_id).count()
+        ):
             return
         if time.monotonic() > deadline:
             raise SystemExit(f"row {row_id} did not reach {location} within {timeout_s:.0f} s")
@@ -89,8 +95,12 @@ def main() -> None:
     parser.add_argument("--commits", type=int, default=120, help="rows committed after them, one per transaction")
     parser.add_argument("--every", type=float, default=1.0, help="seconds between commits")
     parser.add_argument("--trigger-interval", type=float, default=1.0, help="trigger interval of both jobs")
-    parser.add_argument("--jobs", choices=["sync", "raw+refine"], default="sync",
-                        help="one `cdc sync` process (default), or `cdc raw` and `cdc refine` processes")
+    parser.add_argument(
+        "--jobs",
+        choices=["sync", "raw+refine"],
+        default="sync",
+        help="one `cdc sync` process (default), or `cdc raw` and `cdc refine` processes",
+    )
     parser.add_argument("--logs", type=Path, help="copy the jobs' logs (sync.log, or raw.log and refine.log) here")
     args = parser.parse_args()
 
@@ -114,10 +124,17 @@ def measure(args: argparse.Namespace, settings: Settings) -> None:
         conn.execute(f"CREATE TABLE bench.{name} (id bigint PRIMARY KEY, note text)")
         conn.execute(f"INSERT INTO bench.{name} VALUES (0, 'first')")
     shipped = definitions.load("postgres")
-    connector = ConnectorDefinition(name, {
-        **shipped.config, "topic.prefix": name, "slot.name": name, "publication.name": name,
-        "schema.include.list": "bench", "table.include.list": f"bench.{name}",
-    })  # fmt: skip
+    connector = ConnectorDefinition(
+        name,
+        {
+            **shipped.config,
+            "topic.prefix": name,
+            "slot.name": name,
+            "publication.name": name,
+            "schema.include.list": "bench",
+            "table.include.list": f"bench.{name}",
+        },
+    )
     client = ConnectClient(settings.stack.connect.url)
     client.register(connector)
     client.wait_running(name)
@@ -160,20 +177,33 @@ def measure(args: argparse.Namespace, settings: Settings) -> None:
                 for log in logs.glob("*.log"):
                     shutil.copy(log, args.logs / log.name)
         visible = (
-            spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 0).load(refined)
-            .where("_change_type = 'insert' AND id > 0").groupBy("id")
-            .agg(F.min(F.unix_millis("_commit_timestamp")).alias("visible_ms")).collect()
-        )  # fmt: skip
+            spark.read.format("delta")
+            .option("readChangeFeed", "true")
+            .option("startingVersion", 0)
+            .load(refined)
+            .where("_change_type = 'insert' AND id > 0")
+            .groupBy("id")
+            .agg(F.min(F.unix_millis("_commit_timestamp")).alias("visible_ms"))
+            .collect()
+        )
         # Where each row was on its way: Kafka's record time (Connect's producer stamps it) and the
         # raw table's commit that landed it.
         landed = (
-            spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 0)
-            .load(raw_table_location(warehouse, topic)).where("_change_type = 'insert'")
-            .select(F.get_json_object("value", "$.payload.after.id").cast("long").alias("id"),
-                    F.unix_millis("timestamp").alias("kafka_ms"), F.unix_millis("_commit_timestamp").alias("raw_ms"))
-            .where("id > 0").groupBy("id").agg(F.min("kafka_ms").alias("kafka_ms"), F.min("raw_ms").alias("raw_ms"))
+            spark.read.format("delta")
+            .option("readChangeFeed", "true")
+            .option("startingVersion", 0)
+            .load(raw_table_location(warehouse, topic))
+            .where("_change_type = 'insert'")
+            .select(
+                F.get_json_object("value", "$.payload.after.id").cast("long").alias("id"),
+                F.unix_millis("timestamp").alias("kafka_ms"),
+                F.unix_millis("_commit_timestamp").alias("raw_ms"),
+            )
+            .where("id > 0")
+            .groupBy("id")
+            .agg(F.min("kafka_ms").alias("kafka_ms"), F.min("raw_ms").alias("raw_ms"))
             .collect()
-        )  # fmt: skip
+        )
     at_kafka = {row.id: row.kafka_ms / 1000 for row in landed}
     at_raw = {row.id: row.raw_ms / 1000 for row in landed}
     at_refined = {row.id: row.visible_ms / 1000 for row in visible}
@@ -186,19 +216,28 @@ def measure(args: argparse.Namespace, settings: Settings) -> None:
     print(f"jobs: {args.jobs}; one commit every {args.every} s, landing and refinement triggered every {interval} s")
     total = args.warmup + args.commits
     # Blocks of 60 commits show how long the fresh JVMs take to settle.
-    blocks = [(f"commits {start}-{min(start + 59, total)}", range(start, min(start + 60, total + 1)))
-              for start in range(1, total + 1, 60)]  # fmt: skip
-    for label, ids in [*blocks, (f"all {total} commits", range(1, total + 1)),
-                       (f"first {args.warmup} commits (warm-up)", range(1, args.warmup + 1)),
-                       (f"next {args.commits} commits (steady)", range(args.warmup + 1, total + 1))]:
+    blocks = [
+        (f"commits {start}-{min(start + 59, total)}", range(start, min(start + 60, total + 1)))
+        for start in range(1, total + 1, 60)
+    ]
+    for label, ids in [
+        *blocks,
+        (f"all {total} commits", range(1, total + 1)),
+        (f"first {args.warmup} commits (warm-up)", range(1, args.warmup + 1)),
+        (f"next {args.commits} commits (steady)", range(args.warmup + 1, total + 1)),
+    ]:
         for segment, (start, end) in segments.items():
             measured = [end[row_id] - start[row_id] for row_id in ids if row_id in start and row_id in end]
             if measured:
-                print(f"{label if segment == 'latency' else '':<34} {segment:<36} p50 {statistics.median(measured):6.2f} s, "
-                      f"p95 {percentile(measured, 0.95):6.2f} s, max {max(measured):6.2f} s")  # fmt: skip
+                print(
+                    f"{label if segment == 'latency' else '':<34} {segment:<36} p50 {statistics.median(measured):6.2f} s, "
+                    f"p95 {percentile(measured, 0.95):6.2f} s, max {max(measured):6.2f} s"
+                )
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f"SELECT pg_drop_replication_slot('{name}') WHERE EXISTS "
-                     f"(SELECT 1 FROM pg_replication_slots WHERE slot_name = '{name}' AND NOT active)")  # fmt: skip
+        conn.execute(
+            f"SELECT pg_drop_replication_slot('{name}') WHERE EXISTS "
+            f"(SELECT 1 FROM pg_replication_slots WHERE slot_name = '{name}' AND NOT active)"
+        )
         conn.execute(f"DROP TABLE bench.{name}")
 
 

@@ -71,27 +71,59 @@ message Geo { string country = 1; string city = 2; double lat = 3; double lon = 
 message Item { string sku = 1; int32 quantity = 2; double price = 3; }
 """
 KINDS = ["KIND_UNSPECIFIED", "VIEW", "CLICK", "PURCHASE"]
-DEVICE = {"type": "record", "name": "Device", "fields": [
-    {"name": "os", "type": "string"}, {"name": "browser", "type": "string"}, {"name": "model", "type": "string"},
-    {"name": "screen_width", "type": "int"}, {"name": "screen_height", "type": "int"}]}  # fmt: skip
-GEO = {"type": "record", "name": "Geo", "fields": [
-    {"name": "country", "type": "string"}, {"name": "city", "type": "string"}, {"name": "lat", "type": "double"},
-    {"name": "lon", "type": "double"}]}  # fmt: skip
-ITEM = {"type": "record", "name": "Item", "fields": [
-    {"name": "sku", "type": "string"}, {"name": "quantity", "type": "int"}, {"name": "price", "type": "double"}]}
-AVRO = {"type": "record", "name": "PageView", "namespace": "bench", "fields": [
-    {"name": "event_id", "type": "string"}, {"name": "user_id", "type": "string"},
-    {"name": "session_id", "type": "string"},
-    {"name": "time", "type": ["null", {"type": "long", "logicalType": "timestamp-micros"}]},
-    {"name": "kind", "type": {"type": "enum", "name": "Kind", "symbols": KINDS}},
-    {"name": "url", "type": "string"}, {"name": "referrer", "type": "string"},
-    {"name": "device", "type": ["null", DEVICE]}, {"name": "geo", "type": ["null", GEO]},
-    {"name": "tags", "type": {"type": "array", "items": "string"}},
-    {"name": "properties", "type": {"type": "map", "values": "string"}},
-    {"name": "items", "type": {"type": "array", "items": ITEM}},
-    {"name": "duration_ms", "type": "long"}, {"name": "is_bot", "type": "boolean"},
-    {"name": "user_agent", "type": "string"}, {"name": "note", "type": "string"},
-]}  # fmt: skip
+DEVICE = {
+    "type": "record",
+    "name": "Device",
+    "fields": [
+        {"name": "os", "type": "string"},
+        {"name": "browser", "type": "string"},
+        {"name": "model", "type": "string"},
+        {"name": "screen_width", "type": "int"},
+        {"name": "screen_height", "type": "int"},
+    ],
+}
+GEO = {
+    "type": "record",
+    "name": "Geo",
+    "fields": [
+        {"name": "country", "type": "string"},
+        {"name": "city", "type": "string"},
+        {"name": "lat", "type": "double"},
+        {"name": "lon", "type": "double"},
+    ],
+}
+ITEM = {
+    "type": "record",
+    "name": "Item",
+    "fields": [
+        {"name": "sku", "type": "string"},
+        {"name": "quantity", "type": "int"},
+        {"name": "price", "type": "double"},
+    ],
+}
+AVRO = {
+    "type": "record",
+    "name": "PageView",
+    "namespace": "bench",
+    "fields": [
+        {"name": "event_id", "type": "string"},
+        {"name": "user_id", "type": "string"},
+        {"name": "session_id", "type": "string"},
+        {"name": "time", "type": ["null", {"type": "long", "logicalType": "timestamp-micros"}]},
+        {"name": "kind", "type": {"type": "enum", "name": "Kind", "symbols": KINDS}},
+        {"name": "url", "type": "string"},
+        {"name": "referrer", "type": "string"},
+        {"name": "device", "type": ["null", DEVICE]},
+        {"name": "geo", "type": ["null", GEO]},
+        {"name": "tags", "type": {"type": "array", "items": "string"}},
+        {"name": "properties", "type": {"type": "map", "values": "string"}},
+        {"name": "items", "type": {"type": "array", "items": ITEM}},
+        {"name": "duration_ms", "type": "long"},
+        {"name": "is_bot", "type": "boolean"},
+        {"name": "user_agent", "type": "string"},
+        {"name": "note", "type": "string"},
+    ],
+}
 RAW = "value string, value_bytes binary, partition int, offset long"
 SLICE = 25_000
 
@@ -99,26 +131,43 @@ SLICE = 25_000
 def page_view(rng: random.Random, number: int) -> dict:
     """One event as a dict (the same content in all three encodings)."""
     return {
-        "event_id": f"{rng.getrandbits(128):032x}", "user_id": f"user-{rng.randrange(100_000)}",
+        "event_id": f"{rng.getrandbits(128):032x}",
+        "user_id": f"user-{rng.randrange(100_000)}",
         "session_id": f"{rng.getrandbits(64):016x}",
         "time": datetime(2026, 1, 1, tzinfo=UTC) + timedelta(milliseconds=number * 37),
         "kind": rng.choice(KINDS[1:]),
         "url": f"https://shop.example.com/catalog/{rng.randrange(5000)}/product-{rng.randrange(10**6)}?ref=home&page=2",
-        "referrer": "https://www.example.org/search?q=" + "+".join(rng.choice(["red", "shoes", "sale", "blue"])
-                                                                   for _ in range(6)),
-        "device": {"os": rng.choice(["android", "ios", "linux"]), "browser": "firefox", "model": "pixel-9",
-                   "screen_width": 1080, "screen_height": 2400},
-        "geo": {"country": "FR", "city": rng.choice(["Paris", "Lyon", "Nantes"]), "lat": rng.uniform(43, 50),
-                "lon": rng.uniform(-2, 7)},
+        "referrer": "https://www.example.org/search?q="
+        + "+".join(rng.choice(["red", "shoes", "sale", "blue"]) for _ in range(6)),
+        "device": {
+            "os": rng.choice(["android", "ios", "linux"]),
+            "browser": "firefox",
+            "model": "pixel-9",
+            "screen_width": 1080,
+            "screen_height": 2400,
+        },
+        "geo": {
+            "country": "FR",
+            "city": rng.choice(["Paris", "Lyon", "Nantes"]),
+            "lat": rng.uniform(43, 50),
+            "lon": rng.uniform(-2, 7),
+        },
         "tags": [f"tag-{rng.randrange(50)}" for _ in range(5)],
         "properties": {f"property_{i}": f"value-{rng.randrange(10**8)}-{i}" for i in range(10)},
-        "items": [{"sku": f"SKU-{rng.randrange(10**6):06d}", "quantity": rng.randrange(1, 5),
-                   "price": round(rng.uniform(1, 300), 2)} for _ in range(3)],
-        "duration_ms": rng.randrange(60_000), "is_bot": rng.random() < 0.01,
+        "items": [
+            {
+                "sku": f"SKU-{rng.randrange(10**6):06d}",
+                "quantity": rng.randrange(1, 5),
+                "price": round(rng.uniform(1, 300), 2),
+            }
+            for _ in range(3)
+        ],
+        "duration_ms": rng.randrange(60_000),
+        "is_bot": rng.random() < 0.01,
         "user_agent": "Mozilla/5.0 (Linux; Android 15; Pixel 9) AppleWebKit/537.36 (KHTML, like Gecko) "
-                      "Chrome/131.0.0.0 Mobile Safari/537.36",
+        "Chrome/131.0.0.0 Mobile Safari/537.36",
         "note": "x" * 150,
-    }  # fmt: skip
+    }
 
 
 def encodings(events: list[tuple[int, dict]], message_class) -> dict[str, list[tuple]]:
@@ -172,11 +221,15 @@ def main() -> None:
         started = time.monotonic()
         sizes = write_tables(spark, args.events, message_class, folder)
         tables = {name: spark.read.format("delta").load(f"{folder}/raw/{name}") for name in sizes}
-        print(f"{args.events:,} events built and written in {time.monotonic() - started:.0f} s; mean value size: "
-              + ", ".join(f"{name} {size:,.0f} B" for name, size in sizes.items()), flush=True)  # fmt: skip
+        print(
+            f"{args.events:,} events built and written in {time.monotonic() - started:.0f} s; mean value size: "
+            + ", ".join(f"{name} {size:,.0f} B" for name, size in sizes.items()),
+            flush=True,
+        )
 
-        protobuf = ProtobufDecoder(SchemaFile(kind="file", path=Path(folder) / "page_view.proto"), "bench",
-                                   "bench.PageView")  # fmt: skip
+        protobuf = ProtobufDecoder(
+            SchemaFile(kind="file", path=Path(folder) / "page_view.proto"), "bench", "bench.PageView"
+        )
         avro = AvroDecoding(reader=json.dumps(AVRO), framed=False)
         json_schema = avro_event_schema(spark, json.dumps(AVRO))  # the same columns, as JSON is read
         paths = {
@@ -189,8 +242,11 @@ def main() -> None:
             # A first full pass (also a warm-up): every event must decode.
             problems = decode().where("problem IS NOT NULL").count() if "only" not in name else decode().count() * 0
             rate, seconds = best_rate(decode, args.rounds, args.events)
-            print(f"{name:32} {rate:>10,.0f} events/s  (runs: {', '.join(f'{s:.1f} s' for s in seconds)}; "
-                  f"{problems} problems)", flush=True)  # fmt: skip
+            print(
+                f"{name:32} {rate:>10,.0f} events/s  (runs: {', '.join(f'{s:.1f} s' for s in seconds)}; "
+                f"{problems} problems)",
+                flush=True,
+            )
     spark.stop()
 
 

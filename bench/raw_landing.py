@@ -45,17 +45,22 @@ def produce(spark, bootstrap: str, topic: str, messages: int, size: int, partiti
     admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
     admin.close()
     hashes = max(1, (size - 60) // 64)
-    value = "concat('{\"id\":', id, ',\"at\":\"', current_timestamp(), '\",\"payload\":\"', " + ", ".join(
-        f"sha2(cast(id * {i + 1} as string), 256)" for i in range(hashes)
-    ) + ", '\"}')"  # fmt: skip
+    value = (
+        'concat(\'{"id":\', id, \',"at":"\', current_timestamp(), \'","payload":"\', '
+        + ", ".join(f"sha2(cast(id * {i + 1} as string), 256)" for i in range(hashes))
+        + ", '\"}')"
+    )
     (
         spark.range(messages, numPartitions=partitions * 2)
         .selectExpr("cast(id % 100000 as string) AS key", f"{value} AS value")
-        .write.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("topic", topic)
+        .write.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("topic", topic)
         # Uncompressed, as Debezium's Kafka Connect producers send by default.
-        .option("kafka.linger.ms", "20").option("kafka.batch.size", "1048576")
+        .option("kafka.linger.ms", "20")
+        .option("kafka.batch.size", "1048576")
         .save()
-    )  # fmt: skip
+    )
 
 
 def land(spark, variant: str, topic: str, bootstrap: str, warehouse: str) -> int:
@@ -65,17 +70,28 @@ def land(spark, variant: str, topic: str, bootstrap: str, warehouse: str) -> int
         from cdc.raw.config import RawJobConfig
         from cdc.raw.job import run_raw_job
 
-        config = validate(RawJobConfig, {
-            "topics": {"kind": "topics", "topics": [topic]}, "warehouse": warehouse,
-            "trigger": {"kind": "available_now"}, "kafka": {"bootstrap_servers": bootstrap},
-        }, "raw job settings")  # fmt: skip
+        config = validate(
+            RawJobConfig,
+            {
+                "topics": {"kind": "topics", "topics": [topic]},
+                "warehouse": warehouse,
+                "trigger": {"kind": "available_now"},
+                "kafka": {"bootstrap_servers": bootstrap},
+            },
+            "raw job settings",
+        )
         return sum(summary.rows for summary in run_raw_job(spark, config, say=lambda line: None))
     query = (
-        spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic)
-        .option("startingOffsets", "earliest").load()
-        .writeStream.format("delta").option("checkpointLocation", f"{warehouse}/_checkpoint")
-        .trigger(availableNow=True).start(f"{warehouse}/plain")
-    )  # fmt: skip
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .load()
+        .writeStream.format("delta")
+        .option("checkpointLocation", f"{warehouse}/_checkpoint")
+        .trigger(availableNow=True)
+        .start(f"{warehouse}/plain")
+    )
     query.awaitTermination()
     return sum(progress.numInputRows for progress in query.recentProgress)
 
@@ -90,14 +106,19 @@ def worker(variant: str, topic: str, bootstrap: str, warehouse: str) -> None:
     started = time.monotonic()
     settings = load_settings()
     # Each variant's JVM as it ships: `cdc raw`'s collector is its job's choice, the plain stream's the JVM's default.
-    as_shipped = job_spark_config(settings.spark, refines_continuously=False) if variant == "cdc raw" else settings.spark
+    as_shipped = (
+        job_spark_config(settings.spark, refines_continuously=False) if variant == "cdc raw" else settings.spark
+    )
     spark = build_spark_session(as_shipped)
     result: dict[str, float] = {"start_seconds": time.monotonic() - started}
     for run in ("cold", "warm"):
         started, cpu_before = time.monotonic(), tree_cpu_seconds(os.getpid())
         rows = land(spark, variant, topic, bootstrap, f"{warehouse}/{run}")
-        result |= {f"{run}_rows": rows, f"{run}_seconds": time.monotonic() - started,
-                   f"{run}_cpu_seconds": tree_cpu_seconds(os.getpid()) - cpu_before}  # fmt: skip
+        result |= {
+            f"{run}_rows": rows,
+            f"{run}_seconds": time.monotonic() - started,
+            f"{run}_cpu_seconds": tree_cpu_seconds(os.getpid()) - cpu_before,
+        }
         shutil.rmtree(f"{warehouse}/{run}", ignore_errors=True)  # a landing of 1M ~1 KB records is ~1 GB
     print(json.dumps(result), flush=True)
 
@@ -136,12 +157,27 @@ def tree_cpu_seconds(root: int) -> float:
 def run_worker(variant: str, topic: str, bootstrap: str, class_archive: bool, collector: str) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="bench-raw-") as warehouse:
         process = subprocess.Popen(
-            [sys.executable, __file__, "--worker", variant, "--topic", topic, "--bootstrap", bootstrap,
-             "--warehouse", warehouse],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-            env={**os.environ, "CDC_SPARK__CLASS_ARCHIVE": str(class_archive).lower(),
-                 **({} if collector == "as-shipped" else {"CDC_SPARK__GARBAGE_COLLECTOR": collector})},
-        )  # fmt: skip
+            [
+                sys.executable,
+                __file__,
+                "--worker",
+                variant,
+                "--topic",
+                topic,
+                "--bootstrap",
+                bootstrap,
+                "--warehouse",
+                warehouse,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env={
+                **os.environ,
+                "CDC_SPARK__CLASS_ARCHIVE": str(class_archive).lower(),
+                **({} if collector == "as-shipped" else {"CDC_SPARK__GARBAGE_COLLECTOR": collector}),
+            },
+        )
         peak = 0
 
         def sample() -> None:
@@ -166,11 +202,19 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=1000, help="approximate value size in bytes")
     parser.add_argument("--partitions", type=int, default=4, help="partitions of the benchmark topic")
     parser.add_argument("--rounds", type=int, default=2, help="runs of each variant, alternating (default 2)")
-    parser.add_argument("--class-archive", choices=("on", "off", "both"), default="on",
-                        help="start the workers' JVMs from the class archive (default), without it, or both ways")
-    parser.add_argument("--collector", choices=("as-shipped", "g1", "parallel"), default="as-shipped",
-                        help="the workers' garbage collector: each variant's own (`cdc raw`: parallel; the plain "
-                             "stream: the JVM's default, G1), or the same for both")
+    parser.add_argument(
+        "--class-archive",
+        choices=("on", "off", "both"),
+        default="on",
+        help="start the workers' JVMs from the class archive (default), without it, or both ways",
+    )
+    parser.add_argument(
+        "--collector",
+        choices=("as-shipped", "g1", "parallel"),
+        default="as-shipped",
+        help="the workers' garbage collector: each variant's own (`cdc raw`: parallel; the plain "
+        "stream: the JVM's default, G1), or the same for both",
+    )
     parser.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--topic", help=argparse.SUPPRESS)
     parser.add_argument("--bootstrap", help=argparse.SUPPRESS)
@@ -189,15 +233,23 @@ def main() -> None:
     spark = build_spark_session(settings.spark)
     started = time.monotonic()
     produce(spark, bootstrap, topic, args.messages, args.size, args.partitions)
-    print(f"produced {args.messages:,} messages of ~{args.size} B to {topic} ({args.partitions} partitions) "
-          f"in {time.monotonic() - started:.1f} s")  # fmt: skip
+    print(
+        f"produced {args.messages:,} messages of ~{args.size} B to {topic} ({args.partitions} partitions) "
+        f"in {time.monotonic() - started:.1f} s"
+    )
     spark.stop()
     # Alternating rounds: this machine's speed drifts, and neither variant should always go first.
     archives = {"on": [True], "off": [False], "both": [True, False]}[args.class_archive]
-    workers = {variant + ("" if archive else ", no archive"): (variant, archive) for variant in VARIANTS for archive in archives}
+    workers = {
+        variant + ("" if archive else ", no archive"): (variant, archive)
+        for variant in VARIANTS
+        for archive in archives
+    }
     width = max(map(len, workers))
-    print(f"{'variant':<{width}} {'round':>5} {'start s':>7} {'rows':>10} {'cold s':>7} {'cold rows/s':>12} {'CPU s':>6} "
-          f"{'warm s':>7} {'warm rows/s':>12} {'CPU s':>6} {'peak RSS MiB':>13}")  # fmt: skip
+    print(
+        f"{'variant':<{width}} {'round':>5} {'start s':>7} {'rows':>10} {'cold s':>7} {'cold rows/s':>12} {'CPU s':>6} "
+        f"{'warm s':>7} {'warm rows/s':>12} {'CPU s':>6} {'peak RSS MiB':>13}"
+    )
     results: dict[str, list[dict[str, float]]] = {label: [] for label in workers}
     for round_ in range(1, args.rounds + 1):
         for label, (variant, archive) in workers.items():
@@ -205,15 +257,19 @@ def main() -> None:
             for run in ("cold", "warm"):
                 result[f"{run}_rows_per_s"] = result[f"{run}_rows"] / result[f"{run}_seconds"]
             results[label].append(result)
-            print(f"{label:<{width}} {round_:>5} {result['start_seconds']:>7.1f} {result['cold_rows']:>10,} {result['cold_seconds']:>7.1f} "
-                  f"{result['cold_rows_per_s']:>12,.0f} {result['cold_cpu_seconds']:>6.1f} {result['warm_seconds']:>7.1f} "
-                  f"{result['warm_rows_per_s']:>12,.0f} {result['warm_cpu_seconds']:>6.1f} {result['peak_rss_mib']:>13,.0f}",
-                  flush=True)  # fmt: skip
+            print(
+                f"{label:<{width}} {round_:>5} {result['start_seconds']:>7.1f} {result['cold_rows']:>10,} {result['cold_seconds']:>7.1f} "
+                f"{result['cold_rows_per_s']:>12,.0f} {result['cold_cpu_seconds']:>6.1f} {result['warm_seconds']:>7.1f} "
+                f"{result['warm_rows_per_s']:>12,.0f} {result['warm_cpu_seconds']:>6.1f} {result['peak_rss_mib']:>13,.0f}",
+                flush=True,
+            )
     for run in ("cold", "warm"):
         best = {variant: max(runs, key=lambda result: result[f"{run}_rows_per_s"]) for variant, runs in results.items()}
         for label, result in best.items():
-            print(f"best {run} {label:<{width}} {result[f'{run}_rows_per_s']:>10,.0f} rows/s, "
-                  f"{result[f'{run}_cpu_seconds']:.1f} CPU s")  # fmt: skip
+            print(
+                f"best {run} {label:<{width}} {result[f'{run}_rows_per_s']:>10,.0f} rows/s, "
+                f"{result[f'{run}_cpu_seconds']:.1f} CPU s"
+            )
         for suffix in {label.removeprefix(VARIANTS[0]) for label in workers if label.startswith(VARIANTS[0])}:
             ratio = best[VARIANTS[0] + suffix][f"{run}_rows_per_s"] / best[VARIANTS[1] + suffix][f"{run}_rows_per_s"]
             print(f"{run}: cdc raw / plain stream{suffix}: {ratio:.2f}")

@@ -58,11 +58,23 @@ WARMUP_SIZE = 200_000  # rows of the warm-up round's refined table
 ROW_FIELDS = [
     {"type": "int64", "optional": False, "default": 0, "field": "id"},
     {"type": "string", "optional": True, "field": "name"},
-    {"type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal", "version": 1,
-     "parameters": {"scale": "2", "connect.decimal.precision": "12"}, "field": "balance"},
-    {"type": "string", "optional": True, "name": "io.debezium.time.ZonedTimestamp", "version": 1, "field": "updated_at"},
+    {
+        "type": "bytes",
+        "optional": True,
+        "name": "org.apache.kafka.connect.data.Decimal",
+        "version": 1,
+        "parameters": {"scale": "2", "connect.decimal.precision": "12"},
+        "field": "balance",
+    },
+    {
+        "type": "string",
+        "optional": True,
+        "name": "io.debezium.time.ZonedTimestamp",
+        "version": 1,
+        "field": "updated_at",
+    },
     {"type": "string", "optional": True, "field": "status"},
-]  # fmt: skip
+]
 SOURCE_FIELDS = [
     *COMMON_SOURCE_FIELDS,
     {"type": "string", "optional": False, "field": "schema"},
@@ -70,24 +82,42 @@ SOURCE_FIELDS = [
     {"type": "int64", "optional": True, "field": "txId"},
     {"type": "int64", "optional": True, "field": "lsn"},
     {"type": "int64", "optional": True, "field": "xmin"},
-]  # fmt: skip
+]
 ROW = {"type": "struct", "fields": ROW_FIELDS, "optional": True, "name": "bench.bench.accounts.Value"}
 VALUE_SCHEMA = {
-    "type": "struct", "optional": False, "name": "bench.bench.accounts.Envelope", "version": 2,
+    "type": "struct",
+    "optional": False,
+    "name": "bench.bench.accounts.Envelope",
+    "version": 2,
     "fields": [
-        {**ROW, "field": "before"}, {**ROW, "field": "after"},
-        {"type": "struct", "fields": SOURCE_FIELDS, "optional": False, "name": "io.debezium.connector.postgresql.Source",
-         "version": 1, "field": "source"},
-        {"type": "struct", "optional": True, "name": "event.block", "version": 1, "field": "transaction", "fields": [
-            {"type": "string", "optional": False, "field": "id"},
-            {"type": "int64", "optional": False, "field": "total_order"},
-            {"type": "int64", "optional": False, "field": "data_collection_order"}]},
+        {**ROW, "field": "before"},
+        {**ROW, "field": "after"},
+        {
+            "type": "struct",
+            "fields": SOURCE_FIELDS,
+            "optional": False,
+            "name": "io.debezium.connector.postgresql.Source",
+            "version": 1,
+            "field": "source",
+        },
+        {
+            "type": "struct",
+            "optional": True,
+            "name": "event.block",
+            "version": 1,
+            "field": "transaction",
+            "fields": [
+                {"type": "string", "optional": False, "field": "id"},
+                {"type": "int64", "optional": False, "field": "total_order"},
+                {"type": "int64", "optional": False, "field": "data_collection_order"},
+            ],
+        },
         {"type": "string", "optional": False, "field": "op"},
         {"type": "int64", "optional": True, "field": "ts_ms"},
         {"type": "int64", "optional": True, "field": "ts_us"},
         {"type": "int64", "optional": True, "field": "ts_ns"},
     ],
-}  # fmt: skip
+}
 KEY_SCHEMA = {"type": "struct", "fields": [ROW_FIELDS[0]], "optional": False, "name": "bench.bench.accounts.Key"}
 BASE_MICROS = 1_780_000_000_000_000
 STATUSES = "array('active', 'frozen', 'closed')"
@@ -111,40 +141,72 @@ def refined_snapshot(spark: SparkSession, location: str, size: int, rows_per_fil
     rows (generating and parsing 10M envelopes would only slow the set-up), in key order, in files of
     ``rows_per_file`` rows (None: as many files as Spark has cores)."""
     one = spark.range(1).selectExpr(
-        "'r' AS op", f"{row_image('id', '0')} AS after", "CAST(NULL AS STRUCT<id: BIGINT>) AS before",
-        "0L AS source_lsn", "0L AS kafka_offset", f"timestamp_micros({BASE_MICROS}) AS source_committed_at",
-    )  # fmt: skip
+        "'r' AS op",
+        f"{row_image('id', '0')} AS after",
+        "CAST(NULL AS STRUCT<id: BIGINT>) AS before",
+        "0L AS source_lsn",
+        "0L AS kafka_offset",
+        f"timestamp_micros({BASE_MICROS}) AS source_committed_at",
+    )
     # The refined table's exact schema: one row through the same decoding refine uses.
-    typed = parse_changes(envelopes(one), ConnectSchema.model_validate(KEY_SCHEMA), ConnectSchema.model_validate(VALUE_SCHEMA))
+    typed = parse_changes(
+        envelopes(one), ConnectSchema.model_validate(KEY_SCHEMA), ConnectSchema.model_validate(VALUE_SCHEMA)
+    )
     schema = refined_rows(typed, [field["field"] for field in ROW_FIELDS]).schema
     files = -(-size // rows_per_file) if rows_per_file else None
-    rows = spark.range(0, size, 1, files).selectExpr(
-        "id", "concat('account ', id)", "pmod(xxhash64(id, 0), 2000000000) / 100",
-        f"timestamp_micros({BASE_MICROS})", f"element_at({STATUSES}, cast(pmod(id, 3) + 1 as int))",
-        "0L", "0L", f"timestamp_micros({BASE_MICROS})", "'r'", "current_timestamp()",
-    ).toDF(*schema.fieldNames())  # fmt: skip
+    rows = (
+        spark.range(0, size, 1, files)
+        .selectExpr(
+            "id",
+            "concat('account ', id)",
+            "pmod(xxhash64(id, 0), 2000000000) / 100",
+            f"timestamp_micros({BASE_MICROS})",
+            f"element_at({STATUSES}, cast(pmod(id, 3) + 1 as int))",
+            "0L",
+            "0L",
+            f"timestamp_micros({BASE_MICROS})",
+            "'r'",
+            "current_timestamp()",
+        )
+        .toDF(*schema.fieldNames())
+    )
     ensure_refined_table(spark, location, schema)
     rows.select(*[F.col(f.name).cast(f.dataType) for f in schema]).write.format("delta").mode("append").save(location)
 
 
 def envelopes(changes: DataFrame) -> DataFrame:
     """Kafka-like records (key, value as Debezium JSON) of changes (op, after, source_lsn, kafka_offset)."""
-    payload = F.to_json(F.struct(
-        F.col("before"), F.col("after"),
-        F.struct(F.lit("3.6.3.Final").alias("version"), F.lit("postgresql").alias("connector"),
-                 F.lit("bench").alias("name"), F.expr("source_lsn DIV 1000 + 1780000000000").alias("ts_ms"),
-                 F.lit("false").alias("snapshot"), F.lit("bench").alias("db"), F.lit("bench").alias("schema"),
-                 F.lit("accounts").alias("table"), F.expr("source_lsn DIV 64").alias("txId"),
-                 F.col("source_lsn").alias("lsn")).alias("source"),
-        F.col("op"), F.expr("source_lsn DIV 1000 + 1780000000000").alias("ts_ms"),
-    ))  # fmt: skip
+    payload = F.to_json(
+        F.struct(
+            F.col("before"),
+            F.col("after"),
+            F.struct(
+                F.lit("3.6.3.Final").alias("version"),
+                F.lit("postgresql").alias("connector"),
+                F.lit("bench").alias("name"),
+                F.expr("source_lsn DIV 1000 + 1780000000000").alias("ts_ms"),
+                F.lit("false").alias("snapshot"),
+                F.lit("bench").alias("db"),
+                F.lit("bench").alias("schema"),
+                F.lit("accounts").alias("table"),
+                F.expr("source_lsn DIV 64").alias("txId"),
+                F.col("source_lsn").alias("lsn"),
+            ).alias("source"),
+            F.col("op"),
+            F.expr("source_lsn DIV 1000 + 1780000000000").alias("ts_ms"),
+        )
+    )
     value = F.concat(F.lit('{"schema":' + json.dumps(VALUE_SCHEMA) + ',"payload":'), payload, F.lit("}"))
     key = F.concat(F.lit('{"schema":' + json.dumps(KEY_SCHEMA) + ',"payload":{"id":'), F.col("after.id"), F.lit("}}"))
     return changes.select(
-        key.alias("key"), value.alias("value"), F.lit(TOPIC).alias("topic"), F.lit(0).alias("partition"),
-        F.col("kafka_offset").alias("offset"), F.col("source_committed_at").alias("timestamp"),
+        key.alias("key"),
+        value.alias("value"),
+        F.lit(TOPIC).alias("topic"),
+        F.lit(0).alias("partition"),
+        F.col("kafka_offset").alias("offset"),
+        F.col("source_committed_at").alias("timestamp"),
         F.lit(None).cast("array<struct<key:string,value:binary>>").alias("headers"),
-    )  # fmt: skip
+    )
 
 
 def append_raw_changes(
@@ -156,26 +218,37 @@ def append_raw_changes(
     hot = size if updated == "uniform" else size // 20  # the rows updates pick from: the last ones
     seq = spark.range(first, first + count)
     changes = seq.selectExpr(
-        f"{size - hot} + pmod(xxhash64(id, 17), {hot + hot // 9}) AS row_id", "id AS seq",
+        f"{size - hot} + pmod(xxhash64(id, 17), {hot + hot // 9}) AS row_id",
+        "id AS seq",
     ).selectExpr(
         f"CASE WHEN row_id < {size} THEN 'u' ELSE 'c' END AS op",
         f"{row_image('row_id', 'seq + 1')} AS after",
         "CAST(NULL AS STRUCT<id: BIGINT>) AS before",
-        "1000000 + seq * 8 AS source_lsn", "seq AS kafka_offset",
+        "1000000 + seq * 8 AS source_lsn",
+        "seq AS kafka_offset",
         f"timestamp_micros({BASE_MICROS} + (seq + 1) * 1000) AS source_committed_at",
-    )  # fmt: skip
+    )
     records = envelopes(changes).select(
-        F.encode("key", "UTF-8").alias("key"), F.encode("value", "UTF-8").alias("value"), "topic", "partition",
-        "offset", "timestamp", F.lit(0).alias("timestampType"), "headers",
-    )  # fmt: skip
+        F.encode("key", "UTF-8").alias("key"),
+        F.encode("value", "UTF-8").alias("value"),
+        "topic",
+        "partition",
+        "offset",
+        "timestamp",
+        F.lit(0).alias("timestampType"),
+        "headers",
+    )
     raw_rows(records, 0).write.format("delta").mode("append").save(location)
 
 
 def refine(spark: SparkSession, warehouse: str) -> float:
     """Seconds of one `cdc refine --available-now` run."""
     started = time.monotonic()
-    run_refine_job(spark, RefineJobConfig(table=TOPIC, warehouse=warehouse, trigger={"kind": "available_now"}),
-                   say=lambda line: None)  # fmt: skip
+    run_refine_job(
+        spark,
+        RefineJobConfig(table=TOPIC, warehouse=warehouse, trigger={"kind": "available_now"}),
+        say=lambda line: None,
+    )
     return time.monotonic() - started
 
 
@@ -190,8 +263,11 @@ def decoded_batch(spark: SparkSession, warehouse: str, size: int, first: int, co
     scratch, location = f"{warehouse}/decoded_raw_{first}", f"{warehouse}/decoded_{first}"
     create_raw_table(spark, scratch, TOPIC)
     append_raw_changes(spark, scratch, size, first, count, updated)
-    changes = parse_changes(spark.read.format("delta").load(scratch), ConnectSchema.model_validate(KEY_SCHEMA),
-                            ConnectSchema.model_validate(VALUE_SCHEMA))  # fmt: skip
+    changes = parse_changes(
+        spark.read.format("delta").load(scratch),
+        ConnectSchema.model_validate(KEY_SCHEMA),
+        ConnectSchema.model_validate(VALUE_SCHEMA),
+    )
     rows = refined_rows(latest_per_key(changes, ["id"], None, placeholders=False), [f["field"] for f in ROW_FIELDS])
     rows.write.format("delta").save(location)
     return location
@@ -243,8 +319,11 @@ def bench_size(
         print(f"  refine of {changes:,} changes: {seconds:.1f} s, {result['changes_per_s']:,.0f} changes/s", flush=True)
         decoded = decoded_batch(spark, warehouse, size, changes, changes, updated)
         result["delta_merge_per_s"] = changes / delta_merge_alone(spark, refined, decoded)
-        print(f"  Delta's MERGE alone of {changes:,} changes decoded beforehand: "
-              f"{result['delta_merge_per_s']:,.0f} changes/s", flush=True)  # fmt: skip
+        print(
+            f"  Delta's MERGE alone of {changes:,} changes decoded beforehand: "
+            f"{result['delta_merge_per_s']:,.0f} changes/s",
+            flush=True,
+        )
         runs, merges, naive = [], [], []
         first = 2 * changes
         for _ in range(rounds):
@@ -255,10 +334,16 @@ def bench_size(
         for _ in range(rounds):
             naive.append(naive_apply(spark, warehouse, refined, size, first, batch, updated))
             first += batch
-        result |= {"run_s": statistics.median(runs), "merge_s": statistics.median(merges),
-                   "naive_s": statistics.median(naive)}  # fmt: skip
-        print(f"  batch of {batch:,}: refine run {result['run_s']:.1f} s (MERGE {result['merge_s']:.1f} s), "
-              f"naive whole-table join {result['naive_s']:.1f} s (medians of {rounds})", flush=True)  # fmt: skip
+        result |= {
+            "run_s": statistics.median(runs),
+            "merge_s": statistics.median(merges),
+            "naive_s": statistics.median(naive),
+        }
+        print(
+            f"  batch of {batch:,}: refine run {result['run_s']:.1f} s (MERGE {result['merge_s']:.1f} s), "
+            f"naive whole-table join {result['naive_s']:.1f} s (medians of {rounds})",
+            flush=True,
+        )
         return result
 
 
@@ -268,11 +353,21 @@ def main() -> None:
     parser.add_argument("--changes", type=int, default=1_000_000, help="changes refined in one run, per size")
     parser.add_argument("--batch", type=int, default=10_000, help="changes in each timed MERGE batch")
     parser.add_argument("--rounds", type=int, default=3, help="timed batches per size (medians are printed)")
-    parser.add_argument("--updates", choices=("uniform", "recent"), default="uniform",
-                        help="which rows updates change: random rows of the whole table, or of its newest 5%%")
-    parser.add_argument("--rows-per-file", type=int, help="rows per file of the refined table (default: one file per core)")
-    parser.add_argument("--no-warmup", dest="warmup", action="store_false",
-                        help="measure from a cold JVM (default: a small unreported round first)")
+    parser.add_argument(
+        "--updates",
+        choices=("uniform", "recent"),
+        default="uniform",
+        help="which rows updates change: random rows of the whole table, or of its newest 5%%",
+    )
+    parser.add_argument(
+        "--rows-per-file", type=int, help="rows per file of the refined table (default: one file per core)"
+    )
+    parser.add_argument(
+        "--no-warmup",
+        dest="warmup",
+        action="store_false",
+        help="measure from a cold JVM (default: a small unreported round first)",
+    )
     args = parser.parse_args()
     # As `cdc refine --available-now` runs: each refine here is such a run (its collector: the parallel one).
     spark = build_spark_session(job_spark_config(load_settings().spark, refines_continuously=False))
@@ -285,11 +380,15 @@ def main() -> None:
     for size in [int(size) for size in args.sizes.split(",")]:
         print(f"refined table of {size:,} rows", flush=True)
         results[size] = bench_size(spark, size, args.changes, args.batch, args.rounds, args.updates, args.rows_per_file)
-    print(f"\n{'table rows':>12} {'changes/s':>10} {'Delta MERGE alone/s':>20} {'batch run s':>12} {'MERGE s':>8} {'naive s':>8}")
+    print(
+        f"\n{'table rows':>12} {'changes/s':>10} {'Delta MERGE alone/s':>20} {'batch run s':>12} {'MERGE s':>8} {'naive s':>8}"
+    )
     for size, result in results.items():
-        print(f"{size:>12,} {result['changes_per_s']:>10,.0f} {result['delta_merge_per_s']:>20,.0f} "
-              f"{result['run_s']:>12.1f} {result['merge_s']:>8.1f} "
-              f"{result['naive_s']:>8.1f}")  # fmt: skip
+        print(
+            f"{size:>12,} {result['changes_per_s']:>10,.0f} {result['delta_merge_per_s']:>20,.0f} "
+            f"{result['run_s']:>12.1f} {result['merge_s']:>8.1f} "
+            f"{result['naive_s']:>8.1f}"
+        )
     if len(results) > 1:
         small, large = min(results), max(results)
         for name in ("run_s", "merge_s", "naive_s"):

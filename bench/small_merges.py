@@ -34,11 +34,12 @@ from refine_merge import refined_snapshot  # noqa: E402
 def merge_two_rows(spark: SparkSession, location: str, rows: int, batch: int) -> float:
     """Seconds of one MERGE updating two rows of the table (picked by ``batch``)."""
     changes = (
-        spark.read.format("delta").load(location)
+        spark.read.format("delta")
+        .load(location)
         .where(f"id IN ({batch % rows}, {batch * 7 % rows})")
         .withColumn(LSN, F.lit(10**9 + batch).cast("bigint"))
         .persist()
-    )  # fmt: skip
+    )
     changes.count()  # as the job hands the MERGE a cached batch
     started = time.monotonic()
     merge_changes(spark, location, changes, ["id"], None, keys=changes.select("id"))
@@ -69,8 +70,11 @@ def main() -> None:
             for name, location in tables.items():
                 window = sorted(times[name][-args.window :])
                 files = spark.sql(f"DESCRIBE DETAIL delta.`{location}`").head().numFiles
-                print(f"MERGEs {batch - args.window + 1:4d}-{batch:<4d} {name:15s} median {statistics.median(window):.3f} s, "
-                      f"p90 {window[int(len(window) * 0.9)]:.3f} s, max {window[-1]:.3f} s, {files} files", flush=True)  # fmt: skip
+                print(
+                    f"MERGEs {batch - args.window + 1:4d}-{batch:<4d} {name:15s} median {statistics.median(window):.3f} s, "
+                    f"p90 {window[int(len(window) * 0.9)]:.3f} s, max {window[-1]:.3f} s, {files} files",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -62,11 +62,20 @@ refined:
 def start_sync(pipeline: Path, warehouse: str, bootstrap_servers: str, log: Path, *more: str) -> subprocess.Popen:
     """`cdc sync` of this checkout, in a process group of its own (its Spark JVM included)."""
     root = str(Path(__file__).resolve().parents[1])
-    command = [sys.executable, "-P", "-c", "import sys; from cdc.cli import main; sys.exit(main())",
-               "sync", "--pipeline", str(pipeline), "--warehouse", warehouse, *more]  # fmt: skip
+    command = [
+        sys.executable,
+        "-P",
+        "-c",
+        "import sys; from cdc.cli import main; sys.exit(main())",
+        "sync",
+        "--pipeline",
+        str(pipeline),
+        "--warehouse",
+        warehouse,
+        *more,
+    ]
     env = {**os.environ, "PYTHONPATH": root, "CDC_KAFKA__BOOTSTRAP_SERVERS": bootstrap_servers}
-    return subprocess.Popen(command, env=env, stdout=log.open("a"),
-                            stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    return subprocess.Popen(command, env=env, stdout=log.open("a"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def kill_group(process: subprocess.Popen, signal_number: int = signal.SIGKILL) -> None:
@@ -122,10 +131,16 @@ def soak(args: argparse.Namespace, settings, stack: LocalStack, seed: int) -> in
         conn.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
         tables.create(conn)
     shipped = definitions.load("postgres")
-    connector = ConnectorDefinition(name, {
-        **shipped.config, "topic.prefix": name, "slot.name": name, "publication.name": name,
-        "table.include.list": ",".join(f"{SCHEMA}.{table}" for table in tables.names),
-    })  # fmt: skip
+    connector = ConnectorDefinition(
+        name,
+        {
+            **shipped.config,
+            "topic.prefix": name,
+            "slot.name": name,
+            "publication.name": name,
+            "table.include.list": ",".join(f"{SCHEMA}.{table}" for table in tables.names),
+        },
+    )
     client = ConnectClient(settings.stack.connect.url)
     client.register(connector)
     client.wait_running(name)
@@ -133,8 +148,16 @@ def soak(args: argparse.Namespace, settings, stack: LocalStack, seed: int) -> in
     warehouse = tempfile.mkdtemp(prefix="soak-")
     log = Path(warehouse) / "sync.log"
     pipeline = Path(warehouse) / "soak.yaml"
-    pipeline.write_text(PIPELINE.format(keyed=tables.keyed, pair=tables.pair, bag=tables.bag, keyed_topic=topics[0],
-                                        pair_topic=topics[1], bag_topic=topics[2]))  # fmt: skip
+    pipeline.write_text(
+        PIPELINE.format(
+            keyed=tables.keyed,
+            pair=tables.pair,
+            bag=tables.bag,
+            keyed_topic=topics[0],
+            pair_topic=topics[1],
+            bag_topic=topics[2],
+        )
+    )
     workload = RandomWorkload(dsn, tables, rng)
     faults: Counter[str] = Counter()
     kafka, connect = (next(c for c in stack.components if c.name == part) for part in ("kafka", "connect"))
@@ -185,11 +208,17 @@ def soak(args: argparse.Namespace, settings, stack: LocalStack, seed: int) -> in
         results = compare(spark, dsn, tables, warehouse, {table: table for table in tables.names})
         spark.stop()
         mismatches = sum(result.mismatches for result in results)
-        print(f"soak: seed {seed}; {workload.counts.transactions} transactions, {workload.counts.changes} changed rows "
-              f"({', '.join(f'{kind} {count}' for kind, count in sorted(workload.counts.statements.items()))})")
-        print(f"soak: faults: {sum(faults.values())} ({', '.join(f'{kind} {count}' for kind, count in faults.items()) or 'none'})")
-        print(f"soak: rows compared: {sum(result.rows for result in results)} "
-              f"({', '.join(f'{result.name} {result.rows}' for result in results)})")
+        print(
+            f"soak: seed {seed}; {workload.counts.transactions} transactions, {workload.counts.changes} changed rows "
+            f"({', '.join(f'{kind} {count}' for kind, count in sorted(workload.counts.statements.items()))})"
+        )
+        print(
+            f"soak: faults: {sum(faults.values())} ({', '.join(f'{kind} {count}' for kind, count in faults.items()) or 'none'})"
+        )
+        print(
+            f"soak: rows compared: {sum(result.rows for result in results)} "
+            f"({', '.join(f'{result.name} {result.rows}' for result in results)})"
+        )
         print(f"soak: mismatches: {mismatches}")
         for result in results:
             if result.mismatches:
@@ -205,11 +234,15 @@ def soak(args: argparse.Namespace, settings, stack: LocalStack, seed: int) -> in
             client.delete(name)
             restart_deadline = time.monotonic() + 60
             with psycopg.connect(dsn, autocommit=True) as conn:
-                while conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (name,)).fetchone() == (True,):
+                while conn.execute(
+                    "SELECT active FROM pg_replication_slots WHERE slot_name = %s", (name,)
+                ).fetchone() == (True,):
                     if time.monotonic() > restart_deadline:
                         break
                     time.sleep(0.5)
-                conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (name,))
+                conn.execute(
+                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (name,)
+                )
                 conn.execute(f'DROP PUBLICATION IF EXISTS "{name}"')
                 tables.drop(conn)
         finally:

@@ -125,19 +125,26 @@ def raw(args: argparse.Namespace, settings: Settings) -> int:
     from cdc.raw.job import run_raw_job
 
     options = {
-        "warehouse": settings.warehouse, "trigger": _trigger(args), "kafka": kafka_settings(settings),
-        "on_gap": "record" if args.allow_gaps else None, "max_offsets_per_trigger": args.max_offsets_per_trigger,
-        "reset": args.reset, "force_destroy_raw_data": args.force_destroy_raw_data,
-    }  # fmt: skip
+        "warehouse": settings.warehouse,
+        "trigger": _trigger(args),
+        "kafka": kafka_settings(settings),
+        "on_gap": "record" if args.allow_gaps else None,
+        "max_offsets_per_trigger": args.max_offsets_per_trigger,
+        "reset": args.reset,
+        "force_destroy_raw_data": args.force_destroy_raw_data,
+    }
     if args.pipeline:
         from cdc.pipeline.load import load_pipeline
         from cdc.pipeline.run import raw_job_config
 
         config = raw_job_config(load_pipeline(args.pipeline), options)
     else:
-        topics = {"kind": "topics", "topics": args.topics} if args.topics else {"kind": "pattern", "pattern": args.pattern}
-        config = validate(RawJobConfig, {**options, "topics": topics, "on_gap": options["on_gap"] or "fail"},
-                          "raw job settings")  # fmt: skip
+        topics = (
+            {"kind": "topics", "topics": args.topics} if args.topics else {"kind": "pattern", "pattern": args.pattern}
+        )
+        config = validate(
+            RawJobConfig, {**options, "topics": topics, "on_gap": options["on_gap"] or "fail"}, "raw job settings"
+        )
     spark = _job_session(settings, refines_continuously=False)
     run_raw_job(spark, config, stop=_stop_on_signals())
     return 0
@@ -153,15 +160,31 @@ def refine(args: argparse.Namespace, settings: Settings) -> int:
         from cdc.pipeline.run import PipelineRefineConfig, run_pipeline_refine
 
         pipeline = load_pipeline(args.pipeline)  # checked before Spark starts
-        config = validate(PipelineRefineConfig, {"warehouse": settings.warehouse, "trigger": _trigger(args),
-                                                 "reinfer_schema": args.reinfer_schema, "rebuild": args.rebuild},
-                          "refine job settings")  # fmt: skip
+        config = validate(
+            PipelineRefineConfig,
+            {
+                "warehouse": settings.warehouse,
+                "trigger": _trigger(args),
+                "reinfer_schema": args.reinfer_schema,
+                "rebuild": args.rebuild,
+            },
+            "refine job settings",
+        )
         spark = _job_session(settings, refines_continuously=not args.available_now)
         run_pipeline_refine(spark, pipeline, config, stop=_stop_on_signals())
         return 0
     columns = dict(column.partition("=")[::2] for column in args.column or ())
-    config = validate(RefineJobConfig, {"table": args.table, "warehouse": settings.warehouse, "columns": columns or None,
-                                        "key": args.key, "trigger": _trigger(args)}, "refine job settings")  # fmt: skip
+    config = validate(
+        RefineJobConfig,
+        {
+            "table": args.table,
+            "warehouse": settings.warehouse,
+            "columns": columns or None,
+            "key": args.key,
+            "trigger": _trigger(args),
+        },
+        "refine job settings",
+    )
     spark = _job_session(settings, refines_continuously=not args.available_now)
     if args.rebuild:
         from refine.rebuild import rebuild_refined_table
@@ -175,18 +198,27 @@ def sync(args: argparse.Namespace, settings: Settings) -> int:
     from cdc.sync import SyncJobConfig, run_sync_job
 
     run = {"warehouse": settings.warehouse, "trigger": _trigger(args)}
-    raw = {**run, "kafka": kafka_settings(settings), "max_offsets_per_trigger": args.max_offsets_per_trigger,
-           "on_gap": "record" if args.allow_gaps else None}  # fmt: skip
+    raw = {
+        **run,
+        "kafka": kafka_settings(settings),
+        "max_offsets_per_trigger": args.max_offsets_per_trigger,
+        "on_gap": "record" if args.allow_gaps else None,
+    }
     if args.pipeline:
         from cdc.pipeline.load import load_pipeline
         from cdc.pipeline.run import raw_job_config
 
         pipeline = load_pipeline(args.pipeline)
-        document = {"raw": raw_job_config(pipeline, raw), "refine": {"kind": "pipeline", "pipeline": pipeline, "run": run}}
+        document = {
+            "raw": raw_job_config(pipeline, raw),
+            "refine": {"kind": "pipeline", "pipeline": pipeline, "run": run},
+        }
     else:
         topics = {"kind": "topics", "topics": args.topics}
-        document = {"raw": {**raw, "topics": topics, "on_gap": raw["on_gap"] or "fail"},
-                    "refine": {"kind": "topics", "jobs": [{**run, "table": topic} for topic in args.topics]}}  # fmt: skip
+        document = {
+            "raw": {**raw, "topics": topics, "on_gap": raw["on_gap"] or "fail"},
+            "refine": {"kind": "topics", "jobs": [{**run, "table": topic} for topic in args.topics]},
+        }
     config = validate(SyncJobConfig, document, "sync job settings")
     spark = _job_session(settings, refines_continuously=not args.available_now)
     run_sync_job(spark, config, stop=_stop_on_signals())
@@ -224,22 +256,35 @@ def status(args: argparse.Namespace, settings: Settings) -> int:
     tables = raw_table_statuses(spark, warehouse, kafka)
     expectations = expectation_totals(spark, warehouse)
     if args.json:
-        print(json.dumps({"raw_tables": [table.as_dict() for table in tables],
-                          "expectations": [total.as_dict() for total in expectations]}, indent=2))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "raw_tables": [table.as_dict() for table in tables],
+                    "expectations": [total.as_dict() for total in expectations],
+                },
+                indent=2,
+            )
+        )
         return 0
-    print(f"{'raw table':<32} {'version':>7} {'rows':>12} {'gaps':>4} {'quarantined':>11}  partitions (consumed/end, lag)")
+    print(
+        f"{'raw table':<32} {'version':>7} {'rows':>12} {'gaps':>4} {'quarantined':>11}  partitions (consumed/end, lag)"
+    )
     for table in tables:
         partitions = " ".join(
             f"p{p.partition} {p.consumed}/{'?' if p.end is None else p.end} lag {'?' if p.lag is None else p.lag}"
             for p in table.partitions
         )
-        print(f"{table.topic:<32} {table.version:>7} {table.rows:>12,} {table.recorded_gaps:>4} {table.quarantined:>11,}  "
-              f"{partitions}")  # fmt: skip
+        print(
+            f"{table.topic:<32} {table.version:>7} {table.rows:>12,} {table.recorded_gaps:>4} {table.quarantined:>11,}  "
+            f"{partitions}"
+        )
     if expectations:
         print(f"\n{'table':<40} {'expectation':<24} {'action':<6} {'batches':>7} {'passed':>12} {'failed':>10}")
     for total in expectations:
-        print(f"{total.table:<40} {total.expectation:<24} {total.action:<6} {total.batches:>7} {total.passed:>12,} "
-              f"{total.failed:>10,}")  # fmt: skip
+        print(
+            f"{total.table:<40} {total.expectation:<24} {total.action:<6} {total.batches:>7} {total.passed:>12,} "
+            f"{total.failed:>10,}"
+        )
     return 0
 
 
@@ -252,8 +297,10 @@ def optimize(args: argparse.Namespace, settings: Settings) -> int:
     location = resolve_table(spark, args.table, normalize_location(settings.warehouse))
     zorder_by = [column.strip() for column in (args.zorder_by or "").split(",") if column.strip()]
     result = optimize_table(spark, location, zorder_by)
-    print(f"optimized {location}: {result.files_removed} files compacted into {result.files_added}"
-          + (f", Z-ordered by {', '.join(zorder_by)}" if zorder_by else ""))  # fmt: skip
+    print(
+        f"optimized {location}: {result.files_removed} files compacted into {result.files_added}"
+        + (f", Z-ordered by {', '.join(zorder_by)}" if zorder_by else "")
+    )
     return 0
 
 
@@ -302,7 +349,9 @@ def _stop_on_signals() -> threading.Event:
 
 def _not_py4j_failures_after_jvm_exit(record: logging.LogRecord) -> bool:
     message = record.getMessage()
-    return not message.startswith(("Exception while sending command", "There was an exception while executing the Python Proxy"))
+    return not message.startswith(
+        ("Exception while sending command", "There was an exception while executing the Python Proxy")
+    )
 
 
 def jars_fetch(args: argparse.Namespace, settings: Settings) -> int:
@@ -343,8 +392,13 @@ def build_parser() -> argparse.ArgumentParser:
     stack_commands = stack.add_subparsers(dest="action", required=True, metavar="ACTION")
     _add(stack_commands, "up", stack_up, "start every component and wait until it answers", [state_dir, as_json])
     _add(stack_commands, "down", stack_down, "stop every component", [state_dir])
-    _add(stack_commands, "status", stack_status, "show each component, up or down (exit 1 if one is down)",
-         [state_dir, as_json])  # fmt: skip
+    _add(
+        stack_commands,
+        "status",
+        stack_status,
+        "show each component, up or down (exit 1 if one is down)",
+        [state_dir, as_json],
+    )
 
     connectors = commands.add_parser("connectors", help="manage Debezium connectors through Kafka Connect")
     connector_commands = connectors.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -363,16 +417,30 @@ def build_parser() -> argparse.ArgumentParser:
 
     demos = _add(commands, "demo", demo, "run an example pipeline end to end on the local stack", [state_dir])
     demos.add_argument("--warehouse", help="root of the Delta tables, a path or URI (default ./warehouse)")
-    demos.add_argument("example", nargs="?", choices=["shop", "games"], default="shop",
-                       help="shop: examples/pipelines/shop.yaml over the demo Postgres database (default); "
-                            "games: examples/pipelines/game_events.yaml over generated game events")  # fmt: skip
-    demos.add_argument("--output-dir", type=Path, default=Path(".cdc/demo"),
-                       help="where the pipeline's graph page is written (default .cdc/demo)")
+    demos.add_argument(
+        "example",
+        nargs="?",
+        choices=["shop", "games"],
+        default="shop",
+        help="shop: examples/pipelines/shop.yaml over the demo Postgres database (default); "
+        "games: examples/pipelines/game_events.yaml over generated game events",
+    )
+    demos.add_argument(
+        "--output-dir",
+        type=Path,
+        default=Path(".cdc/demo"),
+        help="where the pipeline's graph page is written (default .cdc/demo)",
+    )
 
     landing = argparse.ArgumentParser(add_help=False)
-    landing.add_argument("--max-offsets-per-trigger", type=int, metavar="N", help="at most N records per raw micro-batch")
-    landing.add_argument("--allow-gaps", action="store_true",
-                         help="when Kafka deleted offsets not landed yet, go on and record the gap (default: stop)")
+    landing.add_argument(
+        "--max-offsets-per-trigger", type=int, metavar="N", help="at most N records per raw micro-batch"
+    )
+    landing.add_argument(
+        "--allow-gaps",
+        action="store_true",
+        help="when Kafka deleted offsets not landed yet, go on and record the gap (default: stop)",
+    )
 
     land = _add(commands, "raw", raw, "land Kafka topics as-is in raw Delta tables, exactly once", [warehouse, landing])
     selection = land.add_mutually_exclusive_group(required=True)
@@ -381,55 +449,105 @@ def build_parser() -> argparse.ArgumentParser:
     selection.add_argument("--pipeline", type=Path, metavar="FILE", help="the topics of a pipeline file's sources")
     _add_trigger(land, "land what is there, then stop")
     land.add_argument("--reset", action="store_true", help="delete the table and checkpoint, land from the start")
-    land.add_argument("--force-destroy-raw-data", action="store_true",
-                      help="with --reset: allow deleting raw tables, whose data may exist nowhere else")
+    land.add_argument(
+        "--force-destroy-raw-data",
+        action="store_true",
+        help="with --reset: allow deleting raw tables, whose data may exist nowhere else",
+    )
 
-    refining = _add(commands, "refine", refine, "decode raw tables (Debezium changes, JSON events) and MERGE them into refined tables",
-                   [warehouse])  # fmt: skip
+    refining = _add(
+        commands,
+        "refine",
+        refine,
+        "decode raw tables (Debezium changes, JSON events) and MERGE them into refined tables",
+        [warehouse],
+    )
     refined = refining.add_mutually_exclusive_group(required=True)
     refined.add_argument("--table", metavar="TOPIC", help="the raw table to refine, named by its topic")
     refined.add_argument("--pipeline", type=Path, metavar="FILE", help="every refined table of a pipeline file")
-    refining.add_argument("--reinfer-schema", action="store_true",
-                          help="with --pipeline: infer the kept schemas of event sources again from their raw tables")
+    refining.add_argument(
+        "--reinfer-schema",
+        action="store_true",
+        help="with --pipeline: infer the kept schemas of event sources again from their raw tables",
+    )
     _add_trigger(refining, "refine what is there, then stop")
-    refining.add_argument("--column", action="append", metavar="NAME=TYPE",
-                          help="a column's Spark type (e.g. amount=decimal(12,2); at=timestamp_ntz(3) for a Postgres timestamp(3)): "
-                          "the row's schema for values written without one (then --key too), else an override of the decoded type; repeatable")
-    refining.add_argument("--key", action="append", metavar="NAME", help="a primary-key column of a schemaless topic; repeatable")
-    refining.add_argument("--rebuild", action="store_true",
-                          help="first make the refined table(s) again from the raw table's current contents, with history "
-                          "and child tables, each replaced in one commit (the old version stays for time travel); stop the "
-                          "table's running refine first")
+    refining.add_argument(
+        "--column",
+        action="append",
+        metavar="NAME=TYPE",
+        help="a column's Spark type (e.g. amount=decimal(12,2); at=timestamp_ntz(3) for a Postgres timestamp(3)): "
+        "the row's schema for values written without one (then --key too), else an override of the decoded type; repeatable",
+    )
+    refining.add_argument(
+        "--key", action="append", metavar="NAME", help="a primary-key column of a schemaless topic; repeatable"
+    )
+    refining.add_argument(
+        "--rebuild",
+        action="store_true",
+        help="first make the refined table(s) again from the raw table's current contents, with history "
+        "and child tables, each replaced in one commit (the old version stays for time travel); stop the "
+        "table's running refine first",
+    )
 
-    syncing = _add(commands, "sync", sync, "land topics and refine them in one Spark application (one JVM)",
-                   [warehouse, landing])
+    syncing = _add(
+        commands, "sync", sync, "land topics and refine them in one Spark application (one JVM)", [warehouse, landing]
+    )
     synced = syncing.add_mutually_exclusive_group(required=True)
-    synced.add_argument("--topic", action="append", dest="topics", metavar="TOPIC",
-                        help="a Debezium topic to land and refine (repeatable)")
+    synced.add_argument(
+        "--topic",
+        action="append",
+        dest="topics",
+        metavar="TOPIC",
+        help="a Debezium topic to land and refine (repeatable)",
+    )
     synced.add_argument("--pipeline", type=Path, metavar="FILE", help="the topics and tables of a pipeline file")
     _add_trigger(syncing, "land what is there, refine it, then stop")
 
-    checking = _add(commands, "validate", validate_pipeline,
-                    "check a pipeline file: OK, or one line per problem naming the key and the reason (exit 2)")
+    checking = _add(
+        commands,
+        "validate",
+        validate_pipeline,
+        "check a pipeline file: OK, or one line per problem naming the key and the reason (exit 2)",
+    )
     checking.add_argument("file", type=Path, help="the pipeline file (YAML)")
     drawing = _add(commands, "graph", graph, "draw a pipeline's DAG (topics -> raw -> refined -> business)")
     drawing.add_argument("file", type=Path, help="the pipeline file (YAML)")
     drawing.add_argument("-o", "--output", type=Path, required=True, help="OUT.html (a page) or OUT.svg (an image)")
 
-    _add(commands, "status", status, "list raw tables (Delta version, rows, consumed vs end offsets: lag) and expectation totals",
-         [warehouse, as_json])  # fmt: skip
+    _add(
+        commands,
+        "status",
+        status,
+        "list raw tables (Delta version, rows, consumed vs end offsets: lag) and expectation totals",
+        [warehouse, as_json],
+    )
 
     table = argparse.ArgumentParser(add_help=False)
-    table.add_argument("--table", required=True, metavar="PATH_OR_NAME",
-                       help="a Delta table's path or URI, a path under the warehouse (refined/TOPIC), or a catalog name")
-    compact = _add(commands, "optimize", optimize, "compact a Delta table's small files, optionally Z-ordered",
-                   [warehouse, table])  # fmt: skip
+    table.add_argument(
+        "--table",
+        required=True,
+        metavar="PATH_OR_NAME",
+        help="a Delta table's path or URI, a path under the warehouse (refined/TOPIC), or a catalog name",
+    )
+    compact = _add(
+        commands, "optimize", optimize, "compact a Delta table's small files, optionally Z-ordered", [warehouse, table]
+    )
     compact.add_argument("--zorder-by", metavar="COLUMN,...", help="cluster the rows by these columns (Z-order)")
-    clean = _add(commands, "vacuum", vacuum, "delete files older versions of a Delta table no longer need", [warehouse, table])
-    clean.add_argument("--retain-hours", type=float, metavar="N", help="keep the files that versions of the last N hours need "
-                       "(default: the table's retention, 168); below 168 is refused unless overridden")  # fmt: skip
-    clean.add_argument("--i-know-vacuum-below-retention-loses-time-travel", action="store_true",
-                       help="allow a retention below 168 hours (never on raw tables)")
+    clean = _add(
+        commands, "vacuum", vacuum, "delete files older versions of a Delta table no longer need", [warehouse, table]
+    )
+    clean.add_argument(
+        "--retain-hours",
+        type=float,
+        metavar="N",
+        help="keep the files that versions of the last N hours need "
+        "(default: the table's retention, 168); below 168 is refused unless overridden",
+    )
+    clean.add_argument(
+        "--i-know-vacuum-below-retention-loses-time-travel",
+        action="store_true",
+        help="allow a retention below 168 hours (never on raw tables)",
+    )
 
     jar_commands = commands.add_parser("jars", help="JVM dependencies").add_subparsers(
         dest="action", required=True, metavar="ACTION"
@@ -441,8 +559,12 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_trigger(command: argparse.ArgumentParser, once_help: str) -> None:
     trigger = command.add_mutually_exclusive_group()
     trigger.add_argument("--available-now", action="store_true", help=once_help)
-    trigger.add_argument("--trigger-interval", type=float, metavar="SECONDS",
-                         help="run continuously, a micro-batch every SECONDS (default 2)")  # fmt: skip
+    trigger.add_argument(
+        "--trigger-interval",
+        type=float,
+        metavar="SECONDS",
+        help="run continuously, a micro-batch every SECONDS (default 2)",
+    )
 
 
 def _add(

@@ -91,13 +91,21 @@ class SparkConfig(_Strict):
     )
     ui_enabled: bool = Field(default=False, description="Start the Spark web UI (on 127.0.0.1 locally).")
     jars: JarsSource = Field(default_factory=MavenJars, description="Where the Delta and Kafka jars come from.")
-    class_archive: bool = Field(default=True, description=(
-        "With a local master, start the driver's JVM from the class archive `cdc jars fetch` built for this JDK "
-        "and these jars, when there is one (cdc/class_archive.py): seconds less of every fresh JVM's start."))
-    garbage_collector: GarbageCollector | None = Field(default=None, description=(
-        "With a local master, the driver JVM's garbage collector, applied when this process starts the JVM. "
-        "None: the job's choice (parallel, except for a continuous `cdc refine` or `cdc sync` and the other "
-        "commands, which keep the JVM's default, G1)."))
+    class_archive: bool = Field(
+        default=True,
+        description=(
+            "With a local master, start the driver's JVM from the class archive `cdc jars fetch` built for this JDK "
+            "and these jars, when there is one (cdc/class_archive.py): seconds less of every fresh JVM's start."
+        ),
+    )
+    garbage_collector: GarbageCollector | None = Field(
+        default=None,
+        description=(
+            "With a local master, the driver JVM's garbage collector, applied when this process starts the JVM. "
+            "None: the job's choice (parallel, except for a continuous `cdc refine` or `cdc sync` and the other "
+            "commands, which keep the JVM's default, G1)."
+        ),
+    )
     conf: dict[str, str] = Field(
         default_factory=dict,
         description="Extra Spark settings, applied last (object-store credentials, cluster tuning).",
@@ -173,7 +181,9 @@ class KafkaConnection(_Strict):
     """How to reach the Kafka cluster. Environment: ``CDC_KAFKA__<FIELD>``; or a secrets file."""
 
     bootstrap_servers: str = Field(default="127.0.0.1:9092", description="host:port[,host:port...]")
-    security_protocol: SecurityProtocol = Field(default=SecurityProtocol.PLAINTEXT, description="Kafka security.protocol.")
+    security_protocol: SecurityProtocol = Field(
+        default=SecurityProtocol.PLAINTEXT, description="Kafka security.protocol."
+    )
     sasl_mechanism: SaslMechanism | None = Field(default=None, description="Required with SASL_* protocols.")
     sasl_username: str | None = Field(default=None, description="SASL user (Event Hubs: $ConnectionString).")
     sasl_password: SecretStr | None = Field(default=None, description="SASL password or API secret.")

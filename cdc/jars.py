@@ -143,7 +143,9 @@ def resolve(bundle: Bundle, cache_dir: Path | None = None) -> list[Path]:
     """Return the jars of ``bundle`` with their dependencies, fetching them on the first call only."""
     cache_dir = Path(cache_dir or default_cache_dir())
     target = cache_dir / f"{bundle.name}-{bundle.digest}"
-    return built_once(cache_dir, lambda: _read_manifest(target), lambda: _fetch(bundle, target, cache_dir / "ivy-cache"))
+    return built_once(
+        cache_dir, lambda: _read_manifest(target), lambda: _fetch(bundle, target, cache_dir / "ivy-cache")
+    )
 
 
 def built_once(cache_dir: Path, cached: Callable[[], T | None], build: Callable[[], T]) -> T:
@@ -180,12 +182,22 @@ def _compile_helpers(sources: list[Path], target: Path) -> Path:
     shutil.rmtree(staging, ignore_errors=True)
     classes = staging / "classes"
     classpath = str(Path(pyspark.__file__).parent / "jars" / "*")
-    command = [_jdk_tool("javac"), "--release", "17", "-nowarn", "-cp", classpath, "-d", str(classes),
-               *(str(source) for source in sources)]  # fmt: skip
+    command = [
+        _jdk_tool("javac"),
+        "--release",
+        "17",
+        "-nowarn",
+        "-cp",
+        classpath,
+        "-d",
+        str(classes),
+        *(str(source) for source in sources),
+    ]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
-        raise DependencyError(f"could not compile the project's JVM helpers:\n{result.stderr.strip()}",
-                              sources=str(HELPERS_SOURCES))  # fmt: skip
+        raise DependencyError(
+            f"could not compile the project's JVM helpers:\n{result.stderr.strip()}", sources=str(HELPERS_SOURCES)
+        )
     with zipfile.ZipFile(staging / HELPERS_JAR, "w", zipfile.ZIP_DEFLATED) as jar:  # a jar is a zip
         for path in sorted(classes.rglob("*.class")):
             jar.write(path, path.relative_to(classes).as_posix())
@@ -212,12 +224,18 @@ def _fetch(bundle: Bundle, target: Path, ivy_cache: Path) -> list[Path]:
     descriptor = staging / "ivy.xml"
     descriptor.write_text(_ivy_module(bundle))
     command = [
-        java_executable(), "-jar", str(ivy_jar()),
-        "-ivy", str(descriptor),
-        "-cache", str(ivy_cache),
-        "-confs", "default",
-        "-retrieve", str(staging / "[artifact]" / "[artifact]-[revision](-[classifier]).[ext]"),
-    ]  # fmt: skip
+        java_executable(),
+        "-jar",
+        str(ivy_jar()),
+        "-ivy",
+        str(descriptor),
+        "-cache",
+        str(ivy_cache),
+        "-confs",
+        "default",
+        "-retrieve",
+        str(staging / "[artifact]" / "[artifact]-[revision](-[classifier]).[ext]"),
+    ]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         tail = "\n".join((result.stdout + result.stderr).splitlines()[-15:])

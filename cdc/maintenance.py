@@ -37,7 +37,9 @@ def resolve_table(spark: SparkSession, table: str, warehouse: str) -> str:
             return spark.sql(f"DESCRIBE DETAIL {table}").select("location").head()[0]
     except AnalysisException:  # not a table name either (a path)
         pass
-    raise TableError("no Delta table at this path, under the warehouse or by this name", table=table, warehouse=warehouse)
+    raise TableError(
+        "no Delta table at this path, under the warehouse or by this name", table=table, warehouse=warehouse
+    )
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,9 @@ def optimize_table(spark: SparkSession, location: str, zorder_by: list[str] | No
         columns = table.toDF().columns
         for column in zorder_by:
             if column not in columns or column in detail:
-                why = "is a partition column" if column in detail else f"is not a column (columns: {', '.join(columns)})"
+                why = (
+                    "is a partition column" if column in detail else f"is not a column (columns: {', '.join(columns)})"
+                )
                 raise ConfigError(f"cannot Z-order by {column!r}: it {why}", table=location)
         metrics = retrying_conflicts(lambda: table.optimize().executeZOrderBy(*zorder_by).head().metrics)
     else:
@@ -79,13 +83,19 @@ def vacuum_table(
         _vacuum(spark, table, retain_hours)
         return
     if delta_properties(spark, location).get(KIND_PROPERTY) == RAW_KIND:
-        raise ConfigError(f"refusing to vacuum a raw table with a retention below {SAFE_RETENTION_HOURS:g} hours: "
-                          "its files may be the only copy of the topic's records", table=location,
-                          retain_hours=retain_hours)  # fmt: skip
+        raise ConfigError(
+            f"refusing to vacuum a raw table with a retention below {SAFE_RETENTION_HOURS:g} hours: "
+            "its files may be the only copy of the topic's records",
+            table=location,
+            retain_hours=retain_hours,
+        )
     if not below_safe_minimum:
-        raise ConfigError(f"refusing a retention below the safe minimum of {SAFE_RETENTION_HOURS:g} hours: time travel "
-                          f"and streaming readers behind it would break; {OVERRIDE_FLAG} allows it",
-                          table=location, retain_hours=retain_hours)  # fmt: skip
+        raise ConfigError(
+            f"refusing a retention below the safe minimum of {SAFE_RETENTION_HOURS:g} hours: time travel "
+            f"and streaming readers behind it would break; {OVERRIDE_FLAG} allows it",
+            table=location,
+            retain_hours=retain_hours,
+        )
     previous = spark.conf.get(_RETENTION_CHECK, "true")
     spark.conf.set(_RETENTION_CHECK, "false")  # Delta's own guard, lifted for this call only
     try:

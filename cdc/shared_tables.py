@@ -31,11 +31,19 @@ _tables_seen: set[str] = set()  # shared tables this process has found or create
 # creating the table: its log folder exists before its first commit, so the location is for a moment
 # "not empty and also not a Delta table", or (createIfNotExists having taken the folder for the table)
 # a table not found.
-CONFLICT_CONDITIONS = frozenset({
-    "DELTA_CONCURRENT_APPEND", "DELTA_CONCURRENT_DELETE_DELETE", "DELTA_CONCURRENT_DELETE_READ",
-    "DELTA_CONCURRENT_TRANSACTION", "DELTA_CONCURRENT_WRITE", "DELTA_METADATA_CHANGED",
-    "DELTA_PROTOCOL_CHANGED", "DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION", "DELTA_TABLE_NOT_FOUND",
-})  # fmt: skip
+CONFLICT_CONDITIONS = frozenset(
+    {
+        "DELTA_CONCURRENT_APPEND",
+        "DELTA_CONCURRENT_DELETE_DELETE",
+        "DELTA_CONCURRENT_DELETE_READ",
+        "DELTA_CONCURRENT_TRANSACTION",
+        "DELTA_CONCURRENT_WRITE",
+        "DELTA_METADATA_CHANGED",
+        "DELTA_PROTOCOL_CHANGED",
+        "DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION",
+        "DELTA_TABLE_NOT_FOUND",
+    }
+)
 
 
 def is_conflict(error: BaseException) -> bool:

@@ -37,9 +37,8 @@ def load_secrets_file(path: Path) -> dict[str, Any]:
     except ValidationError as error:
         # Named by key only: the pydantic message could quote a secret's value.
         raise ConfigError(
-            f"invalid Kafka secrets file {path}: " + "; ".join(
-                f"{'.'.join(map(str, item['loc'])) or 'settings'}: {item['type']}" for item in error.errors()
-            )
+            f"invalid Kafka secrets file {path}: "
+            + "; ".join(f"{'.'.join(map(str, item['loc'])) or 'settings'}: {item['type']}" for item in error.errors())
         ) from None
     return document
 
@@ -91,9 +90,7 @@ class KafkaTopics:
         existing = self.names()
         for topic in topics:
             if topic not in existing:
-                raise SourceError(
-                    "unknown topic", topic=topic, bootstrap_servers=self.connection.bootstrap_servers
-                )
+                raise SourceError("unknown topic", topic=topic, bootstrap_servers=self.connection.bootstrap_servers)
 
     def offsets(self, topics: list[str]) -> dict[tuple[str, int], PartitionOffsets]:
         """Earliest and end offset of every partition of ``topics``, by (topic, partition)."""

@@ -86,14 +86,17 @@ def job_spark_config(config: SparkConfig, *, refines_continuously: bool) -> Spar
 # PySpark and py4j would each log it first with its whole stack (a failed micro-batch's: the Python
 # traceback too). Shown under `cdc --debug`, which sets this.
 show_failure_logs = False
-_STREAM_ENGINES = ("org.apache.spark.sql.execution.streaming.MicroBatchExecution",
-                   "org.apache.spark.sql.execution.streaming.StreamExecution")  # fmt: skip
+_STREAM_ENGINES = (
+    "org.apache.spark.sql.execution.streaming.MicroBatchExecution",
+    "org.apache.spark.sql.execution.streaming.StreamExecution",
+)
 _FAILURE_LOGGERS = ("DataFrameQueryContextLogger", "SQLQueryContextLogger", "py4j.clientserver")
 
 
 def _no_failure_logs(record: logging.LogRecord) -> bool:
     return record.name == "py4j.clientserver" and not record.getMessage().startswith(
-        "There was an exception while executing the Python Proxy")
+        "There was an exception while executing the Python Proxy"
+    )
 
 
 def _show_failure_logs(spark: SparkSession, show: bool) -> None:

@@ -104,10 +104,12 @@ def expectation_totals(spark: SparkSession, warehouse: str) -> list[ExpectationT
     if not is_delta_table(spark, location):
         return []
     totals = (
-        spark.read.format("delta").load(location).groupBy("table", "expectation", "action")
+        spark.read.format("delta")
+        .load(location)
+        .groupBy("table", "expectation", "action")
         .agg(F.count("*").alias("batches"), F.sum("passed").alias("passed"), F.sum("failed").alias("failed"))
         .orderBy("table", "expectation")
-    )  # fmt: skip
+    )
     return [ExpectationTotal(**row.asDict()) for row in totals.collect()]  # one row per expectation
 
 

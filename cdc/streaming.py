@@ -69,7 +69,9 @@ def error_summary(error: BaseException) -> str:
         except Py4JError:  # the JVM is gone: py4j's own text
             pass
     lines = [line.strip() for line in message.splitlines()]
-    line = next((line for line in lines if line and not line.startswith(("Traceback", "An error occurred while calling"))), "")
+    line = next(
+        (line for line in lines if line and not line.startswith(("Traceback", "An error occurred while calling"))), ""
+    )
     return f"{name}: {line}" if line else name
 
 

@@ -110,7 +110,9 @@ def _refinements(
     Without ``wait`` (after a landing run once) it starts at once: a table still missing or empty is
     the refinement's own clear error, not a wait that never ends."""
 
-    def once_landed(topics: list[str], refine: Callable[[], object], with_rows: Collection[str] = ()) -> Callable[[], None]:
+    def once_landed(
+        topics: list[str], refine: Callable[[], object], with_rows: Collection[str] = ()
+    ) -> Callable[[], None]:
         """``refine`` once the raw tables of ``topics`` exist, and those of ``with_rows`` hold rows."""
         if not wait:
             return refine
@@ -118,8 +120,11 @@ def _refinements(
         def run() -> None:
             waiting = {raw_table_location(config.raw.warehouse, topic): topic in with_rows for topic in topics}
             while waiting:
-                waiting = {table: rows for table, rows in waiting.items()
-                           if not is_delta_table(spark, table) or rows and not has_landed_data(spark, table)}  # fmt: skip
+                waiting = {
+                    table: rows
+                    for table, rows in waiting.items()
+                    if not is_delta_table(spark, table) or rows and not has_landed_data(spark, table)
+                }
                 if waiting and stop.wait(0.5):
                     return
             refine()
@@ -130,9 +135,16 @@ def _refinements(
         case PipelineRefinement(pipeline=pipeline, run=run):
             refine_all = lambda: run_pipeline_refine(spark, pipeline, run, say, stop)  # noqa: E731
             # An event source without a schema has it inferred from its first rows (refine/schemas.py).
-            inferred = [source.topic for source in pipeline.sources.values() if isinstance(source, JsonEvents)
-                        and infers_schema(spark, run.warehouse, source.topic, source.schema_, run.reinfer_schema)]
+            inferred = [
+                source.topic
+                for source in pipeline.sources.values()
+                if isinstance(source, JsonEvents)
+                and infers_schema(spark, run.warehouse, source.topic, source.schema_, run.reinfer_schema)
+            ]
             return {pipeline.name: once_landed(config.refined_topics, refine_all, inferred)}
         case TopicsRefinement(jobs=jobs):
-            return {job.target: once_landed([job.table], lambda job=job: run_refine_job(spark, job, say, stop)) for job in jobs}
+            return {
+                job.target: once_landed([job.table], lambda job=job: run_refine_job(spark, job, say, stop))
+                for job in jobs
+            }
     raise AssertionError(f"unknown refinement {config.refine!r}")

@@ -77,9 +77,7 @@ class ConnectClient:
             failed = [state for state in states if state["state"] == "FAILED"]
             if failed:
                 trace = failed[0].get("trace", "").splitlines()
-                raise ConnectorError(
-                    f"connector {name} failed: {trace[0] if trace else 'no trace'}", connector=name
-                )
+                raise ConnectorError(f"connector {name} failed: {trace[0] if trace else 'no trace'}", connector=name)
             if status.get("tasks") and all(state["state"] == "RUNNING" for state in states):
                 return status
             time.sleep(0.25)

@@ -36,8 +36,11 @@ def load(kind: str) -> ConnectorDefinition:
 
 
 def available() -> list[str]:
-    return sorted(entry.name.removesuffix(".json") for entry in resources.files("connectors").iterdir()
-                  if entry.name.endswith(".json"))
+    return sorted(
+        entry.name.removesuffix(".json")
+        for entry in resources.files("connectors").iterdir()
+        if entry.name.endswith(".json")
+    )
 
 
 POSTGRES_CONNECTOR_CLASS = "io.debezium.connector.postgresql.PostgresConnector"

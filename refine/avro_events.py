@@ -64,8 +64,10 @@ def with_end_marker(schema: str) -> str:
     is_record = isinstance(document, dict) and document.get("type") == "record"
     if not is_record or not isinstance(document.get("fields"), list):
         raise ConfigError('the Avro schema of events must be a record (a JSON object with "type": "record")')
-    marker = {"name": END_FIELD, "type": {"type": "fixed", "name": "end_marker", "namespace": "cdc_lakehouse",
-                                          "size": len(END_MARKER)}}  # fmt: skip
+    marker = {
+        "name": END_FIELD,
+        "type": {"type": "fixed", "name": "end_marker", "namespace": "cdc_lakehouse", "size": len(END_MARKER)},
+    }
     return json.dumps({**document, "fields": [*document["fields"], marker]})
 
 
@@ -94,27 +96,46 @@ def _value_problem(value: Column, decoded: Column, decoding: AvroDecoding, schem
     problem = F.when(value.isNull(), F.lit("no value (a null record)"))
     unread = ~decoded.getField(END_FIELD).eqNullSafe(F.lit(END_MARKER))
     if not decoding.framed:
-        hint = F.when((F.substring(value, 1, 1) == F.lit(MAGIC_BYTE)) & (F.octet_length(value) >= HEADER_BYTES),
-                      F.lit(" (it starts like Confluent's wire format, which a registry schema reads)"))  # fmt: skip
+        hint = F.when(
+            (F.substring(value, 1, 1) == F.lit(MAGIC_BYTE)) & (F.octet_length(value) >= HEADER_BYTES),
+            F.lit(" (it starts like Confluent's wire format, which a registry schema reads)"),
+        )
         return problem.when(unread, F.concat(F.lit("the value is not Avro of the schema"), F.coalesce(hint, F.lit(""))))
     known = [known_id for known_id, writer in decoding.writers.items() if writer is not None]
     unknown = ~schema_id.isin(known) if known else F.lit(True)
-    not_read_as = (
-        F.when(schema_id == F.lit(decoding.reader_id), F.lit(""))
-        .otherwise(F.lit(f", or it does not resolve to the latest schema (id {decoding.reader_id})"))
-    )  # fmt: skip
+    not_read_as = F.when(schema_id == F.lit(decoding.reader_id), F.lit("")).otherwise(
+        F.lit(f", or it does not resolve to the latest schema (id {decoding.reader_id})")
+    )
     return (
-        problem.when(F.octet_length(value) < HEADER_BYTES, F.concat(
-            F.lit("the value is "), F.octet_length(value).cast("string"),
-            F.lit(" bytes: shorter than the header of Confluent's wire format (magic byte 0, 4-byte schema id)")))
-        .when(F.substring(value, 1, 1) != F.lit(MAGIC_BYTE), F.concat(
-            F.lit("the value starts with byte 0x"), F.hex(F.substring(value, 1, 1)),
-            F.lit(", not the magic byte 0x00 of Confluent's wire format")))
-        .when(unknown, F.concat(
-            F.lit("schema id "), schema_id.cast("string"), F.lit(" is not an Avro schema of the schema registry")))
-        .when(unread, F.concat(F.lit("the value is not Avro of its schema (id "), schema_id.cast("string"), F.lit(")"),
-                               not_read_as))
-    )  # fmt: skip
+        problem.when(
+            F.octet_length(value) < HEADER_BYTES,
+            F.concat(
+                F.lit("the value is "),
+                F.octet_length(value).cast("string"),
+                F.lit(" bytes: shorter than the header of Confluent's wire format (magic byte 0, 4-byte schema id)"),
+            ),
+        )
+        .when(
+            F.substring(value, 1, 1) != F.lit(MAGIC_BYTE),
+            F.concat(
+                F.lit("the value starts with byte 0x"),
+                F.hex(F.substring(value, 1, 1)),
+                F.lit(", not the magic byte 0x00 of Confluent's wire format"),
+            ),
+        )
+        .when(
+            unknown,
+            F.concat(
+                F.lit("schema id "), schema_id.cast("string"), F.lit(" is not an Avro schema of the schema registry")
+            ),
+        )
+        .when(
+            unread,
+            F.concat(
+                F.lit("the value is not Avro of its schema (id "), schema_id.cast("string"), F.lit(")"), not_read_as
+            ),
+        )
+    )
 
 
 def schema_id_of(value: Column) -> Column:
@@ -193,8 +214,9 @@ class AvroDecoder:
                 self.writers[schema_id] = writer
             writers[schema_id] = self.writers.get(schema_id)
         writers[self.reader_id] = self.reader
-        return decode_avro(records, AvroDecoding(reader=self.reader, framed=True, reader_id=self.reader_id,
-                                                 writers=writers))  # fmt: skip
+        return decode_avro(
+            records, AvroDecoding(reader=self.reader, framed=True, reader_id=self.reader_id, writers=writers)
+        )
 
     def _writer(self, schema_id: int) -> str | None:
         """The Avro schema of ``schema_id``; None (its records are quarantined) when the registry lacks it

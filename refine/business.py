@@ -200,8 +200,9 @@ def _state(spark: SparkSession, location: str) -> dict[str, str] | None:
         return None
     properties = delta_properties(spark, location)
     if properties.get(KIND_PROPERTY) != BUSINESS_KIND:
-        raise TableError("a Delta table exists there but it is not a business table (no cdc.kind=business)",
-                         table=location)  # fmt: skip
+        raise TableError(
+            "a Delta table exists there but it is not a business table (no cdc.kind=business)", table=location
+        )
     return properties
 
 
@@ -215,7 +216,9 @@ def _register_views(spark: SparkSession, config: BusinessTableConfig) -> str | N
         tables[view] = [location for location in locations if is_delta_table(spark, location)]
         if not tables[view]:
             return folder
-    if missing := next((locations[0] for locations in tables.values() if not is_delta_table(spark, locations[0])), None):
+    if missing := next(
+        (locations[0] for locations in tables.values() if not is_delta_table(spark, locations[0])), None
+    ):
         return missing
     for view, locations in tables.items():
         frames = [spark.read.format("delta").load(location) for location in locations]
@@ -231,8 +234,10 @@ def refresh_business_table(spark: SparkSession, config: BusinessTableConfig) -> 
         result = spark.sql(config.query)
         plan = result._jdf.queryExecution().analyzed()
     except AnalysisException as error:
-        raise ConfigError(f"the query of business table {config.name} is not valid: {str(error).splitlines()[0]}",
-                          table=config.location) from None  # fmt: skip
+        raise ConfigError(
+            f"the query of business table {config.name} is not valid: {str(error).splitlines()[0]}",
+            table=config.location,
+        ) from None
     sources = delta_sources(plan)
     versions = None if sources is None else {source: _latest_version(spark, source) for source in sources}
     state = _state(spark, config.location)
@@ -270,16 +275,20 @@ def _incremental(
         return "the source's version went back (the table was recreated)"
     try:
         changes = (
-            spark.read.format("delta").option("readChangeFeed", "true")
-            .option("startingVersion", refreshed[shape.source] + 1).option("endingVersion", versions[shape.source])
+            spark.read.format("delta")
+            .option("readChangeFeed", "true")
+            .option("startingVersion", refreshed[shape.source] + 1)
+            .option("endingVersion", versions[shape.source])
             .load(shape.source)
-        )  # fmt: skip
+        )
         changed = changes.select(*[F.col(f"`{column}`").alias(key) for key, column in shape.keys.items()]).distinct()
         changed.schema  # analysed now: a feed that does not cover the versions fails here
     except AnalysisException as error:
         return f"the source's Change Data Feed does not cover the versions: {str(error).splitlines()[0]}"
     merge_changed_groups(spark, config.location, result, changed, list(shape.keys))
-    return RefreshResult(RefreshMode.INCREMENTAL, f"groups changed in {shape.source} since version {refreshed[shape.source]}")
+    return RefreshResult(
+        RefreshMode.INCREMENTAL, f"groups changed in {shape.source} since version {refreshed[shape.source]}"
+    )
 
 
 def _same_keys(left: str, right: str, keys: list[str]):
@@ -302,23 +311,28 @@ def changed_groups(spark: SparkSession, result: DataFrame, changed: DataFrame, k
         spark.catalog.dropTempView(changed_view)
 
 
-def merge_changed_groups(spark: SparkSession, location: str, result: DataFrame, changed: DataFrame, keys: list[str]) -> None:
+def merge_changed_groups(
+    spark: SparkSession, location: str, result: DataFrame, changed: DataFrame, keys: list[str]
+) -> None:
     """Replace the business table's rows of the ``changed`` groups by their recomputed ``result`` rows
     (a group with no result row any more is deleted). Grouping keys compare null-safely."""
     recomputed = changed_groups(spark, result, changed, keys)
     values = [column for column in result.columns if column not in keys]
-    updates = changed.alias("c").join(
-        recomputed.withColumn("_present", F.lit(True)).alias("r"), _same_keys("c", "r", keys), "left"
-    ).select(*[F.col(f"c.`{key}`") for key in keys], *[F.col(f"r.`{value}`") for value in values], "_present")
+    updates = (
+        changed.alias("c")
+        .join(recomputed.withColumn("_present", F.lit(True)).alias("r"), _same_keys("c", "r", keys), "left")
+        .select(*[F.col(f"c.`{key}`") for key in keys], *[F.col(f"r.`{value}`") for value in values], "_present")
+    )
     every_column = {f"`{column}`": F.col(f"s.`{column}`") for column in result.columns}
     (
-        DeltaTable.forPath(spark, location).alias("t")
+        DeltaTable.forPath(spark, location)
+        .alias("t")
         .merge(updates.alias("s"), " AND ".join(f"t.`{key}` <=> s.`{key}`" for key in keys))
         .whenMatchedDelete("s._present IS NULL")
         .whenMatchedUpdate(set=every_column)
         .whenNotMatchedInsert("s._present", values=every_column)
         .execute()
-    )  # fmt: skip
+    )
 
 
 def run_business_tables(

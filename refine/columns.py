@@ -31,19 +31,29 @@ from refine.decode import DATE, MICRO_TIME, MICRO_TIMESTAMP, TIME, TIMESTAMP, ZO
 from refine.envelope import ConnectSchema
 
 _PRIMITIVES = {
-    "string": {"type": "string"}, "boolean": {"type": "boolean"}, "tinyint": {"type": "int8"},
-    "smallint": {"type": "int16"}, "int": {"type": "int32"}, "bigint": {"type": "int64"},
-    "float": {"type": "float"}, "double": {"type": "double"}, "binary": {"type": "bytes"},
-    "date": {"type": "int32", "name": DATE}, "timestamp": {"type": "string", "name": ZONED_TIMESTAMP},
-    "timestamp_ntz": {"type": "int64", "name": MICRO_TIMESTAMP}, "time": {"type": "int64", "name": MICRO_TIME},
-}  # fmt: skip
+    "string": {"type": "string"},
+    "boolean": {"type": "boolean"},
+    "tinyint": {"type": "int8"},
+    "smallint": {"type": "int16"},
+    "int": {"type": "int32"},
+    "bigint": {"type": "int64"},
+    "float": {"type": "float"},
+    "double": {"type": "double"},
+    "binary": {"type": "bytes"},
+    "date": {"type": "int32", "name": DATE},
+    "timestamp": {"type": "string", "name": ZONED_TIMESTAMP},
+    "timestamp_ntz": {"type": "int64", "name": MICRO_TIMESTAMP},
+    "time": {"type": "int64", "name": MICRO_TIME},
+}
 _DECIMAL = re.compile(r"decimal\(\s*(\d+)\s*,\s*(\d+)\s*\)")
 # A Postgres precision on a temporal type: it picks Debezium's encoding (milliseconds up to 3 digits).
 _WITH_PRECISION = re.compile(r"(timestamp_ntz|time)\(\s*(\d+)\s*\)")
 _BY_PRECISION = {  # (type, in milliseconds?) -> Connect schema
-    ("timestamp_ntz", True): {"type": "int64", "name": TIMESTAMP}, ("timestamp_ntz", False): _PRIMITIVES["timestamp_ntz"],
-    ("time", True): {"type": "int32", "name": TIME}, ("time", False): _PRIMITIVES["time"],
-}  # fmt: skip
+    ("timestamp_ntz", True): {"type": "int64", "name": TIMESTAMP},
+    ("timestamp_ntz", False): _PRIMITIVES["timestamp_ntz"],
+    ("time", True): {"type": "int32", "name": TIME},
+    ("time", False): _PRIMITIVES["time"],
+}
 SUPPORTED = (
     "string, boolean, tinyint, smallint, int, bigint, float, double, binary, date, timestamp, timestamp_ntz, "
     "timestamp_ntz(p), time, time(p), decimal(p,s), array<...>"
@@ -66,7 +76,7 @@ def connect_type(spark_type: str) -> dict:
             raise ValueError(f"{spark_type}: precision must be 1-38 and scale at most the precision")
         return {"type": "string"}  # decimal.handling.mode=string; converted by declared_types
     if text.startswith("array<") and text.endswith(">"):
-        return {"type": "array", "items": connect_type(text[len("array<"):-1])}
+        return {"type": "array", "items": connect_type(text[len("array<") : -1])}
     raise ValueError(f"unsupported column type {spark_type!r} (supported: {SUPPORTED})")
 
 
@@ -78,13 +88,25 @@ def spark_type(declared: str) -> DataType:
 
 def declared_schemas(columns: dict[str, str], key: list[str]) -> tuple[ConnectSchema, ConnectSchema]:
     """The envelope and key schemas of a schemaless Postgres topic, from the declared columns."""
-    row = {"type": "struct", "optional": True,
-           "fields": [{**connect_type(t), "optional": name not in key, "field": name} for name, t in columns.items()]}  # fmt: skip
-    source = {"type": "struct", "field": "source", "fields": [
-        {"type": "int64", "field": "lsn", "optional": True}, {"type": "string", "field": "sequence", "optional": True},
-        {"type": "string", "field": "snapshot", "optional": True}, {"type": "int64", "field": "ts_ms"}]}  # fmt: skip
-    envelope = {"type": "struct", "fields": [{**row, "field": "before"}, {**row, "field": "after"}, source,
-                                             {"type": "string", "field": "op"}]}  # fmt: skip
+    row = {
+        "type": "struct",
+        "optional": True,
+        "fields": [{**connect_type(t), "optional": name not in key, "field": name} for name, t in columns.items()],
+    }
+    source = {
+        "type": "struct",
+        "field": "source",
+        "fields": [
+            {"type": "int64", "field": "lsn", "optional": True},
+            {"type": "string", "field": "sequence", "optional": True},
+            {"type": "string", "field": "snapshot", "optional": True},
+            {"type": "int64", "field": "ts_ms"},
+        ],
+    }
+    envelope = {
+        "type": "struct",
+        "fields": [{**row, "field": "before"}, {**row, "field": "after"}, source, {"type": "string", "field": "op"}],
+    }
     key_schema = {"type": "struct", "fields": [{**connect_type(columns[name]), "field": name} for name in key]}
     return ConnectSchema.model_validate(envelope), ConnectSchema.model_validate(key_schema)
 
@@ -102,14 +124,24 @@ def declared_types(changes: DataFrame, columns: dict[str, str]) -> DataFrame:
     for image in ("before", "after"):
         for name, data_type in changed.items():
             value = F.col(f"{image}.`{name}`")
-            problem = problem.when(value.isNotNull() & value.try_cast(data_type).isNull(), F.lit(
-                f"field {image}.{name}: cannot convert the value to the declared type {data_type.simpleString()}"))  # fmt: skip
-    return changes.withColumn("problem", problem).withColumns({image: _converted(image, image_type, changed) for image in ("before", "after")})
+            problem = problem.when(
+                value.isNotNull() & value.try_cast(data_type).isNull(),
+                F.lit(
+                    f"field {image}.{name}: cannot convert the value to the declared type {data_type.simpleString()}"
+                ),
+            )
+    return changes.withColumn("problem", problem).withColumns(
+        {image: _converted(image, image_type, changed) for image in ("before", "after")}
+    )
 
 
 def _converted(image: str, image_type: StructType, changed: dict[str, DataType]) -> Column:
     fields = [
-        (F.col(f"{image}.`{f.name}`").try_cast(changed[f.name]) if f.name in changed else F.col(f"{image}.`{f.name}`")).alias(f.name)
+        (
+            F.col(f"{image}.`{f.name}`").try_cast(changed[f.name])
+            if f.name in changed
+            else F.col(f"{image}.`{f.name}`")
+        ).alias(f.name)
         for f in image_type.fields
     ]
     return F.when(F.col(image).isNotNull(), F.struct(*fields))

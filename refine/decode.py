@@ -222,12 +222,17 @@ def _bits(base64: Column, length: int) -> Column:
     """Debezium's ``Bits`` (the bit string as a little-endian integer's bytes) as Postgres writes it,
     ``length`` digits (a varbit's length is not sent: its leading zeros are lost)."""
     data = F.try_to_binary(base64, F.lit("base64"))
-    byte_digits = F.transform(F.sequence(F.lit(1), F.octet_length(data)),
-                              lambda i: F.lpad(F.conv(F.hex(F.substring(data, i, 1)), 16, 2), 8, "0"))  # fmt: skip
+    byte_digits = F.transform(
+        F.sequence(F.lit(1), F.octet_length(data)),
+        lambda i: F.lpad(F.conv(F.hex(F.substring(data, i, 1)), 16, 2), 8, "0"),
+    )
     digits = F.when(F.octet_length(data) > 0, F.array_join(F.reverse(byte_digits), "")).otherwise(F.lit(""))
     if length >= 2**31 - 1:  # varbit
         return F.when(data.isNotNull(), F.regexp_replace(digits, "^0+", ""))
-    return F.when(data.isNotNull(), F.lpad(F.substring(F.concat(F.repeat(F.lit("0"), length), digits), -length, length), length, "0"))
+    return F.when(
+        data.isNotNull(),
+        F.lpad(F.substring(F.concat(F.repeat(F.lit("0"), length), digits), -length, length), length, "0"),
+    )
 
 
 def _powers_of_256() -> Column:

@@ -55,44 +55,57 @@ def with_deleted_images(latest: DataFrame, states: DataFrame, stored: DataFrame 
     before_type = latest.schema["before"].dataType
     assert isinstance(before_type, StructType)
     keys = set(latest.schema["key"].dataType.fieldNames())  # type: ignore[union-attr]
-    image = F.struct(*[
-        (F.col(f"key.`{f.name}`") if f.name in keys else F.col(f"image.`{f.name}`")).alias(f.name)
-        for f in before_type.fields
-    ])  # fmt: skip
+    image = F.struct(
+        *[
+            (F.col(f"key.`{f.name}`") if f.name in keys else F.col(f"image.`{f.name}`")).alias(f.name)
+            for f in before_type.fields
+        ]
+    )
     return with_prior.withColumn("before", F.when(is_delete, image).otherwise(F.col("before"))).drop("image")
 
 
 def _strictly_after(newer: str, older: str) -> Column:
-    return ~at_or_after([F.col(f"{older}.{LSN}"), F.col(f"{older}.{OFFSET}")],
-                        [F.col(f"{newer}.{LSN}"), F.col(f"{newer}.{OFFSET}")])  # fmt: skip
+    return ~at_or_after(
+        [F.col(f"{older}.{LSN}"), F.col(f"{older}.{OFFSET}")], [F.col(f"{newer}.{LSN}"), F.col(f"{newer}.{OFFSET}")]
+    )
 
 
 def record_deletes(spark: SparkSession, location: str, rows: DataFrame, key_columns: list[str]) -> None:
     """MERGE a batch's refined rows into the side table: deletes record their key (or move it to a
     later delete); a later create or update of a deleted key removes it."""
-    ensure_refined_table(spark, location, StructType([StructField(f.name, f.dataType) for f in rows.schema]),
-                         kind=DELETED_KIND)  # fmt: skip
+    ensure_refined_table(
+        spark, location, StructType([StructField(f.name, f.dataType) for f in rows.schema]), kind=DELETED_KIND
+    )
     is_delete = F.col(f"s.{OP}") == Op.DELETE.value
     (
-        DeltaTable.forPath(spark, location).alias("t")
+        DeltaTable.forPath(spark, location)
+        .alias("t")
         .merge(rows.alias("s"), " AND ".join(f"t.`{key}` = s.`{key}`" for key in key_columns))
         .whenMatchedDelete(~is_delete & _strictly_after("s", "t"))
         .whenMatchedUpdateAll(is_delete & _strictly_after("s", "t"))
         .whenNotMatchedInsertAll(is_delete)
         .execute()
-    )  # fmt: skip
+    )
 
 
 def record_truncate(spark: SparkSession, location: str, truncated_at: tuple[int, int]) -> None:
     """Keep the position of the table's last truncate (a property of the side table): every row
     older than it is deleted, and no change older than it may come back."""
     if (last := _truncated_at(spark, location)) is None or truncated_at > last:
-        spark.sql(f"ALTER TABLE delta.`{location}` SET TBLPROPERTIES "
-                  f"('{TRUNCATED_AT_PROPERTY}' = '{truncated_at[0]}:{truncated_at[1]}')")  # fmt: skip
+        spark.sql(
+            f"ALTER TABLE delta.`{location}` SET TBLPROPERTIES "
+            f"('{TRUNCATED_AT_PROPERTY}' = '{truncated_at[0]}:{truncated_at[1]}')"
+        )
 
 
-def record_snapshot_removals(spark: SparkSession, location: str, refined: str, rows: DataFrame, key_columns: list[str],
-                             snapshot_at: tuple[int, int]) -> None:  # fmt: skip
+def record_snapshot_removals(
+    spark: SparkSession,
+    location: str,
+    refined: str,
+    rows: DataFrame,
+    key_columns: list[str],
+    snapshot_at: tuple[int, int],
+) -> None:
     """Record as deleted at ``snapshot_at`` (a snapshot's first read) the rows of the ``refined`` table older
     than it that the batch's ``rows`` do not hold: the MERGE deletes them, as the snapshot did not read them
     again, and a replayed older change must not bring them back. Read before that MERGE (a whole scan of the
@@ -104,11 +117,20 @@ def record_snapshot_removals(spark: SparkSession, location: str, refined: str, r
     older = ~at_or_after([F.col(LSN), F.col(OFFSET)], [F.lit(lsn), F.lit(offset)])
     removed = stored.where(older).join(rows.select(*[F.col(f"`{k}`") for k in key_columns]), key_columns, "left_anti")
     marked = {LSN: F.lit(lsn), OFFSET: F.lit(offset), OP: F.lit(Op.DELETE.value)}
-    removed = removed.select(*[
-        (marked.get(f.name) if f.name in marked else F.col(f"`{f.name}`") if f.name in stored.columns else F.lit(None))
-        .cast(f.dataType).alias(f.name)
-        for f in rows.schema
-    ])  # fmt: skip
+    removed = removed.select(
+        *[
+            (
+                marked.get(f.name)
+                if f.name in marked
+                else F.col(f"`{f.name}`")
+                if f.name in stored.columns
+                else F.lit(None)
+            )
+            .cast(f.dataType)
+            .alias(f.name)
+            for f in rows.schema
+        ]
+    )
     record_deletes(spark, location, removed, key_columns)
 
 

@@ -77,14 +77,20 @@ COMMON_SOURCE_FIELDS: tuple[dict, ...] = (
     {"type": "string", "optional": False, "field": "connector"},
     {"type": "string", "optional": False, "field": "name"},
     {"type": "int64", "optional": False, "field": "ts_ms"},
-    {"type": "string", "optional": True, "name": "io.debezium.data.Enum", "version": 1,
-     "parameters": {"allowed": "true,first,first_in_data_collection,last_in_data_collection,last,false,incremental"},
-     "default": "false", "field": "snapshot"},
+    {
+        "type": "string",
+        "optional": True,
+        "name": "io.debezium.data.Enum",
+        "version": 1,
+        "parameters": {"allowed": "true,first,first_in_data_collection,last_in_data_collection,last,false,incremental"},
+        "default": "false",
+        "field": "snapshot",
+    },
     {"type": "string", "optional": False, "field": "db"},
     {"type": "string", "optional": True, "field": "sequence"},
     {"type": "int64", "optional": True, "field": "ts_us"},
     {"type": "int64", "optional": True, "field": "ts_ns"},
-)  # fmt: skip
+)
 
 
 class PostgresSource(BaseModel):

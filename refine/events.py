@@ -119,9 +119,12 @@ def decode_json(records: DataFrame, schema: StructType) -> DataFrame:
         found = _json_at(F.col("json"), field.name)
         problem = problem.when(
             F.col(f"event.`{field.name}`").isNull() & found.isNotNull() & ~F.is_variant_null(found),
-            F.concat(F.lit(f"field {field.name}: cannot read "), F.to_json(found),
-                     F.lit(f" as {field.dataType.simpleString()}")),
-        )  # fmt: skip
+            F.concat(
+                F.lit(f"field {field.name}: cannot read "),
+                F.to_json(found),
+                F.lit(f" as {field.dataType.simpleString()}"),
+            ),
+        )
     problem = problem.when(F.col(f"event.{CORRUPT}").isNotNull(), F.lit("the value does not match the schema"))
     return parsed.select(
         F.col("event").dropFields(CORRUPT).alias("event"),
@@ -135,14 +138,27 @@ def decode_json(records: DataFrame, schema: StructType) -> DataFrame:
 def with_table_problems(events: DataFrame, table: RefinedTable) -> DataFrame:
     """Decoded ``events`` whose ``problem`` also names a null key, ordering or split value, or a split
     value that cannot name a table (a problem of the value itself comes first)."""
-    checks = [(column(f"event.{path}").isNull(), F.lit(f"{role} {path} is null"))
-              for role, path in [*[("key", key) for key in table.keys], ("ordering column", table.ordering),
-                                 ("split_by column", table.split_by)] if path is not None]  # fmt: skip
+    checks = [
+        (column(f"event.{path}").isNull(), F.lit(f"{role} {path} is null"))
+        for role, path in [
+            *[("key", key) for key in table.keys],
+            ("ordering column", table.ordering),
+            ("split_by column", table.split_by),
+        ]
+        if path is not None
+    ]
     if table.split_by is not None:
         split = column(f"event.{table.split_by}").cast("string")
-        checks.append((~split.rlike(SPLIT_VALUE) | split.isin(".", ".."), F.concat(
-            F.lit(f"split_by column {table.split_by}: "), split,
-            F.lit(" is not usable as a table name (letters, digits, '.', '_', '-')"))))  # fmt: skip
+        checks.append(
+            (
+                ~split.rlike(SPLIT_VALUE) | split.isin(".", ".."),
+                F.concat(
+                    F.lit(f"split_by column {table.split_by}: "),
+                    split,
+                    F.lit(" is not usable as a table name (letters, digits, '.', '_', '-')"),
+                ),
+            )
+        )
     if not checks:
         return events
     problem = F.when(*checks[0])
@@ -166,8 +182,10 @@ def expectation_keys(table: RefinedTable) -> list[str]:
 
 def history_spec(table: RefinedTable) -> HistorySpec:
     """An event table's versions: by key, ordered (and dated) by the ordering column, then the Kafka record."""
-    return HistorySpec(key_columns=[flat_name(path) for path in table.keys],
-                       position_columns=[flat_name(table.ordering), *EVENT_POSITION])  # fmt: skip
+    return HistorySpec(
+        key_columns=[flat_name(path) for path in table.keys],
+        position_columns=[flat_name(table.ordering), *EVENT_POSITION],
+    )
 
 
 def event_rows_schema(schema: StructType) -> StructType:
@@ -210,8 +228,13 @@ class EventsBatch:
         events = with_table_problems(self.decode(records), self.config.table)
         events = events.persist()  # read once: quarantine and tables
         try:
-            quarantine(spark, quarantine_location(self.config.warehouse), self.raw, self.config.topic,
-                       events.where("problem IS NOT NULL"))  # fmt: skip
+            quarantine(
+                spark,
+                quarantine_location(self.config.warehouse),
+                self.raw,
+                self.config.topic,
+                events.where("problem IS NOT NULL"),
+            )
             good = events.where("problem IS NULL").select(
                 "event.*", F.col("kafka_partition").alias(PARTITION), F.col("kafka_offset").alias(OFFSET)
             )
@@ -236,7 +259,9 @@ class EventsBatch:
         """Events as the refined table's rows (exploded arrays left out)."""
         return flatten(events, tuple(self.config.table.explode), self.config.table.flatten.kept(events.schema))
 
-    def _write(self, spark: SparkSession, events: DataFrame, split_value: str | None, app_id: str, batch_id: int) -> None:
+    def _write(
+        self, spark: SparkSession, events: DataFrame, split_value: str | None, app_id: str, batch_id: int
+    ) -> None:
         table = self.config.table
         nested = latest_events(events, table.keys, table.ordering) if table.keys else events
         parents = self.flat_rows(nested).withColumn(REFINED_AT, F.current_timestamp())
@@ -245,8 +270,13 @@ class EventsBatch:
             append_rows(spark, location, parents, app_id, batch_id)
             for path in table.explode:
                 children = child_rows(nested, list(EVENT_POSITION), path).withColumn(REFINED_AT, F.current_timestamp())
-                append_rows(spark, self._location(child_table_name(self.config.name, path), split_value), children,
-                            app_id, batch_id)  # fmt: skip
+                append_rows(
+                    spark,
+                    self._location(child_table_name(self.config.name, path), split_value),
+                    children,
+                    app_id,
+                    batch_id,
+                )
             return
         keys = [flat_name(path) for path in table.keys]
         position = [flat_name(table.ordering), *EVENT_POSITION]
@@ -262,8 +292,13 @@ class EventsBatch:
             for path in table.explode:
                 children = child_rows(nested, table.keys, path, carry=EVENT_POSITION)
                 children = children.join(applied.select(*keys, *EVENT_POSITION), [*keys, *EVENT_POSITION], "left_semi")
-                replace_children(spark, self._location(child_table_name(self.config.name, path), split_value),
-                                 children.withColumn(REFINED_AT, F.current_timestamp()), applied, keys)  # fmt: skip
+                replace_children(
+                    spark,
+                    self._location(child_table_name(self.config.name, path), split_value),
+                    children.withColumn(REFINED_AT, F.current_timestamp()),
+                    applied,
+                    keys,
+                )
         finally:
             applied.unpersist()
 
@@ -280,9 +315,11 @@ def events_batch(spark: SparkSession, config: EventsRefineJobConfig) -> EventsBa
     else:
         schema = event_schema(spark, config.warehouse, config.topic, config.schema_ddl, config.reinfer_schema)
     if problems := table_shape_problems(schema, config.table):
-        raise ConfigError("the events' schema does not fit the refined table: " + "; ".join(
-            f"refined.{config.name}.{field}: {reason}" for field, reason in problems
-        ), topic=config.topic)  # fmt: skip
+        raise ConfigError(
+            "the events' schema does not fit the refined table: "
+            + "; ".join(f"refined.{config.name}.{field}: {reason}" for field, reason in problems),
+            topic=config.topic,
+        )
     batch = EventsBatch(config, schema, decode)
     no_rows = spark.createDataFrame([], event_rows_schema(schema))
     batch.rules.check(spark, batch.flat_rows(no_rows), expectation_keys(config.table))  # before any row is read

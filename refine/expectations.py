@@ -37,15 +37,17 @@ from cdc.shared_tables import merge_into_shared_table
 from refine.quarantine import quarantine, quarantine_location
 
 FAILED = "_cdc_failed_expectations"  # on violations: the names of the expectations a row failed
-COUNTS_SCHEMA = StructType([
-    StructField("table", StringType(), nullable=False),
-    StructField("expectation", StringType(), nullable=False),
-    StructField("action", StringType(), nullable=False),
-    StructField("batch", LongType(), nullable=False),
-    StructField("passed", LongType(), nullable=False),
-    StructField("failed", LongType(), nullable=False),
-    StructField("recorded_at", TimestampType(), nullable=False),
-])  # fmt: skip
+COUNTS_SCHEMA = StructType(
+    [
+        StructField("table", StringType(), nullable=False),
+        StructField("expectation", StringType(), nullable=False),
+        StructField("action", StringType(), nullable=False),
+        StructField("batch", LongType(), nullable=False),
+        StructField("passed", LongType(), nullable=False),
+        StructField("failed", LongType(), nullable=False),
+        StructField("recorded_at", TimestampType(), nullable=False),
+    ]
+)
 
 
 class ExpectationAction(str, Enum):
@@ -59,7 +61,9 @@ class ExpectationAction(str, Enum):
 class Expectation(_Strict):
     """One named constraint."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,100}$", description="Names the expectation in counts, reasons, errors.")
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9_.-]{1,100}$", description="Names the expectation in counts, reasons, errors."
+    )
     condition: str = Field(min_length=1, description="A SQL boolean expression over the table's columns; true passes.")
     action: ExpectationAction = Field(default=ExpectationAction.WARN, description="warn, drop or fail.")
 
@@ -95,11 +99,17 @@ def check_expectations(spark: SparkSession, schema: StructType, config: Expectat
             result = empty.select("*", F.expr(expectation.condition).alias("_result")).schema["_result"].dataType
         except AnalysisException as error:  # also ParseException
             reason = str(error).strip().splitlines()[0]
-            raise ConfigError(f"expectation {expectation.name!r} is not valid SQL over the table: {reason}",
-                              table=config.table, condition=expectation.condition) from None  # fmt: skip
+            raise ConfigError(
+                f"expectation {expectation.name!r} is not valid SQL over the table: {reason}",
+                table=config.table,
+                condition=expectation.condition,
+            ) from None
         if not isinstance(result, BooleanType):
-            raise ConfigError(f"expectation {expectation.name!r} is not a boolean condition (it gives {result.simpleString()})",
-                              table=config.table, condition=expectation.condition)  # fmt: skip
+            raise ConfigError(
+                f"expectation {expectation.name!r} is not a boolean condition (it gives {result.simpleString()})",
+                table=config.table,
+                condition=expectation.condition,
+            )
     needed = [*config.key_columns]
     if any(expectation.action is ExpectationAction.DROP for expectation in config.expectations):
         needed += [config.partition_column, config.offset_column]
@@ -113,10 +123,12 @@ def _passed(index: int) -> str:
 
 def evaluate(rows: DataFrame, expectations: list[Expectation]) -> DataFrame:
     """``rows`` with one boolean column per expectation (true: passed), each condition evaluated once."""
-    return rows.withColumns({
-        _passed(i): F.coalesce(F.expr(expectation.condition), F.lit(False))
-        for i, expectation in enumerate(expectations)
-    })  # fmt: skip
+    return rows.withColumns(
+        {
+            _passed(i): F.coalesce(F.expr(expectation.condition), F.lit(False))
+            for i, expectation in enumerate(expectations)
+        }
+    )
 
 
 def split(checked: DataFrame, expectations: list[Expectation]) -> tuple[DataFrame, DataFrame]:
@@ -155,18 +167,32 @@ def enforce_expectations(
         for i, expectation in enumerate(config.expectations):
             if expectation.action is ExpectationAction.FAIL and failed[expectation.name]:
                 example = checked.where(~F.col(_passed(i))).select(*config.key_columns).head()
-                raise ExpectationError(f"{failed[expectation.name]:,} rows broke a fail expectation",
-                                       table=config.table, expectation=expectation.name, key=example.asDict())  # fmt: skip
+                raise ExpectationError(
+                    f"{failed[expectation.name]:,} rows broke a fail expectation",
+                    table=config.table,
+                    expectation=expectation.name,
+                    key=example.asDict(),
+                )
         passing, violations = split(checked, config.expectations)
-        dropped = violations.where(F.exists(FAILED, lambda name: name.isin(
-            [e.name for e in config.expectations if e.action is ExpectationAction.DROP])))  # fmt: skip
+        dropped = violations.where(
+            F.exists(
+                FAILED,
+                lambda name: name.isin([e.name for e in config.expectations if e.action is ExpectationAction.DROP]),
+            )
+        )
         if any(failed[e.name] for e in config.expectations if e.action is ExpectationAction.DROP):
-            quarantine(spark, quarantine_location(warehouse), config.table, config.topic, dropped.select(
-                F.col(config.partition_column).alias("kafka_partition"),
-                F.col(config.offset_column).alias("kafka_offset"),
-                F.to_json(F.struct(*[F.col(f"`{c}`") for c in rows.columns])).alias("raw_value"),
-                F.concat(F.lit("failed expectations: "), F.array_join(FAILED, ", ")).alias("problem"),
-            ))  # fmt: skip
+            quarantine(
+                spark,
+                quarantine_location(warehouse),
+                config.table,
+                config.topic,
+                dropped.select(
+                    F.col(config.partition_column).alias("kafka_partition"),
+                    F.col(config.offset_column).alias("kafka_offset"),
+                    F.to_json(F.struct(*[F.col(f"`{c}`") for c in rows.columns])).alias("raw_value"),
+                    F.concat(F.lit("failed expectations: "), F.array_join(FAILED, ", ")).alias("problem"),
+                ),
+            )
         yield passing
     finally:
         checked.unpersist()
@@ -176,17 +202,24 @@ def _record_counts(
     spark: SparkSession, checked: DataFrame, config: ExpectationsConfig, warehouse: str, batch: int
 ) -> dict[str, int]:
     """Count failures per expectation (one aggregation), record them; return them by name."""
-    totals = checked.agg(F.count("*").alias("rows"), *[
-        F.count_if(~F.col(_passed(i))).alias(f"failed_{i}") for i in range(len(config.expectations))
-    ]).head()  # fmt: skip
+    totals = checked.agg(
+        F.count("*").alias("rows"),
+        *[F.count_if(~F.col(_passed(i))).alias(f"failed_{i}") for i in range(len(config.expectations))],
+    ).head()
     failed = {e.name: totals[f"failed_{i}"] for i, e in enumerate(config.expectations)}
     counts = spark.createDataFrame(
-        [(config.table, e.name, e.action.value, batch, totals["rows"] - failed[e.name], failed[e.name])
-         for e in config.expectations],
+        [
+            (config.table, e.name, e.action.value, batch, totals["rows"] - failed[e.name], failed[e.name])
+            for e in config.expectations
+        ],
         "table string, expectation string, action string, batch long, passed long, failed long",
-    ).withColumn("recorded_at", F.current_timestamp())  # fmt: skip
+    ).withColumn("recorded_at", F.current_timestamp())
     location = expectations_location(warehouse)
     same = " AND ".join(f"c.`{k}` = n.`{k}`" for k in ("table", "expectation", "batch"))
-    merge_into_shared_table(spark, location, COUNTS_SCHEMA, lambda table: table.alias("c").merge(
-        counts.alias("n"), same).whenMatchedUpdateAll().whenNotMatchedInsertAll())  # fmt: skip
+    merge_into_shared_table(
+        spark,
+        location,
+        COUNTS_SCHEMA,
+        lambda table: table.alias("c").merge(counts.alias("n"), same).whenMatchedUpdateAll().whenNotMatchedInsertAll(),
+    )
     return failed

@@ -206,11 +206,14 @@ def decode(value: Column, column: DataType) -> Column:
     elif isinstance(column, DecimalType):
         decoded = _as(value, "string", '$["$numberDecimal"]').try_cast(column)
     elif isinstance(column, LongType):
-        decoded = F.coalesce(*[_as(value, "bigint", f'$["{w}"]') for w in ("$numberLong", "$numberInt")],
-                             _as(value, "bigint"))  # fmt: skip
+        decoded = F.coalesce(
+            *[_as(value, "bigint", f'$["{w}"]') for w in ("$numberLong", "$numberInt")], _as(value, "bigint")
+        )
     elif isinstance(column, DoubleType):
-        decoded = F.coalesce(*[_as(value, "double", f'$["{w}"]') for w in ("$numberDouble", "$numberLong", "$numberInt")],
-                             _as(value, "double"))  # fmt: skip
+        decoded = F.coalesce(
+            *[_as(value, "double", f'$["{w}"]') for w in ("$numberDouble", "$numberLong", "$numberInt")],
+            _as(value, "double"),
+        )
     elif isinstance(column, StringType):
         # An ObjectId as its hex digits; any other string as itself, anything else as its JSON text.
         decoded = F.coalesce(_as(value, "string", '$["$oid"]'), _as(value, "string"))
@@ -247,8 +250,11 @@ def variant_json_text(value: Column, shapes: list[str]) -> Column:
     for shape in sorted(set(shapes)):
         shape_type = variant_type(shape)
         column = known(document_type(shape_type))
-        if column is None or (isinstance(column, StringType) and not isinstance(shape_type, StringType)
-                              and not (isinstance(shape_type, StructType) and shape_type.names == ["$oid"])):  # fmt: skip
+        if column is None or (
+            isinstance(column, StringType)
+            and not isinstance(shape_type, StringType)
+            and not (isinstance(shape_type, StructType) and shape_type.names == ["$oid"])
+        ):
             continue
         result = result.when(F.schema_of_variant(value) == shape, json_text(decode(value, column)))
     return result.otherwise(F.to_json(value))

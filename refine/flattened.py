@@ -28,17 +28,26 @@ from cdc.raw.table import delta_properties, is_delta_table
 from refine.decode import decode
 from refine.envelope import FLATTENED_METADATA_FIELDS, ConnectSchema, Op
 from refine.parse import (
-    change_columns, decoding_problems, of_known_schemas, record_columns, with_other_schemas, wrapped_payload,
+    change_columns,
+    decoding_problems,
+    of_known_schemas,
+    record_columns,
+    with_other_schemas,
+    wrapped_payload,
 )
 
 ENVELOPE_FIELDS = ("op", "source")
 SCHEMA_PROPERTY = "cdc.flattened.schema"  # the refined table's last row schema (Connect JSON)
 _REMEMBERED: dict[str, ConnectSchema] = {}  # the schema each refined table holds, as this process set it
 _MAX_LSN = 2**63 - 1
-_METADATA = StructType([
-    StructField("__op", StringType()), StructField("__lsn", LongType()),
-    StructField("__source_ts_ms", LongType()), StructField("__deleted", StringType()),
-])  # fmt: skip
+_METADATA = StructType(
+    [
+        StructField("__op", StringType()),
+        StructField("__lsn", LongType()),
+        StructField("__source_ts_ms", LongType()),
+        StructField("__deleted", StringType()),
+    ]
+)
 
 
 def is_flattened(value_schema: ConnectSchema) -> bool:
@@ -54,9 +63,13 @@ def has_lsn(row_schema: ConnectSchema) -> bool:
 def as_envelope(row_schema: ConnectSchema) -> ConnectSchema:
     """An envelope-shaped schema whose ``before``/``after`` are the row's own columns (without the
     transform's ``__`` fields), for the code that reads envelopes' schemas."""
-    columns = [f.model_dump(exclude_none=True) for f in row_schema.fields or () if f.field not in FLATTENED_METADATA_FIELDS]
+    columns = [
+        f.model_dump(exclude_none=True) for f in row_schema.fields or () if f.field not in FLATTENED_METADATA_FIELDS
+    ]
     row = {**row_schema.model_dump(exclude_none=True), "optional": True, "fields": columns}
-    return ConnectSchema.model_validate({"type": "struct", "fields": [{**row, "field": "before"}, {**row, "field": "after"}]})
+    return ConnectSchema.model_validate(
+        {"type": "struct", "fields": [{**row, "field": "before"}, {**row, "field": "after"}]}
+    )
 
 
 def with_key_columns(value_schema: ConnectSchema, key_schema: ConnectSchema) -> ConnectSchema:
@@ -64,11 +77,18 @@ def with_key_columns(value_schema: ConnectSchema, key_schema: ConnectSchema) -> 
     ExtractNewDocumentState's rows have ``_id`` while MongoDB keys are ``{"id": ...}``."""
     row = value_schema.field_named("after")
     names = {f.field for f in row.fields or ()}
-    extra = [{**k.model_dump(exclude_none=True), "optional": True} for k in key_schema.fields or () if k.field not in names]
+    extra = [
+        {**k.model_dump(exclude_none=True), "optional": True} for k in key_schema.fields or () if k.field not in names
+    ]
     if not extra:
         return value_schema
-    grown = {**row.model_dump(exclude_none=True), "fields": [f.model_dump(exclude_none=True) for f in row.fields or ()] + extra}
-    return ConnectSchema.model_validate({"type": "struct", "fields": [{**grown, "field": "before"}, {**grown, "field": "after"}]})
+    grown = {
+        **row.model_dump(exclude_none=True),
+        "fields": [f.model_dump(exclude_none=True) for f in row.fields or ()] + extra,
+    }
+    return ConnectSchema.model_validate(
+        {"type": "struct", "fields": [{**grown, "field": "before"}, {**grown, "field": "after"}]}
+    )
 
 
 def parse_flattened(
@@ -85,12 +105,16 @@ def parse_flattened(
     row_schema = value_schema.field_named("after")
     texts = schema_texts or {}
     # The row and the transform's fields, parsed together (and split below).
-    value_type = ConnectSchema.model_validate({
-        **row_schema.model_dump(exclude_none=True),
-        "fields": [f.model_dump(exclude_none=True) for f in row_schema.fields or ()] + [
-            {"type": "string" if f.dataType == StringType() else "int64", "optional": True, "field": f.name}
-            for f in _METADATA.fields],
-    })  # fmt: skip
+    value_type = ConnectSchema.model_validate(
+        {
+            **row_schema.model_dump(exclude_none=True),
+            "fields": [f.model_dump(exclude_none=True) for f in row_schema.fields or ()]
+            + [
+                {"type": "string" if f.dataType == StringType() else "int64", "optional": True, "field": f.name}
+                for f in _METADATA.fields
+            ],
+        }
+    )
     parsed = raw.select(
         *record_columns(),
         wrapped_payload(F.col("value"), value_type, texts.get("value", ())).alias("row"),
@@ -98,9 +122,8 @@ def parse_flattened(
         (of_known_schemas(texts) if only_schemas else F.lit(True)).alias("schema_known"),
     ).withColumn("metadata", F.struct(*[F.col(f"row.`{f.name}`").cast(f.dataType).alias(f.name) for f in _METADATA]))
     deleted = (F.col("metadata.__deleted") == "true") | (F.col("metadata.__op") == Op.DELETE.value)
-    op = (
-        F.when(F.col("value").isNull() | F.coalesce(deleted, F.lit(False)), F.lit(Op.DELETE.value))
-        .otherwise(F.coalesce(F.col("metadata.__op"), F.lit(Op.UPDATE.value)))
+    op = F.when(F.col("value").isNull() | F.coalesce(deleted, F.lit(False)), F.lit(Op.DELETE.value)).otherwise(
+        F.coalesce(F.col("metadata.__op"), F.lit(Op.UPDATE.value))
     )
     after = decode(F.col("row"), row_schema)
     key_names = {k.field for k in key_schema.fields or ()}
@@ -112,22 +135,28 @@ def parse_flattened(
     # A tombstone's image is its key (the MERGE finds the row to delete by it); a key field the row
     # lacks (see with_key_columns) comes from the key too.
     image = F.when(F.col("value").isNull(), F.lit(None)).otherwise(F.col("decoded"))
-    image = F.struct(*[
-        (F.coalesce(image[f.field], F.col(f"key.`{f.field}`")) if f.field in key_names else image[f.field])
-        .cast(decoded.schema["decoded"].dataType[f.field].dataType).alias(f.field)
-        for f in row_schema.fields or ()
-    ])  # fmt: skip
+    image = F.struct(
+        *[
+            (F.coalesce(image[f.field], F.col(f"key.`{f.field}`")) if f.field in key_names else image[f.field])
+            .cast(decoded.schema["decoded"].dataType[f.field].dataType)
+            .alias(f.field)
+            for f in row_schema.fields or ()
+        ]
+    )
     problem = with_other_schemas(F.col("schema_known")).when(
-        F.col("value").isNotNull() & F.col("row").isNull(), F.lit("value is not a JSON row"))
+        F.col("value").isNotNull() & F.col("row").isNull(), F.lit("value is not a JSON row")
+    )
     problem = decoding_problems(problem, "row", "decoded", row_schema)
-    return decoded.select(*change_columns(
-        F.when(F.col("op") == Op.DELETE.value, image),
-        F.when(F.col("op") != Op.DELETE.value, image),
-        F.when(F.col("value").isNull(), tombstone_lsn).otherwise(lsn),
-        F.lit(None).cast("long"),  # only keyless refinement reads it, and it needs the envelope's before
-        F.timestamp_millis(F.col("metadata.__source_ts_ms")),
-        problem,
-    ))  # fmt: skip
+    return decoded.select(
+        *change_columns(
+            F.when(F.col("op") == Op.DELETE.value, image),
+            F.when(F.col("op") != Op.DELETE.value, image),
+            F.when(F.col("value").isNull(), tombstone_lsn).otherwise(lsn),
+            F.lit(None).cast("long"),  # only keyless refinement reads it, and it needs the envelope's before
+            F.timestamp_millis(F.col("metadata.__source_ts_ms")),
+            problem,
+        )
+    )
 
 
 def remembered_schema(spark: SparkSession, refined: str) -> ConnectSchema | None:

@@ -67,8 +67,9 @@ def debezium_versions(rows: DataFrame) -> DataFrame:
 
 def debezium_history_spec(key_columns: list[str], position_columns: list[str]) -> HistorySpec:
     """The history of a Debezium table: by its key, in source order, valid from the commit time."""
-    return HistorySpec(key_columns=key_columns, position_columns=position_columns,
-                       valid_from_column=COMMITTED_AT, op_column=CHANGE)  # fmt: skip
+    return HistorySpec(
+        key_columns=key_columns, position_columns=position_columns, valid_from_column=COMMITTED_AT, op_column=CHANGE
+    )
 
 
 class HistorySpec(_Strict):
@@ -79,7 +80,8 @@ class HistorySpec(_Strict):
         min_length=1, description="The source position ordering a key's changes, most significant first."
     )
     valid_from_column: str | None = Field(
-        default=None, description="The column whose value starts a version's validity; default the first position column."
+        default=None,
+        description="The column whose value starts a version's validity; default the first position column.",
     )
     op_column: str = Field(default="op", description="The column holding the change's ChangeOp: 'upsert' or 'delete'.")
 
@@ -101,9 +103,12 @@ class HistorySpec(_Strict):
     def check_columns(self, changes: DataFrame) -> None:
         """ConfigError naming a column the spec needs that the changes lack, or a reserved name they use."""
         names = set(changes.columns)
-        for role, column in [*(("key column", c) for c in self.key_columns),
-                             *(("position column", c) for c in self.position_columns),
-                             ("valid-from column", self.valid_from), ("op column", self.op_column)]:  # fmt: skip
+        for role, column in [
+            *(("key column", c) for c in self.key_columns),
+            *(("position column", c) for c in self.position_columns),
+            ("valid-from column", self.valid_from),
+            ("op column", self.op_column),
+        ]:
             if column not in names:
                 raise ConfigError(f"the changes have no {role} {column!r}", columns=", ".join(changes.columns))
         if reserved := names & set(HISTORY_COLUMNS):
@@ -132,9 +137,11 @@ def history_updates(
     values that mean "as in the previous version" (Debezium's TOAST placeholder): an arriving version
     holding one takes the key's previous value of the column instead."""
     fresh = arriving.join(existing.select(*spec.version_columns), spec.version_columns, "left_anti")
-    timeline = existing.withColumns(
-        {"_held": F.lit(True), "_held_to": F.col(VALID_TO), "_held_current": F.col(IS_CURRENT)}
-    ).drop(VALID_TO, IS_CURRENT).unionByName(fresh.withColumn("_held", F.lit(False)), allowMissingColumns=True)
+    timeline = (
+        existing.withColumns({"_held": F.lit(True), "_held_to": F.col(VALID_TO), "_held_current": F.col(IS_CURRENT)})
+        .drop(VALID_TO, IS_CURRENT)
+        .unionByName(fresh.withColumn("_held", F.lit(False)), allowMissingColumns=True)
+    )
     order = Window.partitionBy(*spec.key_columns).orderBy(*spec.position_columns)
     so_far = order.rowsBetween(Window.unboundedPreceding, Window.currentRow)
 
@@ -149,16 +156,21 @@ def history_updates(
     timeline = timeline.withColumns({name: last_value(name, test) for name, test in (unchanged or {}).items()})
     is_last = F.lead(F.lit(True)).over(order).isNull()
     deleted = F.col(IS_DELETED)
-    updated = timeline.withColumns({
-        VALID_TO: F.when(deleted, F.col(VALID_FROM)).otherwise(F.lead(VALID_FROM).over(order)),
-        IS_CURRENT: is_last & ~deleted,
-    })  # fmt: skip
-    changed = ~F.col("_held") | ~F.col(VALID_TO).eqNullSafe(F.col("_held_to")) | (F.col(IS_CURRENT) != F.col("_held_current"))
+    updated = timeline.withColumns(
+        {
+            VALID_TO: F.when(deleted, F.col(VALID_FROM)).otherwise(F.lead(VALID_FROM).over(order)),
+            IS_CURRENT: is_last & ~deleted,
+        }
+    )
+    changed = (
+        ~F.col("_held") | ~F.col(VALID_TO).eqNullSafe(F.col("_held_to")) | (F.col(IS_CURRENT) != F.col("_held_current"))
+    )
     return updated.where(changed).drop("_held", "_held_to", "_held_current")
 
 
-def closing_versions(history: DataFrame, spec: HistorySpec, columns: StructType, at: dict[str, object],
-                     values: dict[str, Column]) -> DataFrame:  # fmt: skip
+def closing_versions(
+    history: DataFrame, spec: HistorySpec, columns: StructType, at: dict[str, object], values: dict[str, Column]
+) -> DataFrame:
     """Delete versions at position ``at`` (position column -> value) for every key of the ``history``
     table whose last version before it is not a delete: what a truncate does. Their other columns are
     ``values`` or null; ``columns`` is the schema of the changes they join."""
@@ -166,40 +178,53 @@ def closing_versions(history: DataFrame, spec: HistorySpec, columns: StructType,
     before = ~at_or_after(position, [F.lit(at[column]) for column in spec.position_columns])
     last = Window.partitionBy(*spec.key_columns).orderBy(*[p.desc() for p in position])
     open_keys = (
-        history.where(before).withColumn("_rank", F.row_number().over(last))
-        .where(F.col("_rank") == 1).where(~F.col(IS_DELETED)).select(*spec.key_columns)
-    )  # fmt: skip
+        history.where(before)
+        .withColumn("_rank", F.row_number().over(last))
+        .where(F.col("_rank") == 1)
+        .where(~F.col(IS_DELETED))
+        .select(*spec.key_columns)
+    )
     fixed = {**{c: F.lit(v) for c, v in at.items()}, **values, spec.op_column: F.lit(ChangeOp.DELETE.value)}
-    return open_keys.select(*[
-        F.col(f"`{f.name}`") if f.name in spec.key_columns else fixed.get(f.name, F.lit(None)).cast(f.dataType).alias(f.name)
-        for f in columns.fields
-    ])  # fmt: skip
+    return open_keys.select(
+        *[
+            F.col(f"`{f.name}`")
+            if f.name in spec.key_columns
+            else fixed.get(f.name, F.lit(None)).cast(f.dataType).alias(f.name)
+            for f in columns.fields
+        ]
+    )
 
 
 def apply_history(
-    spark: SparkSession, location: str, changes: DataFrame, spec: HistorySpec, unchanged: dict[str, ValueTest] | None = None
+    spark: SparkSession,
+    location: str,
+    changes: DataFrame,
+    spec: HistorySpec,
+    unchanged: dict[str, ValueTest] | None = None,
 ) -> None:
     """MERGE a batch of changes into the history table at ``location`` (created on first use, with
     Change Data Feed on and ``cdc.kind=history``; columns the changes gained are added); ``unchanged``
     as in :func:`history_updates`."""
     spec.check_columns(changes)
     arriving = arriving_versions(changes, spec)
-    schema = StructType([
-        *(StructField(f.name, f.dataType) for f in arriving.schema if f.name != IS_DELETED),
-        StructField(VALID_TO, arriving.schema[VALID_FROM].dataType),
-        StructField(IS_CURRENT, BooleanType()),
-        StructField(IS_DELETED, BooleanType()),
-    ])  # fmt: skip
+    schema = StructType(
+        [
+            *(StructField(f.name, f.dataType) for f in arriving.schema if f.name != IS_DELETED),
+            StructField(VALID_TO, arriving.schema[VALID_FROM].dataType),
+            StructField(IS_CURRENT, BooleanType()),
+            StructField(IS_DELETED, BooleanType()),
+        ]
+    )
     ensure_refined_table(spark, location, schema, kind=HISTORY_KIND)
     history = spark.read.format("delta").load(location)
     existing = history.join(arriving.select(*spec.key_columns).distinct(), spec.key_columns, "left_semi")
     updates = history_updates(existing, arriving, spec, unchanged)
     same_version = " AND ".join(f"t.`{c}` = s.`{c}`" for c in spec.version_columns)
     (
-        DeltaTable.forPath(spark, location).alias("t")
+        DeltaTable.forPath(spark, location)
+        .alias("t")
         .merge(updates.alias("s"), same_version)
         .whenMatchedUpdate(set={VALID_TO: F.col(f"s.{VALID_TO}"), IS_CURRENT: F.col(f"s.{IS_CURRENT}")})
         .whenNotMatchedInsert(values={f"`{f.name}`": F.col(f"s.`{f.name}`") for f in updates.schema})
         .execute()
-    )  # fmt: skip
-
+    )

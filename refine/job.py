@@ -47,11 +47,22 @@ from refine.deleted import (
 )
 from refine.envelope import ConnectSchema, ConnectType, Op
 from refine.flattened import (
-    as_envelope, has_lsn, is_flattened, parse_flattened, remember_schema, remembered_schema, with_key_columns,
+    as_envelope,
+    has_lsn,
+    is_flattened,
+    parse_flattened,
+    remember_schema,
+    remembered_schema,
+    with_key_columns,
 )
 from refine.keyless import applied_location, merge_keyless_changes
 from refine.latest import (
-    SnapshotStart, at_or_after, from_snapshot_start, last_snapshot_start, latest_per_key, resets_table,
+    SnapshotStart,
+    at_or_after,
+    from_snapshot_start,
+    last_snapshot_start,
+    latest_per_key,
+    resets_table,
 )
 from refine.flatten import array_element, child_table_name
 from refine.history import (
@@ -67,7 +78,12 @@ from refine.toast import has_placeholder, placeholder_test
 from refine.mongo import has_bare_mongo_envelopes, is_mongo, refine_mongo_batch
 from refine.decode import decoded_type
 from refine.parse import (
-    OTHER_SCHEMA, first_wrapper_schemas, parse_changes, record_columns, refused_schema, wrapper_schemas,
+    OTHER_SCHEMA,
+    first_wrapper_schemas,
+    parse_changes,
+    record_columns,
+    refused_schema,
+    wrapper_schemas,
 )
 from refine.quarantine import quarantine, quarantine_location
 from refine.rekey import batch_states, fill_from_old_keys, is_key_change, stored_states
@@ -107,22 +123,38 @@ class RefineJobConfig(RefineRun):
 
     table: str = Field(pattern=TOPIC_NAME, description="The raw table to refine, named by its topic.")
     name: str | None = Field(
-        default=None, pattern=TOPIC_NAME,
+        default=None,
+        pattern=TOPIC_NAME,
         description="The refined table's name, <warehouse>/refined/<name> (and its checkpoint's); default the topic.",
-    )  # fmt: skip
-    columns: dict[str, ColumnType] | None = Field(default=None, description=(
-        "Column types in Spark SQL (bigint, decimal(12,2), timestamp...; timestamp_ntz(p) and time(p) take the "
-        "Postgres precision, which picks Debezium's encoding: milliseconds up to 3). For values written without a schema "
-        "(schemas.enable=false) they are the row's schema, and `key` is required; with a schema they override "
-        "decoded types (e.g. a decimal.handling.mode=string column declared decimal(12,2)). See refine/columns.py."))
+    )
+    columns: dict[str, ColumnType] | None = Field(
+        default=None,
+        description=(
+            "Column types in Spark SQL (bigint, decimal(12,2), timestamp...; timestamp_ntz(p) and time(p) take the "
+            "Postgres precision, which picks Debezium's encoding: milliseconds up to 3). For values written without a schema "
+            "(schemas.enable=false) they are the row's schema, and `key` is required; with a schema they override "
+            "decoded types (e.g. a decimal.handling.mode=string column declared decimal(12,2)). See refine/columns.py."
+        ),
+    )
     rules: TableRules | None = Field(default=None, description="Expectations checked before the MERGE (pipelines).")
-    key: list[str] | None = Field(default=None, min_length=1, description=(
-        "The primary-key columns of a topic written without a schema (each one of `columns`)."))
-    explode: list[str] = Field(default_factory=list, description=(
-        "Array columns (paths through nested documents for MongoDB) that become child tables "
-        "<warehouse>/refined/<name>__<column>, one row per element keyed by the primary key and `pos`."))
-    history: bool = Field(default=False, description=(
-        "Keep every version of each row in <warehouse>/refined/<name>__history (SCD type 2, refine/history.py)."))
+    key: list[str] | None = Field(
+        default=None,
+        min_length=1,
+        description=("The primary-key columns of a topic written without a schema (each one of `columns`)."),
+    )
+    explode: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Array columns (paths through nested documents for MongoDB) that become child tables "
+            "<warehouse>/refined/<name>__<column>, one row per element keyed by the primary key and `pos`."
+        ),
+    )
+    history: bool = Field(
+        default=False,
+        description=(
+            "Keep every version of each row in <warehouse>/refined/<name>__history (SCD type 2, refine/history.py)."
+        ),
+    )
 
     @property
     def target(self) -> str:
@@ -211,7 +243,9 @@ def readable_value_schemas(texts: list[str]) -> tuple[list[ConnectSchema], list[
     if envelopes:
         for text, schema in valid.items():
             if text not in envelopes:
-                refused[text] = "value schema is no Debezium envelope (before, after, source, op), as the topic's others are"
+                refused[text] = (
+                    "value schema is no Debezium envelope (before, after, source, op), as the topic's others are"
+                )
             elif (why := _envelope_problem(schema)) is not None:
                 refused[text] = f"value schema: {why}"
     kept = [text for text in texts if text in valid and text not in refused]
@@ -230,8 +264,10 @@ def readable_key_schemas(texts: list[str], value_schema: ConnectSchema) -> tuple
                 if field.field not in columns:
                     why = f"field {field.field} of the key's schema is no column of the value's rows"
                 elif decoded_type(field) != decoded_type(columns[field.field]):
-                    why = (f"field {field.field} is {decoded_type(field).simpleString()} in the key's schema and "
-                           f"{decoded_type(columns[field.field]).simpleString()} in the value's")  # fmt: skip
+                    why = (
+                        f"field {field.field} is {decoded_type(field).simpleString()} in the key's schema and "
+                        f"{decoded_type(columns[field.field]).simpleString()} in the value's"
+                    )
                 if why:
                     break
         if why is not None:
@@ -259,13 +295,23 @@ def batch_facts(changes: DataFrame) -> BatchFacts:
         last_snapshot_start().alias("snapshot"),
         F.coalesce(F.max(is_key_change(F.col("kafka_headers"))), F.lit(False)).alias("key_changes"),
         F.coalesce(F.max(F.col("op") == Op.DELETE.value), F.lit(False)).alias("deletes"),
-        F.coalesce(F.max(has_placeholder(F.col("after"), changes.schema["after"].dataType)), F.lit(False)).alias("toast"),
+        F.coalesce(F.max(has_placeholder(F.col("after"), changes.schema["after"].dataType)), F.lit(False)).alias(
+            "toast"
+        ),
         F.count(F.when(F.col("problem") == OTHER_SCHEMA, 1)).alias("other_schemas"),
         F.count(F.lit(1)).alias("records"),
-    ).first()  # fmt: skip
+    ).first()
     truncate = tuple(row.truncate) if row.truncate else None
-    return BatchFacts(row.problems, truncate, SnapshotStart.of(row.snapshot), row.key_changes, row.deletes, row.toast, row.other_schemas,
-                      row.records)  # fmt: skip
+    return BatchFacts(
+        row.problems,
+        truncate,
+        SnapshotStart.of(row.snapshot),
+        row.key_changes,
+        row.deletes,
+        row.toast,
+        row.other_schemas,
+        row.records,
+    )
 
 
 def _has_bare_envelopes(records: DataFrame) -> bool:
@@ -340,21 +386,36 @@ class RefineBatch:
         if not texts["value"] and not bare_mongo and _has_bare_envelopes(records):
             return self._refine_schemaless(spark, records)
         if bare_mongo or (schemas and is_mongo(schemas[-1])):
-            refine_mongo_batch(spark, records, refined=self.refined, raw=self.raw, topic=self.config.table,
-                               quarantine_at=quarantine_location(self.config.warehouse), rules=self.rules,
-                               batch_id=self.batch_id,
-                               children={path: self._child_location(path) for path in self.config.explode},
-                               history_at=self._history_location() if self.config.history else None)  # fmt: skip
+            refine_mongo_batch(
+                spark,
+                records,
+                refined=self.refined,
+                raw=self.raw,
+                topic=self.config.table,
+                quarantine_at=quarantine_location(self.config.warehouse),
+                rules=self.rules,
+                batch_id=self.batch_id,
+                children={path: self._child_location(path) for path in self.config.explode},
+                history_at=self._history_location() if self.config.history else None,
+            )
             return
         schemas = schemas or [known for known in [remembered_schema(spark, self.refined)] if known]
         if not schemas:  # tombstones (their deletes came before them), and values that are no envelope
-            problem = F.when(F.col("value").isNull(), F.lit("value is not UTF-8 text (its bytes are in the raw table's value_bytes)"))
+            problem = F.when(
+                F.col("value").isNull(), F.lit("value is not UTF-8 text (its bytes are in the raw table's value_bytes)")
+            )
             if (refusal := refused_schema(F.col("value"), refused)) is not None:
                 problem = problem.when(refusal.isNotNull(), refusal)
             problem = problem.otherwise(F.lit("value is not a Debezium JSON envelope"))
-            quarantine(spark, quarantine_location(self.config.warehouse), self.raw, self.config.table, records.where(
-                F.col("value").isNotNull() | F.col("value_bytes").isNotNull()).select(
-                *record_columns(), F.col("value").alias("raw_value"), problem.alias("problem")))  # fmt: skip
+            quarantine(
+                spark,
+                quarantine_location(self.config.warehouse),
+                self.raw,
+                self.config.table,
+                records.where(F.col("value").isNotNull() | F.col("value_bytes").isNotNull()).select(
+                    *record_columns(), F.col("value").alias("raw_value"), problem.alias("problem")
+                ),
+            )
             return
         self._refine_rows(spark, records, schemas, {**texts, "value": value_texts}, refused=refused)
 
@@ -381,17 +442,33 @@ class RefineBatch:
         key_schema = ConnectSchema.model_validate_json(key_texts[-1]) if key_texts else None
         if flattened:
             if key_schema is None:
-                raise TableError("flattened rows (ExtractNewRecordState) of a table without a primary key cannot "
-                                 "be refined: without `before`, a delete cannot say which row it removes",
-                                 table=self.raw)  # fmt: skip
+                raise TableError(
+                    "flattened rows (ExtractNewRecordState) of a table without a primary key cannot "
+                    "be refined: without `before`, a delete cannot say which row it removes",
+                    table=self.raw,
+                )
             value_schema = with_key_columns(value_schema, key_schema)
         changes = (
             parse_flattened(records, key_schema, value_schema, has_lsn(schemas[-1]), texts, only_schemas=guessed)
-            if flattened else parse_changes(records, key_schema, value_schema, schema_texts={**texts, "key": key_texts},
-                                            only_schemas=guessed, refused_schemas={"value": refused or {}, "key": refused_keys})
-        )  # fmt: skip
-        applied = self._apply(spark, records, declared_types(changes, self.config.columns or {}), value_schema,
-                              key_schema, guessed, no_readable_key=bool(refused_keys) and key_schema is None)  # fmt: skip
+            if flattened
+            else parse_changes(
+                records,
+                key_schema,
+                value_schema,
+                schema_texts={**texts, "key": key_texts},
+                only_schemas=guessed,
+                refused_schemas={"value": refused or {}, "key": refused_keys},
+            )
+        )
+        applied = self._apply(
+            spark,
+            records,
+            declared_types(changes, self.config.columns or {}),
+            value_schema,
+            key_schema,
+            guessed,
+            no_readable_key=bool(refused_keys) and key_schema is None,
+        )
         if applied and flattened:
             remember_schema(spark, self.refined, schemas[-1])
         return applied
@@ -401,7 +478,9 @@ class RefineBatch:
         if not self.config.columns or not self.config.key:
             raise TableError(
                 "the topic's values carry no schema (schemas.enable=false): declare the refined table's `columns` "
-                "(name: Spark type) and its `key` in the refine job's configuration", table=self.raw)  # fmt: skip
+                "(name: Spark type) and its `key` in the refine job's configuration",
+                table=self.raw,
+            )
         value_schema, key_schema = declared_schemas(self.config.columns, self.config.key)
         changes = parse_changes(records, key_schema, value_schema, wrapped=False)
         self._apply(spark, records, declared_types(changes, self.config.columns), value_schema, key_schema)
@@ -429,8 +508,13 @@ class RefineBatch:
             # Spark counts a record each time the batch is read: a batch parsed again would count twice.
             self.records_read[self.batch_id] = facts.records
             if facts.problems:
-                quarantine(spark, quarantine_location(self.config.warehouse), self.raw, self.config.table,
-                           parsed.where("problem IS NOT NULL"))  # fmt: skip
+                quarantine(
+                    spark,
+                    quarantine_location(self.config.warehouse),
+                    self.raw,
+                    self.config.table,
+                    parsed.where("problem IS NOT NULL"),
+                )
             records.unpersist()  # the parsed changes are cached now
             valid = (parsed.where("problem IS NULL") if facts.problems else parsed).drop("raw_value")
             columns = [field.field for field in value_schema.field_named("after").fields or ()]
@@ -449,8 +533,10 @@ class RefineBatch:
     def _refuse_keyless(self) -> None:
         for wanted, setting in [(self.config.explode, "explode"), (self.config.history, "SCD type 2 (history)")]:
             if wanted:
-                raise ConfigError(f"{setting} needs a primary key: the source table has none (Kafka keys are null)",
-                                  table=self.config.target)  # fmt: skip
+                raise ConfigError(
+                    f"{setting} needs a primary key: the source table has none (Kafka keys are null)",
+                    table=self.config.target,
+                )
 
     def _history_location(self) -> str:
         return refined_table_location(self.config.warehouse, history_table_name(self.config.target))
@@ -490,10 +576,13 @@ class RefineBatch:
                     record_snapshot_removals(spark, self.deleted, self.refined, rows, key_columns, snapshot_at)
                 guarded = without_resurrections(spark, self.deleted, rows, key_columns)
                 keys = rows.select(*[F.col(f"`{key}`") for key in key_columns])  # cached with rows
-                merge_changes(spark, self.refined, guarded, key_columns, truncated_at, keys=keys, snapshot_at=snapshot_at)
+                merge_changes(
+                    spark, self.refined, guarded, key_columns, truncated_at, keys=keys, snapshot_at=snapshot_at
+                )
                 for path in self.config.explode:
-                    refresh_children(spark, self.refined, self._child_location(path), keys, key_columns, path,
-                                     truncated=reset)  # fmt: skip
+                    refresh_children(
+                        spark, self.refined, self._child_location(path), keys, key_columns, path, truncated=reset
+                    )
             finally:
                 rows.unpersist()
         if self.config.history:
@@ -508,33 +597,58 @@ class RefineBatch:
         row_changes = changes.where(F.col("op").isin(Op.READ.value, Op.CREATE.value, Op.UPDATE.value, Op.DELETE.value))
         versions = debezium_versions(refined_rows(row_changes, columns))
         versions = self.rules.passing_versions(versions, F.col(CHANGE) == ChangeOp.DELETE.value)
-        unchanged = {f.name: test for f in versions.schema if f.name in columns and (test := placeholder_test(f.dataType)) is not None}
+        unchanged = {
+            f.name: test
+            for f in versions.schema
+            if f.name in columns and (test := placeholder_test(f.dataType)) is not None
+        }
         location = self._history_location()
         position = [F.col(c) for c in SOURCE_POSITION]
         # The batch's resets, in order: a handful of positions, not data.
-        truncates = [] if not truncated else (changes.where(resets_table())
-                     .select("source_lsn", "kafka_offset", "kafka_partition", "source_committed_at", "op").distinct()
-                     .orderBy("source_lsn", "kafka_offset").collect())  # fmt: skip
+        truncates = (
+            []
+            if not truncated
+            else (
+                changes.where(resets_table())
+                .select("source_lsn", "kafka_offset", "kafka_partition", "source_committed_at", "op")
+                .distinct()
+                .orderBy("source_lsn", "kafka_offset")
+                .collect()
+            )
+        )
         done = None  # versions up to here are applied
         for truncate in truncates:
             at = [F.lit(truncate.source_lsn), F.lit(truncate.kafka_offset)]
             part = versions.where(~at_or_after(position, at))
-            apply_history(spark, location, part if done is None else part.where(at_or_after(position, done)), spec, unchanged)
+            apply_history(
+                spark, location, part if done is None else part.where(at_or_after(position, done)), spec, unchanged
+            )
             history = spark.read.format("delta").load(location)
             if truncate.op == Op.READ.value and not history.where(at_or_after(position, at)).isEmpty():
                 done = at
                 continue  # a replayed old snapshot: the history already holds what came after it
-            closing = closing_versions(history, spec, versions.schema, dict(zip(SOURCE_POSITION, truncate[:2])), {
-                COMMITTED_AT: F.lit(truncate.source_committed_at), OP: F.lit(truncate.op),
-                REFINED_AT: F.current_timestamp()})  # fmt: skip
+            closing = closing_versions(
+                history,
+                spec,
+                versions.schema,
+                dict(zip(SOURCE_POSITION, truncate[:2])),
+                {
+                    COMMITTED_AT: F.lit(truncate.source_committed_at),
+                    OP: F.lit(truncate.op),
+                    REFINED_AT: F.current_timestamp(),
+                },
+            )
             if truncate.op == Op.READ.value:  # a snapshot: the keys the batch changes from its first read on stay open
                 start = SnapshotStart(truncate.kafka_partition, truncate.kafka_offset, truncate.source_lsn)
-                changed = row_changes.where(from_snapshot_start(start)).select(*[F.col(f"key.`{k}`").alias(k) for k in key_columns])
+                changed = row_changes.where(from_snapshot_start(start)).select(
+                    *[F.col(f"key.`{k}`").alias(k) for k in key_columns]
+                )
                 closing = closing.join(changed, key_columns, "left_anti")
             apply_history(spark, location, closing, spec, unchanged)
             done = at
-        apply_history(spark, location, versions if done is None else versions.where(at_or_after(position, done)),
-                      spec, unchanged)  # fmt: skip
+        apply_history(
+            spark, location, versions if done is None else versions.where(at_or_after(position, done)), spec, unchanged
+        )
 
 
 def run_batch_retrying_conflicts(refine_batch: Callable[[], None], batch_id: int, conflicts: dict[int, int]) -> None:
@@ -567,7 +681,12 @@ def starting_raw_version(spark: SparkSession, refined: str, raw: str) -> int:
 
 
 def start_refine_query(
-    spark: SparkSession, warehouse: str, topic: str, name: str, batch: Callable[[DataFrame, int], None], trigger: Trigger
+    spark: SparkSession,
+    warehouse: str,
+    topic: str,
+    name: str,
+    batch: Callable[[DataFrame, int], None],
+    trigger: Trigger,
 ) -> StreamingQuery:
     """Stream the raw table of ``topic``'s Change Data Feed through ``batch`` (a foreachBatch
     function), with a tool-managed checkpoint at ``<warehouse>/_cdc/checkpoints/refine/<name>``."""
@@ -575,12 +694,20 @@ def start_refine_query(
     if raw_table_topic(spark, raw) is None:
         raise TableError("no raw table for this topic: run `cdc raw` first", table=raw)
     checkpoint = refine_checkpoint_location(warehouse, name)
-    starting = 0 if Storage(spark).exists(checkpoint) else starting_raw_version(spark, refined_table_location(warehouse, name), raw)
+    starting = (
+        0
+        if Storage(spark).exists(checkpoint)
+        else starting_raw_version(spark, refined_table_location(warehouse, name), raw)
+    )
     writer = (
-        spark.readStream.format("delta").option("readChangeFeed", "true").option("startingVersion", starting).load(raw)
-        .writeStream.queryName(f"refine {name}").foreachBatch(batch)
+        spark.readStream.format("delta")
+        .option("readChangeFeed", "true")
+        .option("startingVersion", starting)
+        .load(raw)
+        .writeStream.queryName(f"refine {name}")
+        .foreachBatch(batch)
         .option("checkpointLocation", checkpoint)
-    )  # fmt: skip
+    )
     return with_trigger(writer, trigger).start()
 
 
@@ -609,8 +736,14 @@ def watch_refine_queries(
                         if rows:  # not one of Spark's idle reports between batches
                             changes[name] += rows
                             rerun = conflicts.pop(batch, 0)
-                            say(f"refine {name} batch {batch}: {rows:,} changes" + (
-                                f" (run again after {rerun} conflicting commit(s) by another writer)" if rerun else ""))
+                            say(
+                                f"refine {name} batch {batch}: {rows:,} changes"
+                                + (
+                                    f" (run again after {rerun} conflicting commit(s) by another writer)"
+                                    if rerun
+                                    else ""
+                                )
+                            )
                     _raise_failure(name, query, batches)
             for name, query in queries.items():  # one may have failed while another was awaited
                 _raise_failure(name, query, batches)
@@ -628,7 +761,10 @@ def _raise_failure(name: str, query: StreamingQuery, batches: dict[str, object] 
 
 
 def run_refine_job(
-    spark: SparkSession, config: RefineJobConfig, say: Callable[[str], None] = print, stop: threading.Event | None = None
+    spark: SparkSession,
+    config: RefineJobConfig,
+    say: Callable[[str], None] = print,
+    stop: threading.Event | None = None,
 ) -> int:
     """Refine the raw table into ``<warehouse>/refined/<name>``; return the number of changes read."""
     batch = RefineBatch(config)

@@ -65,24 +65,30 @@ def read_applied(spark: SparkSession, location: str) -> tuple[int | None, int, i
 
 
 def write_applied(spark: SparkSession, location: str, commit_lsn: int, lsn: int, offset: int, version: int) -> None:
-    mark = spark.createDataFrame([(commit_lsn, lsn, offset, version)], "commit_lsn long, lsn long, offset long, version long")
+    mark = spark.createDataFrame(
+        [(commit_lsn, lsn, offset, version)], "commit_lsn long, lsn long, offset long, version long"
+    )
     # overwriteSchema: a side table of an earlier version lacks commit_lsn.
     mark.withColumn("updated_at", F.current_timestamp()).write.format("delta").mode("overwrite").option(
-        "overwriteSchema", "true").save(location)  # fmt: skip
+        "overwriteSchema", "true"
+    ).save(location)
 
 
 def unapplied(changes: DataFrame, applied: tuple[int | None, int, int, int] | None) -> DataFrame:
     """The batch's changes after ``applied`` in the stream, each once (copies share an LSN; snapshot
     reads do not count as copies of each other)."""
     commit, lsn, offset = (F.col(c) for c in STREAM_POSITION)
-    rows = changes.where(F.col("op").isin(Op.READ.value, Op.CREATE.value, Op.UPDATE.value, Op.DELETE.value,
-                                          Op.TRUNCATE.value))  # fmt: skip
+    rows = changes.where(
+        F.col("op").isin(Op.READ.value, Op.CREATE.value, Op.UPDATE.value, Op.DELETE.value, Op.TRUNCATE.value)
+    )
     rows = rows.withColumn(STREAM_COMMIT, F.coalesce("source_last_commit_lsn", "source_lsn"))
     is_read = F.col("op") == Op.READ.value
     if applied is not None:
         last_commit, last_lsn, last_offset, _ = applied
         # A mark written before the stream position existed has LSN and offset only: compared as then.
-        streamed, streamed_mark = ([commit, lsn], [last_commit, last_lsn]) if last_commit is not None else ([lsn], [last_lsn])
+        streamed, streamed_mark = (
+            ([commit, lsn], [last_commit, last_lsn]) if last_commit is not None else ([lsn], [last_lsn])
+        )
         read_after = ~at_or_after([F.lit(v) for v in (*streamed_mark, last_offset)], [*streamed, offset])
         streamed_after = ~at_or_after([F.lit(v) for v in streamed_mark], streamed)
         rows = rows.where(F.when(is_read, read_after).otherwise(streamed_after))
@@ -97,12 +103,18 @@ def _hashed(image: Column) -> Column:
 def net_changes(rows: DataFrame, columns: list[str]) -> DataFrame:
     """Per row image, how many copies the changes add (``net`` < 0: remove), with the image and the
     metadata of its last addition."""
-    meta = [F.col("source_lsn").alias(LSN), F.col("kafka_offset").alias(OFFSET),
-            F.col("source_committed_at").alias(COMMITTED_AT), F.col("op").alias(OP), STREAM_COMMIT]  # fmt: skip
+    meta = [
+        F.col("source_lsn").alias(LSN),
+        F.col("kafka_offset").alias(OFFSET),
+        F.col("source_committed_at").alias(COMMITTED_AT),
+        F.col("op").alias(OP),
+        STREAM_COMMIT,
+    ]
     added = rows.where(F.col("op").isin(Op.READ.value, Op.CREATE.value, Op.UPDATE.value)).select(
         # Under REPLICA IDENTITY FULL the old row is whole: it has the values an update left TOASTed.
         replace_placeholders(F.col("after"), F.col("before"), rows.schema["after"].dataType).alias("image"),
-        F.lit(1).alias("delta"), *meta,
+        F.lit(1).alias("delta"),
+        *meta,
     )
     removed = rows.where(F.col("op").isin(Op.UPDATE.value, Op.DELETE.value)).select(
         F.col("before").alias("image"), F.lit(-1).alias("delta"), *meta
@@ -112,10 +124,11 @@ def net_changes(rows: DataFrame, columns: list[str]) -> DataFrame:
     last_added = F.max_by(F.struct("image", LSN, OFFSET, COMMITTED_AT, OP), position)
     nets = changes.groupBy(ROW_HASH).agg(F.sum("delta").alias("net"), last_added.alias("last"))
     return nets.where("net <> 0").select(
-        ROW_HASH, "net",
+        ROW_HASH,
+        "net",
         *[F.col(f"last.image.`{column}`").alias(column) for column in columns],
         *[F.col(f"last.{column}").alias(column) for column in (LSN, OFFSET, COMMITTED_AT, OP)],
-    )  # fmt: skip
+    )
 
 
 def copies(nets: DataFrame, existing: DataFrame | None, columns: list[str]) -> DataFrame:
@@ -124,16 +137,26 @@ def copies(nets: DataFrame, existing: DataFrame | None, columns: list[str]) -> D
     if existing is None:
         counted = nets.withColumn("_have", F.lit(0))
     else:
-        have = existing.join(nets.select(ROW_HASH), ROW_HASH, "left_semi").groupBy(ROW_HASH).agg(F.max(COPY).alias("_have"))
+        have = (
+            existing.join(nets.select(ROW_HASH), ROW_HASH, "left_semi")
+            .groupBy(ROW_HASH)
+            .agg(F.max(COPY).alias("_have"))
+        )
         counted = nets.join(have, ROW_HASH, "left").withColumn("_have", F.coalesce("_have", F.lit(0)))
     adds = F.col("net") > 0
     low = F.when(adds, F.col("_have") + 1).otherwise(F.greatest(F.col("_have") + F.col("net"), F.lit(0)) + 1)
     high = F.when(adds, F.col("_have") + F.col("net")).otherwise(F.col("_have"))
     return counted.where(low <= high).select(
-        *[F.col(f"`{column}`") for column in columns], LSN, OFFSET, COMMITTED_AT, OP,
-        F.current_timestamp().alias(REFINED_AT), ROW_HASH, F.explode(F.sequence(low, high)).alias(COPY),
+        *[F.col(f"`{column}`") for column in columns],
+        LSN,
+        OFFSET,
+        COMMITTED_AT,
+        OP,
+        F.current_timestamp().alias(REFINED_AT),
+        ROW_HASH,
+        F.explode(F.sequence(low, high)).alias(COPY),
         F.when(adds, "insert").otherwise("delete").alias("_action"),
-    )  # fmt: skip
+    )
 
 
 def merge_keyless(spark: SparkSession, location: str, rows: DataFrame, truncated: bool, version: int) -> None:
@@ -143,12 +166,13 @@ def merge_keyless(spark: SparkSession, location: str, rows: DataFrame, truncated
     ensure_refined_table(spark, location, StructType([StructField(f.name, f.dataType) for f in stored]))
     values = {f"`{f.name}`": F.col(f"s.`{f.name}`") for f in stored}
     merge = (
-        DeltaTable.forPath(spark, location).alias("t")
+        DeltaTable.forPath(spark, location)
+        .alias("t")
         .merge(rows.alias("s"), f"t.{ROW_HASH} = s.{ROW_HASH} AND t.{COPY} = s.{COPY}")
         .whenMatchedDelete("s._action = 'delete'")
         .whenMatchedUpdate("s._action = 'insert'", values)  # only after a truncate: the copy is the batch's now
         .whenNotMatchedInsert("s._action = 'insert'", values)
-    )  # fmt: skip
+    )
     if truncated:
         merge = merge.whenNotMatchedBySourceDelete()
     spark.conf.set("spark.databricks.delta.write.txnAppId", TXN_APP_ID)
@@ -160,15 +184,19 @@ def merge_keyless(spark: SparkSession, location: str, rows: DataFrame, truncated
         spark.conf.unset("spark.databricks.delta.write.txnVersion")
 
 
-def merge_keyless_changes(spark: SparkSession, location: str, applied_at: str, changes: DataFrame, columns: list[str]) -> None:
+def merge_keyless_changes(
+    spark: SparkSession, location: str, applied_at: str, changes: DataFrame, columns: list[str]
+) -> None:
     """Apply a batch's parsed changes to the keyless refined table at ``location``, each exactly once."""
     applied = read_applied(spark, applied_at)
     rows = unapplied(changes, applied).persist()
     try:
         position = F.struct(*STREAM_POSITION)
-        [mark] = rows.agg(F.max(position).alias("last"),
-                          F.max(F.when(F.col("op") == Op.TRUNCATE.value, position)).alias("truncate"),
-                          last_snapshot_start().alias("snapshot")).collect()  # fmt: skip
+        [mark] = rows.agg(
+            F.max(position).alias("last"),
+            F.max(F.when(F.col("op") == Op.TRUNCATE.value, position)).alias("truncate"),
+            last_snapshot_start().alias("snapshot"),
+        ).collect()
         if mark.last is None:
             return  # nothing new: replayed changes only
         existing, counted = None, rows

@@ -55,8 +55,11 @@ class SnapshotStart(NamedTuple):
 
 def last_snapshot_start() -> Column:
     """Aggregate of parsed changes: the last snapshot start among them (null if none; see SnapshotStart.of)."""
-    where = F.struct(F.col("kafka_offset").alias("offset"), F.col("kafka_partition").alias("partition"),
-                     F.col("source_lsn").alias("lsn"))  # fmt: skip
+    where = F.struct(
+        F.col("kafka_offset").alias("offset"),
+        F.col("kafka_partition").alias("partition"),
+        F.col("source_lsn").alias("lsn"),
+    )
     return F.max(F.when(F.col("source_snapshot_start"), where))
 
 
@@ -67,7 +70,9 @@ def from_snapshot_start(start: SnapshotStart) -> Column:
     would drop a transaction that wrote before the snapshot's LSN and committed after it, which comes
     after the snapshot with lower LSNs and is not in it. A change of another partition is not before."""
     earlier_in_kafka = (F.col("kafka_partition") == start.partition) & (F.col("kafka_offset") < start.offset)
-    earlier_at_source = ~at_or_after([F.col("source_lsn"), F.col("kafka_offset")], [F.lit(start.lsn), F.lit(start.offset)])
+    earlier_at_source = ~at_or_after(
+        [F.col("source_lsn"), F.col("kafka_offset")], [F.lit(start.lsn), F.lit(start.offset)]
+    )
     return ~(earlier_in_kafka & earlier_at_source)
 
 
@@ -94,4 +99,3 @@ def latest_per_key(
         *[F.col(c).desc() for c in POSITION_COLUMNS]
     )
     return rows.withColumn("_rank", F.row_number().over(order)).where("_rank = 1").drop("_rank")
-

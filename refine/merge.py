@@ -80,12 +80,15 @@ def ensure_refined_table(spark: SparkSession, location: str, schema: StructType,
     if not is_delta_table(spark, location):
         clear_interrupted_creation(Storage(spark), location)  # a job killed while creating it
         builder = (
-            DeltaTable.createIfNotExists(spark).location(location).addColumns(schema)
-            .property("delta.enableChangeDataFeed", "true").property(KIND_PROPERTY, kind)
+            DeltaTable.createIfNotExists(spark)
+            .location(location)
+            .addColumns(schema)
+            .property("delta.enableChangeDataFeed", "true")
+            .property(KIND_PROPERTY, kind)
             # A MERGE then marks the rows it replaces in a deletion vector instead of rewriting
             # every file a key of the batch falls in: a batch costs its size, not the table's.
             .property("delta.enableDeletionVectors", "true")
-        )  # fmt: skip
+        )
         for key, value in MAINTENANCE_PROPERTIES.items():
             builder = builder.property(key, value)
         builder.execute()
@@ -102,9 +105,11 @@ def ensure_refined_table(spark: SparkSession, location: str, schema: StructType,
         elif current[field.name] != field.dataType:
             raise TableError(
                 "a source column changed type in a way that cannot be applied safely",
-                table=location, column=field.name,
-                old_type=current[field.name].simpleString(), new_type=field.dataType.simpleString(),
-            )  # fmt: skip
+                table=location,
+                column=field.name,
+                old_type=current[field.name].simpleString(),
+                new_type=field.dataType.simpleString(),
+            )
     if added:
         columns = ", ".join(f"`{field.name}` {field.dataType.simpleString()}" for field in added)
         spark.sql(f"ALTER TABLE delta.`{location}` ADD COLUMNS ({columns})")
@@ -135,7 +140,9 @@ def merge_changes(
         # A TOAST placeholder keeps the value the row has.
         is_placeholder = placeholder_test(field.dataType)
         updates[f"`{field.name}`"] = (
-            source if is_placeholder is None else F.when(is_placeholder(source), F.col(f"t.`{field.name}`")).otherwise(source)
+            source
+            if is_placeholder is None
+            else F.when(is_placeholder(source), F.col(f"t.`{field.name}`")).otherwise(source)
         )
     condition = reduce(Column.__and__, [F.col(f"t.`{key}`") == F.col(f"s.`{key}`") for key in key_columns])
     # Not with a truncate: its clause reads every row the batch does not match, so none can be dropped.
@@ -148,17 +155,22 @@ def merge_changes(
             .whenMatchedDelete(is_delete & newer)
             .whenMatchedUpdate(~is_delete & newer, updates)
             .whenNotMatchedInsert(~is_delete, {f"`{f.name}`": F.col(f"s.`{f.name}`") for f in rows.schema})
-        )  # fmt: skip
+        )
         # A truncate, or a snapshot's first read: the rows older than it that the batch does not match go.
-        resets = [f"(t.{LSN} < {at[0]} OR (t.{LSN} = {at[0]} AND t.{OFFSET} < {at[1]}))"
-                  for at in (truncated_at, snapshot_at) if at is not None]  # fmt: skip
+        resets = [
+            f"(t.{LSN} < {at[0]} OR (t.{LSN} = {at[0]} AND t.{OFFSET} < {at[1]}))"
+            for at in (truncated_at, snapshot_at)
+            if at is not None
+        ]
         if resets:
             merge = merge.whenNotMatchedBySourceDelete(" OR ".join(resets))
         merge.execute()
 
 
 @contextmanager
-def key_filter(spark: SparkSession, table: DeltaTable, keys: DataFrame, key_columns: list[str]) -> Iterator[Column | None]:
+def key_filter(
+    spark: SparkSession, table: DeltaTable, keys: DataFrame, key_columns: list[str]
+) -> Iterator[Column | None]:
     """A condition on the rows of the refined ``table`` (alias ``t``) that is false for every key ``keys`` lacks,
     and true for all it holds (and ~1% of the others): a Bloom filter of the keys' hashes, valid within
     the ``with`` block. None where it would not pay: a table under ``KEY_FILTER_MIN_BYTES``, or a
@@ -189,19 +201,22 @@ def _schema_of(rows: DataFrame) -> StructType:
     return StructType([StructField(field.name, field.dataType) for field in rows.schema])
 
 
-def merge_latest(spark: SparkSession, location: str, rows: DataFrame, key_columns: list[str], position: list[str]) -> None:
+def merge_latest(
+    spark: SparkSession, location: str, rows: DataFrame, key_columns: list[str], position: list[str]
+) -> None:
     """Upsert one row per key; a row replaces the table's only when its ``position`` (the ordering
     column, then ``_cdc_partition``, ``_cdc_offset``) is at or after the stored one."""
     ensure_refined_table(spark, location, _schema_of(rows))
     newer = at_or_after([F.col(f"s.`{c}`") for c in position], [F.col(f"t.`{c}`") for c in position])
     values = {f"`{field.name}`": F.col(f"s.`{field.name}`") for field in rows.schema}
     (
-        DeltaTable.forPath(spark, location).alias("t")
+        DeltaTable.forPath(spark, location)
+        .alias("t")
         .merge(rows.alias("s"), " AND ".join(f"t.`{key}` = s.`{key}`" for key in key_columns))
         .whenMatchedUpdate(newer, values)
         .whenNotMatchedInsert(values=values)
         .execute()
-    )  # fmt: skip
+    )
 
 
 def append_rows(spark: SparkSession, location: str, rows: DataFrame, app_id: str, version: int) -> None:
@@ -221,10 +236,12 @@ def replace_children(
     match = [*key_columns, POSITION]
     target = DeltaTable.forPath(spark, location)
     gone = (
-        target.toDF().join(parents.select(*key_columns), key_columns, "left_semi")
-        .join(children.select(*match), match, "left_anti").select(*match)
+        target.toDF()
+        .join(parents.select(*key_columns), key_columns, "left_semi")
+        .join(children.select(*match), match, "left_anti")
+        .select(*match)
         .withColumn("_gone", F.lit(True))
-    )  # fmt: skip
+    )
     source = children.withColumn("_gone", F.lit(False)).unionByName(gone, allowMissingColumns=True)
     values = {f"`{field.name}`": F.col(f"s.`{field.name}`") for field in children.schema}
     (
@@ -234,11 +251,18 @@ def replace_children(
         .whenMatchedUpdate("NOT s._gone", values)
         .whenNotMatchedInsert("NOT s._gone", values)
         .execute()
-    )  # fmt: skip
+    )
 
 
-def refresh_children(spark: SparkSession, refined: str, location: str, keys: DataFrame, key_columns: list[str],
-                     array_path: str, truncated: bool = False) -> None:  # fmt: skip
+def refresh_children(
+    spark: SparkSession,
+    refined: str,
+    location: str,
+    keys: DataFrame,
+    key_columns: list[str],
+    array_path: str,
+    truncated: bool = False,
+) -> None:
     """Make the child rows of ``keys`` (a batch's keys) those of the array at ``array_path`` in their
     rows of the ``refined`` table, as the MERGE left them: TOAST placeholders and primary-key changes
     are resolved there, a deleted parent has no row and so no children, and a late change that did not
@@ -249,8 +273,9 @@ def refresh_children(spark: SparkSession, refined: str, location: str, keys: Dat
     replace_children(spark, location, children, keys, key_columns)
     if truncated:
         (
-            DeltaTable.forPath(spark, location).alias("t")
+            DeltaTable.forPath(spark, location)
+            .alias("t")
             .merge(stored.select(*key_columns).alias("s"), " AND ".join(f"t.`{c}` = s.`{c}`" for c in key_columns))
             .whenNotMatchedBySourceDelete()
             .execute()
-        )  # fmt: skip
+        )

@@ -93,17 +93,26 @@ POSITION = (TS_MS, ORD, OFFSET)
 MONGO_METADATA_COLUMNS = (TS_MS, ORD, *[c for c in METADATA_COLUMNS if c != LSN])
 
 # What the job reads of the envelope's payload (the connector's schema has more).
-_ENVELOPE = StructType([
-    StructField("after", StringType()),
-    StructField("updateDescription", StructType([
-        StructField("removedFields", ArrayType(StringType())),
-        StructField("updatedFields", StringType()),
-        StructField("truncatedArrays", ArrayType(StructType([
-            StructField("field", StringType()), StructField("size", IntegerType())]))),
-    ])),
-    StructField("source", StructType([StructField("ts_ms", LongType()), StructField("ord", IntegerType())])),
-    StructField("op", StringType()),
-])  # fmt: skip
+_ENVELOPE = StructType(
+    [
+        StructField("after", StringType()),
+        StructField(
+            "updateDescription",
+            StructType(
+                [
+                    StructField("removedFields", ArrayType(StringType())),
+                    StructField("updatedFields", StringType()),
+                    StructField(
+                        "truncatedArrays",
+                        ArrayType(StructType([StructField("field", StringType()), StructField("size", IntegerType())])),
+                    ),
+                ]
+            ),
+        ),
+        StructField("source", StructType([StructField("ts_ms", LongType()), StructField("ord", IntegerType())])),
+        StructField("op", StringType()),
+    ]
+)
 
 
 class Kind:
@@ -153,36 +162,56 @@ def parse_mongo_changes(raw: DataFrame) -> DataFrame:
         ID,
         op.alias("op"),
         to_variant(F.col("envelope.after")).alias("document"),
-        F.when(update.isNotNull(), F.struct(
-            to_variant(update["updatedFields"]).alias("updated"),
-            update["removedFields"].alias("removed"),
-            update["truncatedArrays"].alias("truncated"),
-        )).alias("patch"),
-        F.struct(F.col("envelope.source.ts_ms").alias("ts_ms"), F.col("envelope.source.ord").alias("ord"),
-                 F.col("kafka_offset").alias("offset")).alias("position"),
+        F.when(
+            update.isNotNull(),
+            F.struct(
+                to_variant(update["updatedFields"]).alias("updated"),
+                update["removedFields"].alias("removed"),
+                update["truncatedArrays"].alias("truncated"),
+            ),
+        ).alias("patch"),
+        F.struct(
+            F.col("envelope.source.ts_ms").alias("ts_ms"),
+            F.col("envelope.source.ord").alias("ord"),
+            F.col("kafka_offset").alias("offset"),
+        ).alias("position"),
         F.timestamp_millis(F.col("envelope.source.ts_ms")).alias("source_committed_at"),
-        "kafka_partition", "kafka_offset", "raw_value", "envelope",
-    )  # fmt: skip
+        "kafka_partition",
+        "kafka_offset",
+        "raw_value",
+        "envelope",
+    )
     has_document = F.col("envelope.after").isNotNull()
     kind = (
         F.when(F.col("op") == TOMBSTONE, F.lit(Kind.TOMBSTONE))
         .when(F.col("op") == Op.DELETE.value, F.lit(Kind.DELETE))
-        .when(F.col("op").isin(Op.READ.value, Op.CREATE.value) | ((F.col("op") == Op.UPDATE.value) & has_document),
-              F.lit(Kind.IMAGE))
+        .when(
+            F.col("op").isin(Op.READ.value, Op.CREATE.value) | ((F.col("op") == Op.UPDATE.value) & has_document),
+            F.lit(Kind.IMAGE),
+        )
         .when((F.col("op") == Op.UPDATE.value) & F.col("patch").isNotNull(), F.lit(Kind.PATCH))
-    )  # fmt: skip
+    )
     problem = (
-        F.when(F.col("raw_value").isNotNull() & F.col("envelope").isNull(), F.lit("value is not a Debezium JSON envelope"))
+        F.when(
+            F.col("raw_value").isNotNull() & F.col("envelope").isNull(), F.lit("value is not a Debezium JSON envelope")
+        )
         .when(F.col(ID).isNull(), F.lit("the key holds no document id (payload.id)"))
-        .when(F.col("op").isNull() | ~F.col("op").isin(Op.READ.value, Op.CREATE.value, Op.UPDATE.value, Op.DELETE.value, TOMBSTONE),
-              F.concat(F.lit("unknown op "), F.coalesce("op", F.lit("null"))))
+        .when(
+            F.col("op").isNull()
+            | ~F.col("op").isin(Op.READ.value, Op.CREATE.value, Op.UPDATE.value, Op.DELETE.value, TOMBSTONE),
+            F.concat(F.lit("unknown op "), F.coalesce("op", F.lit("null"))),
+        )
         .when(has_document & F.col("document").isNull(), F.lit("after: not Extended JSON"))
-        .when(F.col("patch.updated").isNull() & update["updatedFields"].isNotNull(),
-              F.lit("updateDescription.updatedFields: not Extended JSON"))
+        .when(
+            F.col("patch.updated").isNull() & update["updatedFields"].isNotNull(),
+            F.lit("updateDescription.updatedFields: not Extended JSON"),
+        )
         .when(kind.isNull(), F.lit("an update with neither after nor updateDescription"))
-        .when((kind == Kind.IMAGE) & F.try_variant_get("document", "$", "map<string,variant>").isNull(),
-              F.lit("after: not a document"))
-    )  # fmt: skip
+        .when(
+            (kind == Kind.IMAGE) & F.try_variant_get("document", "$", "map<string,variant>").isNull(),
+            F.lit("after: not a document"),
+        )
+    )
     return changes.select("*", kind.alias("kind"), problem.alias("problem")).drop("envelope")
 
 
@@ -200,18 +229,30 @@ def batch_shapes(changes: DataFrame) -> list[Shape]:
     """The distinct field shapes and update paths of a batch (metadata: a handful of rows)."""
     fine = changes.where("problem IS NULL")
     fields = fine.where(F.col("kind") == Kind.IMAGE).select(
-        F.lit("field").alias("kind"), F.explode(F.try_variant_get("document", "$", "map<string,variant>")))
+        F.lit("field").alias("kind"), F.explode(F.try_variant_get("document", "$", "map<string,variant>"))
+    )
     updated = fine.where(F.col("kind") == Kind.PATCH).select(
-        F.lit("set").alias("kind"), F.explode(F.try_variant_get("patch.updated", "$", "map<string,variant>")))
-    removed = fine.select(F.lit("unset").alias("kind"), F.explode("patch.removed").alias("key"), F.lit(None).cast("variant").alias("value"))
-    truncated = fine.select(F.lit("truncate").alias("kind"), F.explode("patch.truncated.field").alias("key"),
-                            F.lit(None).cast("variant").alias("value"))  # fmt: skip
+        F.lit("set").alias("kind"), F.explode(F.try_variant_get("patch.updated", "$", "map<string,variant>"))
+    )
+    removed = fine.select(
+        F.lit("unset").alias("kind"),
+        F.explode("patch.removed").alias("key"),
+        F.lit(None).cast("variant").alias("value"),
+    )
+    truncated = fine.select(
+        F.lit("truncate").alias("kind"),
+        F.explode("patch.truncated.field").alias("key"),
+        F.lit(None).cast("variant").alias("value"),
+    )
     rows = (
-        fields.unionByName(updated).unionByName(removed, allowMissingColumns=True).unionByName(truncated, allowMissingColumns=True)
+        fields.unionByName(updated)
+        .unionByName(removed, allowMissingColumns=True)
+        .unionByName(truncated, allowMissingColumns=True)
         .where(F.col("key") != ID)
-        .groupBy("kind", "key", F.schema_of_variant("value").alias("shape")).count()
+        .groupBy("kind", "key", F.schema_of_variant("value").alias("shape"))
+        .count()
         .collect()
-    )  # fmt: skip
+    )
     return [Shape(row.kind, row.key, row.shape, row["count"]) for row in rows]
 
 
@@ -241,9 +282,13 @@ def _implied(types: StructType, shape: Shape) -> tuple[str, DataType]:
 def _grow(table: DataType, merged: DataType) -> DataType:
     """``table``'s type with the nested fields ``merged`` adds (a column's other types never change)."""
     if isinstance(table, StructType) and isinstance(merged, StructType):
-        fields = [StructField(f.name, _grow(f.dataType, merged[f.name].dataType) if f.name in merged.names else f.dataType)
-                  for f in table.fields]  # fmt: skip
-        added = [StructField(f.name, t) for f in merged.fields if f.name not in table.names and (t := known(f.dataType))]
+        fields = [
+            StructField(f.name, _grow(f.dataType, merged[f.name].dataType) if f.name in merged.names else f.dataType)
+            for f in table.fields
+        ]
+        added = [
+            StructField(f.name, t) for f in merged.fields if f.name not in table.names and (t := known(f.dataType))
+        ]
         return StructType(fields + added)
     if isinstance(table, ArrayType) and isinstance(merged, ArrayType):
         return ArrayType(_grow(table.elementType, merged.elementType))
@@ -260,7 +305,9 @@ def _merged(table: StructType, shapes: list[Shape], json: set[str]) -> tuple[dic
     merged: dict[str, DataType] = {f.name: StringType() if f.name in json else f.dataType for f in table.fields}
     merged.update({name: StringType() for name in json})
     conflicts = set()
-    for shape in sorted((s for s in shapes if s.kind in ("field", "set")), key=lambda s: (-s.count, s.name, s.shape or "")):
+    for shape in sorted(
+        (s for s in shapes if s.kind in ("field", "set")), key=lambda s: (-s.count, s.name, s.shape or "")
+    ):
         if _top(shape) in json:
             continue
         try:
@@ -273,8 +320,13 @@ def _merged(table: StructType, shapes: list[Shape], json: set[str]) -> tuple[dic
         else:
             merged[name] = combined
     # A table's column keeps its types (a bigint column does not become double): values it cannot hold drift.
-    conflicts |= {f.name for f in table.fields if f.name not in json and f.name not in conflicts
-                  and not fits(merged[f.name], _grow(f.dataType, merged[f.name]))}  # fmt: skip
+    conflicts |= {
+        f.name
+        for f in table.fields
+        if f.name not in json
+        and f.name not in conflicts
+        and not fits(merged[f.name], _grow(f.dataType, merged[f.name]))
+    }
     return merged, conflicts
 
 
@@ -292,19 +344,26 @@ def column_types(table: StructType, shapes: list[Shape]) -> Columns:
         json |= conflicts
 
     def typed(name: str, data_type: DataType) -> StructField:
-        return StructField(name, StringType(), True, JSON_TEXT_METADATA) if name in json else StructField(name, data_type)
+        return (
+            StructField(name, StringType(), True, JSON_TEXT_METADATA) if name in json else StructField(name, data_type)
+        )
 
-    types = [typed(f.name, _grow(f.dataType, merged[f.name]) if f.name not in json else StringType()) for f in table.fields]
+    types = [
+        typed(f.name, _grow(f.dataType, merged[f.name]) if f.name not in json else StringType()) for f in table.fields
+    ]
     types += [typed(n, t) for n, m in merged.items() if n not in table.names and (t := known(m)) is not None]
     columns = Columns(StructType(types))
-    columns.json = {name: sorted({s.shape for s in shapes if s.kind in ("field", "set") and s.name == name and s.shape})
-                    for name in sorted(json)}  # fmt: skip
+    columns.json = {
+        name: sorted({s.shape for s in shapes if s.kind in ("field", "set") and s.name == name and s.shape})
+        for name in sorted(json)
+    }
     for shape in shapes:
         top = _top(shape)
         if top in json and (shape.name != top or shape.kind == "truncate"):
             columns.unsupported[(shape.kind, shape.name)] = (
                 f"cannot apply update path {shape.name}: {top} has held values of several types and is stored as "
-                "JSON text, which an update cannot reach into")  # fmt: skip
+                "JSON text, which an update cannot reach into"
+            )
             continue
         if top in json:
             continue  # every value fits JSON text
@@ -333,11 +392,19 @@ def _misfit(changes_value: Column, name: str, reasons: dict[str, str], problem: 
 
 def decode_document(document: Column, columns: Columns) -> Column:
     """A document (a variant) as a struct of the ``columns``."""
-    return F.when(~is_null(document), F.struct(*[
-        (variant_json_text(member(document, f.name), columns.json[f.name]) if f.name in columns.json
-         else decode(member(document, f.name), f.dataType)).alias(f.name)
-        for f in columns.types.fields
-    ]))  # fmt: skip
+    return F.when(
+        ~is_null(document),
+        F.struct(
+            *[
+                (
+                    variant_json_text(member(document, f.name), columns.json[f.name])
+                    if f.name in columns.json
+                    else decode(member(document, f.name), f.dataType)
+                ).alias(f.name)
+                for f in columns.types.fields
+            ]
+        ),
+    )
 
 
 def flag_misfits(changes: DataFrame, columns: Columns) -> DataFrame:
@@ -348,7 +415,9 @@ def flag_misfits(changes: DataFrame, columns: Columns) -> DataFrame:
     problem = F.when(F.col("problem").isNotNull(), F.col("problem"))
     for (kind, name), reasons in sorted(columns.misfits.items()):
         value = F.col("document") if kind == "field" else F.col("patch.updated")
-        problem = _misfit(F.when(F.col("kind") == (Kind.IMAGE if kind == "field" else Kind.PATCH), value), name, reasons, problem)
+        problem = _misfit(
+            F.when(F.col("kind") == (Kind.IMAGE if kind == "field" else Kind.PATCH), value), name, reasons, problem
+        )
     for (kind, path), reason in sorted(columns.unsupported.items()):
         touched = {
             "set": member(F.col("patch.updated"), path).isNotNull(),
@@ -365,30 +434,45 @@ def flag_misfits(changes: DataFrame, columns: Columns) -> DataFrame:
     return changes.withColumn("problem", problem)
 
 
-def latest_documents(changes: DataFrame, columns: Columns, shapes: list[Shape], table: DataFrame | None,
-                     every: bool = False) -> DataFrame:  # fmt: skip
+def latest_documents(
+    changes: DataFrame, columns: Columns, shapes: list[Shape], table: DataFrame | None, every: bool = False
+) -> DataFrame:
     """Per ``_id``: its latest state (the last full document or delete, then the updates after it;
     without one in the batch, the refined ``table``'s row and the updates after its position),
     with ``orphan`` set where updates have no document to apply to. With ``every``, the state after
     each change of the batch (its versions, for a history)."""
     order = Window.partitionBy(ID).orderBy("position")
     history = order.rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    image = F.last(F.when(F.col("kind").isin(Kind.IMAGE, Kind.DELETE), F.struct("position", "op", "state")),
-                   ignorenulls=True).over(history)  # fmt: skip
+    image = F.last(
+        F.when(F.col("kind").isin(Kind.IMAGE, Kind.DELETE), F.struct("position", "op", "state")), ignorenulls=True
+    ).over(history)
     patches = F.collect_list(F.when(F.col("kind") == Kind.PATCH, F.struct("position", "patch"))).over(history)
     rows = (
         changes.where(F.col("problem").isNull() & (F.col("kind") != Kind.TOMBSTONE))
-        .select(ID, "position", "source_committed_at", "kafka_partition", image.alias("image"), patches.alias("patches"),
-                F.row_number().over(Window.partitionBy(ID).orderBy(F.col("position").desc())).alias("rank"))
+        .select(
+            ID,
+            "position",
+            "source_committed_at",
+            "kafka_partition",
+            image.alias("image"),
+            patches.alias("patches"),
+            F.row_number().over(Window.partitionBy(ID).orderBy(F.col("position").desc())).alias("rank"),
+        )
         .where(F.lit(every) | (F.col("rank") == 1))
-    )  # fmt: skip
+    )
     if table is not None:
         current = table.select(
             F.col(ID).alias("current_id"),
-            F.struct(*[(F.col(f"`{f.name}`") if f.name in table.columns else F.lit(None).cast(f.dataType)).alias(f.name)
-                       for f in columns.types.fields]).alias("current_state"),  # a new column is null so far
-            F.struct(F.col(TS_MS).alias("ts_ms"), F.col(ORD).alias("ord"), F.col(OFFSET).alias("offset")).alias("current_position"),
-        )  # fmt: skip
+            F.struct(
+                *[
+                    (F.col(f"`{f.name}`") if f.name in table.columns else F.lit(None).cast(f.dataType)).alias(f.name)
+                    for f in columns.types.fields
+                ]
+            ).alias("current_state"),  # a new column is null so far
+            F.struct(F.col(TS_MS).alias("ts_ms"), F.col(ORD).alias("ord"), F.col(OFFSET).alias("offset")).alias(
+                "current_position"
+            ),
+        )
         rows = rows.join(current, rows[ID] == current["current_id"], "left")
     else:
         rows = rows.select("*", F.lit(None).alias("current_state"), F.lit(None).alias("current_position"))
@@ -397,15 +481,23 @@ def latest_documents(changes: DataFrame, columns: Columns, shapes: list[Shape], 
     pending = F.filter("patches", lambda p: base_position.isNull() | (p["position"] > base_position))
     updated, removed, truncated = (columns.paths(kind, shapes) for kind in ("set", "unset", "truncate"))
     decoders = {name: lambda v, shapes=shapes_: variant_json_text(v, shapes) for name, shapes_ in columns.json.items()}
-    state = F.aggregate(pending, base_state.cast(columns.types), lambda s, p: apply_patch(
-        s, columns.types, p["patch"], updated, removed, truncated, decoders))  # fmt: skip
+    state = F.aggregate(
+        pending,
+        base_state.cast(columns.types),
+        lambda s, p: apply_patch(s, columns.types, p["patch"], updated, removed, truncated, decoders),
+    )
     patched = F.size(pending) > 0
     return rows.select(
-        ID, "position", "source_committed_at", "kafka_partition",
+        ID,
+        "position",
+        "source_committed_at",
+        "kafka_partition",
         F.when(patched, F.lit(Op.UPDATE.value)).otherwise(F.col("image.op")).alias("op"),
         state.cast(columns.types).alias("state"),
-        (patched & (base_state.isNull() | F.coalesce(F.col("image.op") == Op.DELETE.value, F.lit(False)))).alias("orphan"),
-    )  # fmt: skip
+        (patched & (base_state.isNull() | F.coalesce(F.col("image.op") == Op.DELETE.value, F.lit(False)))).alias(
+            "orphan"
+        ),
+    )
 
 
 def refined_documents(latest: DataFrame, columns: Columns) -> DataFrame:
@@ -442,8 +534,12 @@ def add_nested_columns(spark: SparkSession, location: str, table: StructType, ty
             return added(current.elementType, wanted.elementType, f"{path}.element")
         return []
 
-    nested = [a for f in table.fields if f.name in types.names
-              for a in added(f.dataType, types[f.name].dataType, f"`{f.name.replace('`', '``')}`")]  # fmt: skip
+    nested = [
+        a
+        for f in table.fields
+        if f.name in types.names
+        for a in added(f.dataType, types[f.name].dataType, f"`{f.name.replace('`', '``')}`")
+    ]
     if nested:
         spark.sql(f"ALTER TABLE delta.`{location}` ADD COLUMNS ({', '.join(nested)})")
 
@@ -453,20 +549,40 @@ def ensure_json_columns(spark: SparkSession, location: str, names: list[str], ki
     ``kind``): a typed column is converted, its rows' values to their JSON text, in one overwrite
     (the old version stays for time travel); a missing one is added."""
     if not is_delta_table(spark, location):
-        ensure_refined_table(spark, location, StructType([StructField(ID, StringType()), *[
-            StructField(name, StringType(), True, JSON_TEXT_METADATA) for name in names]]), kind=kind)  # fmt: skip
+        ensure_refined_table(
+            spark,
+            location,
+            StructType(
+                [
+                    StructField(ID, StringType()),
+                    *[StructField(name, StringType(), True, JSON_TEXT_METADATA) for name in names],
+                ]
+            ),
+            kind=kind,
+        )
         return
     table = spark.read.format("delta").load(location)
     converted = [name for name in names if name in table.columns and not is_json_text(table.schema[name])]
     if converted:
         (
-            table.select(*[json_text(F.col(f"`{f.name}`")).alias(f.name, metadata=JSON_TEXT_METADATA) if f.name in converted
-                           else F.col(f"`{f.name}`") for f in table.schema.fields])
-            .write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(location)
-        )  # fmt: skip
+            table.select(
+                *[
+                    json_text(F.col(f"`{f.name}`")).alias(f.name, metadata=JSON_TEXT_METADATA)
+                    if f.name in converted
+                    else F.col(f"`{f.name}`")
+                    for f in table.schema.fields
+                ]
+            )
+            .write.format("delta")
+            .mode("overwrite")
+            .option("overwriteSchema", "true")
+            .save(location)
+        )
     added = [name for name in names if name not in table.columns]
     if added:
-        columns = ", ".join(f"`{name.replace('`', '``')}` STRING COMMENT '{JSON_TEXT_METADATA['comment']}'" for name in added)
+        columns = ", ".join(
+            f"`{name.replace('`', '``')}` STRING COMMENT '{JSON_TEXT_METADATA['comment']}'" for name in added
+        )
         spark.sql(f"ALTER TABLE delta.`{location}` ADD COLUMNS ({columns})")
 
 
@@ -484,16 +600,30 @@ def has_path(schema: StructType, path: str) -> bool:
     return True
 
 
-def refine_mongo_batch(spark: SparkSession, records: DataFrame, *, refined: str, quarantine_at: str, raw: str,
-                       topic: str, rules: TableRules, batch_id: int, children: dict[str, str],
-                       history_at: str | None) -> None:  # fmt: skip
+def refine_mongo_batch(
+    spark: SparkSession,
+    records: DataFrame,
+    *,
+    refined: str,
+    quarantine_at: str,
+    raw: str,
+    topic: str,
+    rules: TableRules,
+    batch_id: int,
+    children: dict[str, str],
+    history_at: str | None,
+) -> None:
     """Refine one batch of raw MongoDB connector records into the ``refined`` table; documents are
     checked against the ``rules``' expectations first (deletes pass unchecked). ``children`` maps
     array paths to exploded child tables' locations; a path no document has had yet gives no children.
     With ``history_at``, every document state of the batch is a version in that history table."""
     exists = is_delta_table(spark, refined)
     table = DeltaTable.forPath(spark, refined).toDF() if exists else None
-    data_columns = StructType([f for f in table.schema.fields if f.name != ID and f.name not in MONGO_METADATA_COLUMNS]) if table is not None else StructType()
+    data_columns = (
+        StructType([f for f in table.schema.fields if f.name != ID and f.name not in MONGO_METADATA_COLUMNS])
+        if table is not None
+        else StructType()
+    )
     changes = parse_mongo_changes(records).persist()
     try:
         shapes = batch_shapes(changes)
@@ -504,30 +634,48 @@ def refine_mongo_batch(spark: SparkSession, records: DataFrame, *, refined: str,
                 ensure_json_columns(spark, refined, list(columns.json), "refined")
                 if history_at is not None:
                     ensure_json_columns(spark, history_at, list(columns.json), HISTORY_KIND)
-            if exists:  # read again: columns may have been added or converted (a table created above holds no document yet)
+            if (
+                exists
+            ):  # read again: columns may have been added or converted (a table created above holds no document yet)
                 add_nested_columns(spark, refined, data_columns, columns.types)
                 table = DeltaTable.forPath(spark, refined).toDF()
             latest = latest_documents(flagged, columns, shapes, table).persist()
             try:
-                orphans = flagged.join(latest.where("orphan").select(ID), ID, "left_semi").where(
-                    F.col("kind") == Kind.PATCH).withColumn(
-                    "problem", F.lit("an update carrying only updateDescription, for a document the refined table does not hold"))  # fmt: skip
-                problems = [df.select("kafka_partition", "kafka_offset", "raw_value", "problem")
-                            for df in (flagged.where("problem IS NOT NULL"), orphans)]
+                orphans = (
+                    flagged.join(latest.where("orphan").select(ID), ID, "left_semi")
+                    .where(F.col("kind") == Kind.PATCH)
+                    .withColumn(
+                        "problem",
+                        F.lit(
+                            "an update carrying only updateDescription, for a document the refined table does not hold"
+                        ),
+                    )
+                )
+                problems = [
+                    df.select("kafka_partition", "kafka_offset", "raw_value", "problem")
+                    for df in (flagged.where("problem IS NOT NULL"), orphans)
+                ]
                 quarantine(spark, quarantine_at, raw, topic, problems[0].unionByName(problems[1]))
                 if history_at is not None:  # before the MERGE: the states build on the table's rows as they were
                     if is_delta_table(spark, history_at):
-                        add_nested_columns(spark, history_at, DeltaTable.forPath(spark, history_at).toDF().schema,
-                                           columns.types)  # fmt: skip
+                        add_nested_columns(
+                            spark, history_at, DeltaTable.forPath(spark, history_at).toDF().schema, columns.types
+                        )
                     states = latest_documents(flagged, columns, shapes, table, every=True)
                     versions = debezium_versions(refined_documents(states, columns).drop(PARTITION))
-                    apply_history(spark, history_at, rules.passing_versions(versions, F.col(OP) == Op.DELETE.value),
-                                  debezium_history_spec([ID], list(POSITION)))  # fmt: skip
+                    apply_history(
+                        spark,
+                        history_at,
+                        rules.passing_versions(versions, F.col(OP) == Op.DELETE.value),
+                        debezium_history_spec([ID], list(POSITION)),
+                    )
                 rows = refined_documents(latest, columns)
                 with rules.enforced(spark, rows, [ID], batch_id, deleted=F.col(OP) == Op.DELETE.value) as passing:
                     merge_changes(spark, refined, passing.drop(PARTITION), [ID], None, POSITION, keys=latest.select(ID))
                 for path, location in children.items():
-                    if path.split(".")[0] not in columns.json and has_path(DeltaTable.forPath(spark, refined).toDF().schema, path):
+                    if path.split(".")[0] not in columns.json and has_path(
+                        DeltaTable.forPath(spark, refined).toDF().schema, path
+                    ):
                         refresh_children(spark, refined, location, latest.select(ID), [ID], path)
             finally:
                 latest.unpersist()

@@ -62,9 +62,14 @@ def first_wrapper_schemas(records: DataFrame) -> dict[str, list[str]] | None:
     "key": [text] or []}`` (no key schema for a null key, or one written without a wrapper); None when
     that value is not a compact wrapper. A guess for a whole batch, as most hold one schema: see
     :class:`ChangeParser`'s ``only_schemas``."""
-    first = records.where(F.col("value").isNotNull()).select(
-        compact_wrapper_schema(F.col("value")).alias("value"), compact_wrapper_schema(F.col("key")).alias("key"),
-    ).first()  # fmt: skip
+    first = (
+        records.where(F.col("value").isNotNull())
+        .select(
+            compact_wrapper_schema(F.col("value")).alias("value"),
+            compact_wrapper_schema(F.col("key")).alias("key"),
+        )
+        .first()
+    )
     if first is None or first.value is None:
         return None
     return {"value": [first.value], "key": [first.key] if first.key is not None else []}
@@ -88,9 +93,12 @@ def wrapper_schemas(records: DataFrame, known: dict[str, Sequence[str]]) -> dict
             text = F.col(column)
             matches = [text.startswith(_wrapper_prefix(schema)) for schema in schemas]
             unmatched[column] = text.isNotNull() & ~reduce(Column.__or__, matches, F.lit(False))
-            firsts.append(F.struct(F.min(F.when(unmatched[column], position)).alias("unmatched"),
-                                   F.array(*[F.min(F.when(match, position)) for match in matches]).alias("known"),
-                                   ).alias(column))  # fmt: skip
+            firsts.append(
+                F.struct(
+                    F.min(F.when(unmatched[column], position)).alias("unmatched"),
+                    F.array(*[F.min(F.when(match, position)) for match in matches]).alias("known"),
+                ).alias(column)
+            )
         row = records.agg(*firsts).first()
         searching = {}
         for column, schemas in candidates.items():
@@ -133,7 +141,9 @@ def read_json(text: Column, schema: ConnectSchema) -> Column:
     return F.from_json(text, with_unparsed(data_type), _UNPARSED_OPTIONS)
 
 
-def wrapped_payload(text: Column, schema: ConnectSchema, schema_texts: Sequence[str] = (), unparsed: bool = False) -> Column:
+def wrapped_payload(
+    text: Column, schema: ConnectSchema, schema_texts: Sequence[str] = (), unparsed: bool = False
+) -> Column:
     """The ``payload`` of JsonConverter's ``{schema, payload}`` wrapper, read as ``schema``;
     ``schema_texts``: the batch's wrapper schemas (:func:`wrapper_schemas`), whose values are cut
     after them instead of being parsed whole. ``unparsed``: with :data:`UNPARSED` (a struct
@@ -151,13 +161,18 @@ def wrapped_payload(text: Column, schema: ConnectSchema, schema_texts: Sequence[
 
 def _wrapped_payload_and_unparsed(text: Column, payload_type: StructType, schema_texts: Sequence[str]) -> Column:
     payload_text = _cut_payload(text, schema_texts)
-    whole = F.from_json(text, StructType([StructField("payload", payload_type), StructField(UNPARSED, StringType())]),
-                        _UNPARSED_OPTIONS)  # fmt: skip
+    whole = F.from_json(
+        text, StructType([StructField("payload", payload_type), StructField(UNPARSED, StringType())]), _UNPARSED_OPTIONS
+    )
     # Never null for a value: a wrapper without a payload, or no JSON at all, is told by UNPARSED.
-    whole = F.when(whole.isNotNull(), F.struct(*[whole["payload"][name].alias(name) for name in payload_type.names],
-                                               whole[UNPARSED].alias(UNPARSED)))  # fmt: skip
-    return F.when(payload_text.isNotNull() & text.endswith("}"),
-                  F.from_json(payload_text, with_unparsed(payload_type), _UNPARSED_OPTIONS)).otherwise(whole)
+    whole = F.when(
+        whole.isNotNull(),
+        F.struct(*[whole["payload"][name].alias(name) for name in payload_type.names], whole[UNPARSED].alias(UNPARSED)),
+    )
+    return F.when(
+        payload_text.isNotNull() & text.endswith("}"),
+        F.from_json(payload_text, with_unparsed(payload_type), _UNPARSED_OPTIONS),
+    ).otherwise(whole)
 
 
 def _cut_payload(text: Column, schema_texts: Sequence[str]) -> Column:
@@ -188,14 +203,23 @@ def mismatched_field(text: Column, parsed: Column, schema: ConnectSchema, at: Se
     json = F.try_parse_json(text)
     reason = None
     levels = [[(field, [field.field], F.col(parsed)[field.field]) for field in schema.fields or ()]]
-    levels.append([(child, [field.field, child.field], F.col(parsed)[field.field][child.field])
-                   for field in schema.fields or () if field.type == ConnectType.STRUCT for child in field.fields or ()])  # fmt: skip
+    levels.append(
+        [
+            (child, [field.field, child.field], F.col(parsed)[field.field][child.field])
+            for field in schema.fields or ()
+            if field.type == ConnectType.STRUCT
+            for child in field.fields or ()
+        ]
+    )
     for level in levels:
         for field, path, value in level:
             found = _json_at(json, [*at, *path])
             mismatch = value.isNull() & found.isNotNull() & ~F.is_variant_null(found)
-            message = F.concat(F.lit(f"field {label}{'.'.join(path)}: cannot read "), F.to_json(found),
-                               F.lit(f" as {_connect_type(field)}"))  # fmt: skip
+            message = F.concat(
+                F.lit(f"field {label}{'.'.join(path)}: cannot read "),
+                F.to_json(found),
+                F.lit(f" as {_connect_type(field)}"),
+            )
             reason = F.when(mismatch, message) if reason is None else reason.when(mismatch, message)
     return reason if reason is not None else F.lit(None).cast("string")
 
@@ -220,8 +244,13 @@ def _has_one_of(text: Column, schema_texts: Sequence[str]) -> Column:
 def of_known_schemas(schema_texts: dict[str, Sequence[str]]) -> Column:
     """Whether a record's ``value`` and ``key`` are each null or the compact wrapper of one of its
     column's ``schema_texts`` (a key without any: no wrapper at all)."""
-    return reduce(Column.__and__, [F.col(column).isNull() | _has_one_of(F.col(column), schema_texts.get(column, ()))
-                                   for column in ("value", "key")])  # fmt: skip
+    return reduce(
+        Column.__and__,
+        [
+            F.col(column).isNull() | _has_one_of(F.col(column), schema_texts.get(column, ()))
+            for column in ("value", "key")
+        ],
+    )
 
 
 def with_other_schemas(known: Column) -> Column:
@@ -251,7 +280,12 @@ def decoding_problems(problem: Column, raw: str, decoded: str, row_schema: Conne
 
 
 def change_columns(
-    before: Column, after: Column, source_lsn: Column, last_commit_lsn: Column, committed_at: Column, problem: Column,
+    before: Column,
+    after: Column,
+    source_lsn: Column,
+    last_commit_lsn: Column,
+    committed_at: Column,
+    problem: Column,
     snapshot_start: Column | None = None,
 ) -> list[Column | str]:
     """The columns of a parsed change, in order, from a frame that has ``op``, ``key``, ``value``
@@ -271,7 +305,9 @@ def change_columns(
         after.alias("after"),
         source_lsn.alias("source_lsn"),
         last_commit_lsn.alias("source_last_commit_lsn"),
-        (F.lit(False) if snapshot_start is None else F.coalesce(snapshot_start, F.lit(False))).alias("source_snapshot_start"),
+        (F.lit(False) if snapshot_start is None else F.coalesce(snapshot_start, F.lit(False))).alias(
+            "source_snapshot_start"
+        ),
         committed_at.alias("source_committed_at"),
         "kafka_partition",
         "kafka_offset",
@@ -338,7 +374,9 @@ class ChangeParser:
             (read("key", key_schema) if key_schema else F.lit(None)).alias("raw_key"),
         ]
         self._envelopes.append((of_known_schemas(texts) if only_schemas else F.lit(True)).alias("schema_known"))
-        op = F.when(F.col("value").isNull() & ~F.col("value_not_utf8"), F.lit(TOMBSTONE)).otherwise(F.col("envelope.op"))
+        op = F.when(F.col("value").isNull() & ~F.col("value_not_utf8"), F.lit(TOMBSTONE)).otherwise(
+            F.col("envelope.op")
+        )
         self._decoded = [
             "*",
             op.alias("op"),
@@ -348,35 +386,58 @@ class ChangeParser:
         ]
         known_ops = [member.value for member in Op] + [TOMBSTONE]
         at = ["payload"] if wrapped else []
-        problem = with_other_schemas(F.col("schema_known")).when(
-            F.col("value_not_utf8"), F.lit("value is not UTF-8 text (its bytes are in the raw table's value_bytes)")
-        ).when(F.col("key_not_utf8"), F.lit("key is not UTF-8 text (its bytes are in the raw table's key_bytes)"))  # fmt: skip
+        problem = (
+            with_other_schemas(F.col("schema_known"))
+            .when(
+                F.col("value_not_utf8"), F.lit("value is not UTF-8 text (its bytes are in the raw table's value_bytes)")
+            )
+            .when(F.col("key_not_utf8"), F.lit("key is not UTF-8 text (its bytes are in the raw table's key_bytes)"))
+        )
         for column, text in (("value", "value"), ("key", "key_text")):
             if (reason := refused_schema(F.col(text), refused.get(column, {}))) is not None:
                 problem = problem.when(reason.isNotNull(), reason)
         unparsed = F.col(f"envelope.{UNPARSED}")
-        problem = problem.when(
-            F.col("value").isNotNull() & F.col("envelope").isNull(), F.lit("value is not a Debezium JSON envelope")
-        ).when(unparsed.isNotNull(), F.coalesce(
-            mismatched_field(F.col("value"), "envelope", value_schema, at, ""),
-            F.lit("value is not a Debezium JSON envelope"),
-        )).when(~F.col("op").isin(*known_ops) | F.col("op").isNull(), F.concat(F.lit("unknown op "), F.coalesce("op", F.lit("null"))))  # fmt: skip
+        problem = (
+            problem.when(
+                F.col("value").isNotNull() & F.col("envelope").isNull(), F.lit("value is not a Debezium JSON envelope")
+            )
+            .when(
+                unparsed.isNotNull(),
+                F.coalesce(
+                    mismatched_field(F.col("value"), "envelope", value_schema, at, ""),
+                    F.lit("value is not a Debezium JSON envelope"),
+                ),
+            )
+            .when(
+                ~F.col("op").isin(*known_ops) | F.col("op").isNull(),
+                F.concat(F.lit("unknown op "), F.coalesce("op", F.lit("null"))),
+            )
+        )
         if key_schema is not None and isinstance(json_type(key_schema), StructType):
             problem = _key_problems(problem, key_schema, at)
-        problem = problem.when(F.col("op").isin(*_ROW_OPS) & F.col("envelope.after").isNull(), F.concat(
-            F.lit("field after: missing in a change of op "), F.col("op")))  # fmt: skip
+        problem = problem.when(
+            F.col("op").isin(*_ROW_OPS) & F.col("envelope.after").isNull(),
+            F.concat(F.lit("field after: missing in a change of op "), F.col("op")),
+        )
         for field in row_schema.fields or ():
             if not field.optional:
-                problem = problem.when(F.col("envelope.after").isNotNull() & F.col(f"envelope.after.`{field.field}`").isNull(),
-                                       F.lit(f"field after.{field.field}: null, and the schema says it is not optional"))  # fmt: skip
+                problem = problem.when(
+                    F.col("envelope.after").isNotNull() & F.col(f"envelope.after.`{field.field}`").isNull(),
+                    F.lit(f"field after.{field.field}: null, and the schema says it is not optional"),
+                )
         if key_schema is not None:
             problem = _key_image_problems(problem, key_schema)
         for image in ("before", "after"):
             problem = decoding_problems(problem, f"envelope.{image}", image, row_schema, f"{image}.")
         self._changes = change_columns(
-            F.col("before"), F.col("after"), F.col("envelope.source.lsn"), last_commit_lsn(value_schema),
-            F.timestamp_millis(F.col("envelope.source.ts_ms")), problem, snapshot_start(value_schema),
-        )  # fmt: skip
+            F.col("before"),
+            F.col("after"),
+            F.col("envelope.source.lsn"),
+            last_commit_lsn(value_schema),
+            F.timestamp_millis(F.col("envelope.source.ts_ms")),
+            problem,
+            snapshot_start(value_schema),
+        )
 
     def __call__(self, raw: DataFrame) -> DataFrame:
         """Typed changes from raw rows (columns of :data:`cdc.raw.table.RAW_SCHEMA`)."""
@@ -392,14 +453,22 @@ _ROW_OPS = (Op.READ.value, Op.CREATE.value, Op.UPDATE.value)
 def _key_problems(problem: Column, key_schema: ConnectSchema, at: list[str]) -> Column:
     """``problem`` extended with a key that is no JSON of ``key_schema``, or misses a required field."""
     unparsed = F.col(f"raw_key.{UNPARSED}")
-    problem = problem.when(F.col("key_text").isNotNull() & F.col("raw_key").isNull(), F.lit(
-        "key is not a Debezium JSON key of the table's key schema")).when(unparsed.isNotNull(), F.coalesce(
+    problem = problem.when(
+        F.col("key_text").isNotNull() & F.col("raw_key").isNull(),
+        F.lit("key is not a Debezium JSON key of the table's key schema"),
+    ).when(
+        unparsed.isNotNull(),
+        F.coalesce(
             mismatched_field(F.col("key_text"), "raw_key", key_schema, at, "key."),
-            F.lit("key is not a Debezium JSON key of the table's key schema")))  # fmt: skip
+            F.lit("key is not a Debezium JSON key of the table's key schema"),
+        ),
+    )
     for field in key_schema.fields or ():
         if not field.optional:
-            problem = problem.when(F.col("raw_key").isNotNull() & F.col(f"raw_key.`{field.field}`").isNull(),
-                                   F.lit(f"field key.{field.field}: null, and the schema says it is not optional"))  # fmt: skip
+            problem = problem.when(
+                F.col("raw_key").isNotNull() & F.col(f"raw_key.`{field.field}`").isNull(),
+                F.lit(f"field key.{field.field}: null, and the schema says it is not optional"),
+            )
     return problem
 
 
@@ -412,9 +481,15 @@ def _key_image_problems(problem: Column, key_schema: ConnectSchema) -> Column:
         for ops, image in ((_ROW_OPS, "after"), ((Op.DELETE.value,), "before")):
             row = F.col(f"{image}.`{name}`")
             differs = F.col("op").isin(*ops) & F.col(image).isNotNull() & ~key.eqNullSafe(row)
-            problem = problem.when(differs, F.concat(
-                F.lit(f"field key.{name}: "), F.coalesce(key.cast("string"), F.lit("null")),
-                F.lit(f" is not the row's {image}.{name}, "), F.coalesce(row.cast("string"), F.lit("null"))))  # fmt: skip
+            problem = problem.when(
+                differs,
+                F.concat(
+                    F.lit(f"field key.{name}: "),
+                    F.coalesce(key.cast("string"), F.lit("null")),
+                    F.lit(f" is not the row's {image}.{name}, "),
+                    F.coalesce(row.cast("string"), F.lit("null")),
+                ),
+            )
     return problem
 
 
@@ -461,12 +536,18 @@ def change_parser(
     refused_schemas: dict[str, dict[str, str]] | None = None,
 ) -> ChangeParser:
     """The :class:`ChangeParser` of these schemas, built on first use and kept."""
-    schemas = (key_schema and key_schema.model_dump_json(), value_schema.model_dump_json(), wrapped,
-               tuple((column, tuple(seen)) for column, seen in sorted((schema_texts or {}).items())), only_schemas,
-               tuple((column, tuple(sorted(why.items()))) for column, why in sorted((refused_schemas or {}).items())))  # fmt: skip
+    schemas = (
+        key_schema and key_schema.model_dump_json(),
+        value_schema.model_dump_json(),
+        wrapped,
+        tuple((column, tuple(seen)) for column, seen in sorted((schema_texts or {}).items())),
+        only_schemas,
+        tuple((column, tuple(sorted(why.items()))) for column, why in sorted((refused_schemas or {}).items())),
+    )
     with _PARSERS_LOCK:
-        parser = _PARSERS.pop(schemas, None) or ChangeParser(key_schema, value_schema, wrapped, schema_texts,
-                                                             only_schemas, refused_schemas)  # fmt: skip
+        parser = _PARSERS.pop(schemas, None) or ChangeParser(
+            key_schema, value_schema, wrapped, schema_texts, only_schemas, refused_schemas
+        )
         _PARSERS[schemas] = parser  # now the most recently used
         while len(_PARSERS) > _PARSERS_KEPT:
             _PARSERS.pop(next(iter(_PARSERS)))

@@ -39,7 +39,11 @@ def resolve(column_types: StructType, path: str) -> list[Step]:
     for segment in segments(path):
         if isinstance(data_type, (StructType, NullType)):  # a missing document is created
             steps.append(segment)
-            data_type = data_type[segment].dataType if isinstance(data_type, StructType) and segment in data_type.names else NullType()
+            data_type = (
+                data_type[segment].dataType
+                if isinstance(data_type, StructType) and segment in data_type.names
+                else NullType()
+            )
         elif isinstance(data_type, ArrayType) and segment.isdigit():
             steps.append(int(segment))
             data_type = data_type.elementType
@@ -60,7 +64,9 @@ def path_type(column_types: StructType, path: str, leaf: DataType) -> DataType:
         head, tail = rest[0], rest[1:]
         if isinstance(data_type, ArrayType):
             return ArrayType(build(data_type.elementType, tail))
-        inner = data_type[head].dataType if isinstance(data_type, StructType) and head in data_type.names else NullType()
+        inner = (
+            data_type[head].dataType if isinstance(data_type, StructType) and head in data_type.names else NullType()
+        )
         return StructType([StructField(head, build(inner, tail))])
 
     resolve(column_types, path)  # raises when it cannot apply
@@ -103,8 +109,15 @@ def _tree(column_types: StructType, updated: list[str], removed: list[str], trun
     return root
 
 
-def apply_patch(state: Column, column_types: StructType, patch: Column, updated: list[str], removed: list[str],
-                truncated: list[str], decoders: dict[str, Callable[[Column], Column]] | None = None) -> Column:  # fmt: skip
+def apply_patch(
+    state: Column,
+    column_types: StructType,
+    patch: Column,
+    updated: list[str],
+    removed: list[str],
+    truncated: list[str],
+    decoders: dict[str, Callable[[Column], Column]] | None = None,
+) -> Column:
     """``state`` (a document of ``column_types``) after ``patch`` (``updated`` variant, ``removed``
     paths, ``truncated`` arrays); the lists name the batch's paths, each resolvable in ``column_types``
     to a column (paths no column holds change nothing and are left out by the caller). ``decoders``
@@ -141,7 +154,9 @@ def apply_patch(state: Column, column_types: StructType, patch: Column, updated:
             result = F.when(size.isNotNull(), F.slice(result, 1, size)).otherwise(result)
         if node.children:
             below = any_of([touches(c) for c in node.children.values()])
-            result = F.when(below, _bind(result, lambda current: rebuild_children(current, data_type, node))).otherwise(result)
+            result = F.when(below, _bind(result, lambda current: rebuild_children(current, data_type, node))).otherwise(
+                result
+            )
         if node.updated:
             decoded = (decoders or {}).get(node.path, lambda v: decode(v, data_type))(new_value(node))
             result = F.when(new_value(node).isNotNull(), decoded).otherwise(result)
@@ -168,10 +183,16 @@ def apply_patch(state: Column, column_types: StructType, patch: Column, updated:
         else:
             assert isinstance(data_type, StructType)
             document = F.coalesce(current, empty(data_type))
-            rebuilt = F.struct(*[
-                (rebuild(document[f.name], f.dataType, node.children[f.name]) if f.name in node.children else document[f.name]).alias(f.name)
-                for f in data_type.fields
-            ])  # fmt: skip
+            rebuilt = F.struct(
+                *[
+                    (
+                        rebuild(document[f.name], f.dataType, node.children[f.name])
+                        if f.name in node.children
+                        else document[f.name]
+                    ).alias(f.name)
+                    for f in data_type.fields
+                ]
+            )
         return F.when(current.isNull() & ~created, current).otherwise(rebuilt)  # nothing to create in a missing value
 
     return rebuild(state, column_types, _tree(column_types, updated, removed, truncated))

@@ -74,16 +74,22 @@ from refine.registry import SchemaRegistryClient
 
 TIMESTAMP = "google.protobuf.Timestamp"
 # The wrappers of google/protobuf/wrappers.proto: a scalar with presence (null when unset).
-WRAPPERS = {f"google.protobuf.{name}Value" for name in
-            ("Double", "Float", "Int64", "UInt64", "Int32", "UInt32", "Bool", "String", "Bytes")}  # fmt: skip
+WRAPPERS = {
+    f"google.protobuf.{name}Value"
+    for name in ("Double", "Float", "Int64", "UInt64", "Int32", "UInt32", "Bool", "String", "Bytes")
+}
 # JSON-like values (google/protobuf/struct.proto), recursive by nature: kept as their JSON text.
 JSON_MESSAGES = {"google.protobuf.Struct", "google.protobuf.Value", "google.protobuf.ListValue"}
 # The range of google.protobuf.Timestamp (years 1 to 9999), which Spark's timestamps hold too.
 MIN_SECONDS, MAX_SECONDS = -62_135_596_800, 253_402_300_799
 NO_VALUE = "no value (a null record)"
 # The decoder's output: the input value is passed through (its hex, raw_value, is computed by Spark).
-DECODED_FIELDS = [("kafka_partition", IntegerType()), ("kafka_offset", LongType()), ("problem", StringType()),
-                  ("value", BinaryType())]  # fmt: skip
+DECODED_FIELDS = [
+    ("kafka_partition", IntegerType()),
+    ("kafka_offset", LongType()),
+    ("problem", StringType()),
+    ("value", BinaryType()),
+]
 
 
 # --- compiling the schema (on the driver) ------------------------------------------------------
@@ -105,10 +111,20 @@ def compile_proto(folder: Path, file_name: str, what: str) -> CompiledSchema:
         # protoc in a process of its own, in the schema's folder: its messages (on its stderr, read here)
         # name files as the schema names them.
         done = subprocess.run(
-            [sys.executable, "-m", "grpc_tools.protoc", "--proto_path=.", "--include_imports",
-             f"--descriptor_set_out={target}", file_name],
-            cwd=folder, capture_output=True, text=True, check=False,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "grpc_tools.protoc",
+                "--proto_path=.",
+                "--include_imports",
+                f"--descriptor_set_out={target}",
+                file_name,
+            ],
+            cwd=folder,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if done.returncode != 0 or not target.exists():
             message = " ".join(line.strip() for line in (done.stderr or done.stdout).splitlines() if line.strip())
             raise ConfigError(f"{what} does not compile: {message or f'protoc exited with {done.returncode}'}")
@@ -154,8 +170,10 @@ def message_descriptor(schema: CompiledSchema, name: str | None) -> Any:
     if name is None:
         name = messages[0]
     elif name not in messages:
-        raise ConfigError(f"message: the Protobuf schema has no message {name!r} (it has {', '.join(messages)}; "
-                          "give the fully qualified name)")  # fmt: skip
+        raise ConfigError(
+            f"message: the Protobuf schema has no message {name!r} (it has {', '.join(messages)}; "
+            "give the fully qualified name)"
+        )
     return _pool(schema.descriptor_set).FindMessageTypeByName(name)
 
 
@@ -185,13 +203,23 @@ def _scalar_types() -> dict[int, DataType]:
     from google.protobuf.descriptor import FieldDescriptor as Field
 
     return {
-        Field.TYPE_INT32: IntegerType(), Field.TYPE_SINT32: IntegerType(), Field.TYPE_SFIXED32: IntegerType(),
-        Field.TYPE_INT64: LongType(), Field.TYPE_SINT64: LongType(), Field.TYPE_SFIXED64: LongType(),
-        Field.TYPE_UINT32: LongType(), Field.TYPE_FIXED32: LongType(),
-        Field.TYPE_UINT64: DecimalType(20, 0), Field.TYPE_FIXED64: DecimalType(20, 0),
-        Field.TYPE_FLOAT: FloatType(), Field.TYPE_DOUBLE: DoubleType(), Field.TYPE_BOOL: BooleanType(),
-        Field.TYPE_STRING: StringType(), Field.TYPE_BYTES: BinaryType(), Field.TYPE_ENUM: StringType(),
-    }  # fmt: skip
+        Field.TYPE_INT32: IntegerType(),
+        Field.TYPE_SINT32: IntegerType(),
+        Field.TYPE_SFIXED32: IntegerType(),
+        Field.TYPE_INT64: LongType(),
+        Field.TYPE_SINT64: LongType(),
+        Field.TYPE_SFIXED64: LongType(),
+        Field.TYPE_UINT32: LongType(),
+        Field.TYPE_FIXED32: LongType(),
+        Field.TYPE_UINT64: DecimalType(20, 0),
+        Field.TYPE_FIXED64: DecimalType(20, 0),
+        Field.TYPE_FLOAT: FloatType(),
+        Field.TYPE_DOUBLE: DoubleType(),
+        Field.TYPE_BOOL: BooleanType(),
+        Field.TYPE_STRING: StringType(),
+        Field.TYPE_BYTES: BinaryType(),
+        Field.TYPE_ENUM: StringType(),
+    }
 
 
 def protobuf_event_schema(message: Any) -> StructType:
@@ -200,8 +228,9 @@ def protobuf_event_schema(message: Any) -> StructType:
 
 
 def _struct_type(message: Any, prefix: str, enclosing: tuple[str, ...]) -> StructType:
-    return StructType([StructField(field.name, spark_type(field, prefix + field.name, enclosing))
-                       for field in message.fields])  # fmt: skip
+    return StructType(
+        [StructField(field.name, spark_type(field, prefix + field.name, enclosing)) for field in message.fields]
+    )
 
 
 def spark_type(field: Any, path: str, enclosing: tuple[str, ...] = ()) -> DataType:
@@ -231,8 +260,10 @@ def _element_type(field: Any, path: str, enclosing: tuple[str, ...]) -> DataType
     if message.full_name in JSON_MESSAGES:
         return StringType()
     if message.full_name in enclosing:
-        raise ConfigError(f"field {path}: message {message.full_name} contains itself; recursive Protobuf "
-                          "messages are not supported (no Spark schema can hold them)")  # fmt: skip
+        raise ConfigError(
+            f"field {path}: message {message.full_name} contains itself; recursive Protobuf "
+            "messages are not supported (no Spark schema can hold them)"
+        )
     return _struct_type(message, path + ".", (*enclosing, message.full_name))
 
 
@@ -416,10 +447,15 @@ class _Reader:
         if not self.decoding.framed:
             return self._message(value, "", _framing_hint(value))
         if len(value) < HEADER_BYTES:
-            return None, (f"the value is {len(value)} bytes: shorter than the header of Confluent's wire format "
-                          "(magic byte 0, 4-byte schema id)")  # fmt: skip
+            return None, (
+                f"the value is {len(value)} bytes: shorter than the header of Confluent's wire format "
+                "(magic byte 0, 4-byte schema id)"
+            )
         if value[0] != 0:
-            return None, f"the value starts with byte 0x{value[0]:02X}, not the magic byte 0x00 of Confluent's wire format"
+            return (
+                None,
+                f"the value starts with byte 0x{value[0]:02X}, not the magic byte 0x00 of Confluent's wire format",
+            )
         schema_id = int.from_bytes(value[1:HEADER_BYTES], "big")
         writer = self.decoding.writers.get(schema_id, "is not a Protobuf schema of the schema registry")
         if isinstance(writer, str):
@@ -439,8 +475,10 @@ class _Reader:
         try:
             parsed = self.parse(payload)
         except Exception as error:  # the parser's DecodeError (any failure to parse: the value is the cause)
-            return None, (f"the value is not a Protobuf {self.decoding.message} message{written_with}: "
-                          f"{_parse_error(error)}{hint}")  # fmt: skip
+            return None, (
+                f"the value is not a Protobuf {self.decoding.message} message{written_with}: "
+                f"{_parse_error(error)}{hint}"
+            )
         try:
             return self.convert(parsed), None
         except ValueError as error:  # Unfit, or text that is not UTF-8 (proto2 strings are not checked by the parser)
@@ -474,13 +512,19 @@ class DecodeBatches:
         event_type = to_arrow_type(self.decoding.event_schema)
         for batch in batches:
             read = [reader.read(value) for value in batch.column("value").to_pylist()]
-            events, problems = _arrow_events([event for event, _ in read], [problem for _, problem in read],
-                                             event_type, self.decoding.message)  # fmt: skip
+            events, problems = _arrow_events(
+                [event for event, _ in read], [problem for _, problem in read], event_type, self.decoding.message
+            )
             yield pa.RecordBatch.from_arrays(
-                [events, batch.column("kafka_partition"), batch.column("kafka_offset"),
-                 pa.array(problems, pa.string()), batch.column("value")],
+                [
+                    events,
+                    batch.column("kafka_partition"),
+                    batch.column("kafka_offset"),
+                    pa.array(problems, pa.string()),
+                    batch.column("value"),
+                ],
                 names=["event", *(name for name, _ in DECODED_FIELDS)],
-            )  # fmt: skip
+            )
 
 
 def _arrow_events(events: list, problems: list, event_type: Any, message: str) -> tuple[Any, list]:
@@ -505,10 +549,17 @@ def _arrow_events(events: list, problems: list, event_type: Any, message: str) -
 def decode_protobuf(records: DataFrame, decoding: ProtobufDecoding) -> DataFrame:
     """Raw rows as ``event`` (a struct of the message's Spark schema), Kafka coordinates, ``raw_value``
     (hex) and a ``problem`` (null for a good event) saying why the value is not an event."""
-    values = records.select(original_bytes("value", "value_bytes").alias("value"),
-                            F.col("partition").alias("kafka_partition"), F.col("offset").alias("kafka_offset"))  # fmt: skip
-    decoded_schema = StructType([StructField("event", decoding.event_schema),
-                                 *[StructField(name, data_type) for name, data_type in DECODED_FIELDS]])  # fmt: skip
+    values = records.select(
+        original_bytes("value", "value_bytes").alias("value"),
+        F.col("partition").alias("kafka_partition"),
+        F.col("offset").alias("kafka_offset"),
+    )
+    decoded_schema = StructType(
+        [
+            StructField("event", decoding.event_schema),
+            *[StructField(name, data_type) for name, data_type in DECODED_FIELDS],
+        ]
+    )
     decoded = values.mapInArrow(DecodeBatches(decoding), decoded_schema)
     return decoded.select("event", "kafka_partition", "kafka_offset", "problem", F.hex("value").alias("raw_value"))
 
@@ -547,8 +598,13 @@ class ProtobufDecoder:
         if self.registry is not None:
             for schema_id in batch_schema_ids(records):
                 writers[schema_id] = self._writer(schema_id)
-        decoding = ProtobufDecoding(schema=self.schema, message=self.message, event_schema=self.event_schema,
-                                    framed=self.registry is not None, writers=writers)  # fmt: skip
+        decoding = ProtobufDecoding(
+            schema=self.schema,
+            message=self.message,
+            event_schema=self.event_schema,
+            framed=self.registry is not None,
+            writers=writers,
+        )
         return decode_protobuf(records, decoding)
 
     def _writer(self, schema_id: int) -> Writer:

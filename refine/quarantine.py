@@ -48,5 +48,13 @@ def quarantine(spark: SparkSession, location: str, source_table: str, topic: str
 def add_quarantined(spark: SparkSession, location: str, rows: DataFrame) -> None:
     """Add ``rows`` (of :data:`QUARANTINE_SCHEMA`) to the quarantine table, each record once."""
     keys = ("source_table", "partition", "offset")
-    merge_into_shared_table(spark, location, QUARANTINE_SCHEMA, lambda table: table.alias("q").merge(
-        rows.alias("n"), " AND ".join(f"q.`{k}` = n.`{k}`" for k in keys)).whenNotMatchedInsertAll())  # fmt: skip
+    merge_into_shared_table(
+        spark,
+        location,
+        QUARANTINE_SCHEMA,
+        lambda table: (
+            table.alias("q")
+            .merge(rows.alias("n"), " AND ".join(f"q.`{k}` = n.`{k}`" for k in keys))
+            .whenNotMatchedInsertAll()
+        ),
+    )

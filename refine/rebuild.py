@@ -66,9 +66,11 @@ def rebuild_location(warehouse: str, name: str) -> str:
 
 
 def rebuild_refined_table(
-    spark: SparkSession, config: RefineJobConfig, say: Callable[[str], None] = print,
+    spark: SparkSession,
+    config: RefineJobConfig,
+    say: Callable[[str], None] = print,
     records_per_batch: int = RECORDS_PER_BATCH,
-) -> list[RebuiltTable]:  # fmt: skip
+) -> list[RebuiltTable]:
     """Refine the raw table of ``config`` again, from its current contents, into its refined table and
     the tables beside it (history, children, side tables), replacing each in one commit; the next run
     of the refinement continues after the raw version read. Returns the tables replaced.
@@ -87,7 +89,7 @@ def rebuild_refined_table(
     staging = rebuild_location(config.warehouse, config.target)
     storage = Storage(spark)
     storage.delete(staging)  # what a rebuild cut short left
-    rules = (config.rules or TableRules(table=config.target, topic=config.table, warehouse=config.warehouse))
+    rules = config.rules or TableRules(table=config.target, topic=config.table, warehouse=config.warehouse)
     staged = config.model_copy(update={"warehouse": staging, "rules": rules.model_copy(update={"warehouse": staging})})
     batch = RefineBatch(staged, raw_location=raw)
     chunks = raw_chunks(records, records_per_batch)
@@ -97,9 +99,8 @@ def rebuild_refined_table(
     applied = applied_location(config.warehouse, config.target)
     counted = read_applied(spark, applied)
     replaced = [
-        rebuilt for live, copy in _table_pairs(config, staging)
-        if (rebuilt := _replace(spark, live, copy)) is not None
-    ]  # fmt: skip
+        rebuilt for live, copy in _table_pairs(config, staging) if (rebuilt := _replace(spark, live, copy)) is not None
+    ]
     _keep_batch_counter(spark, applied, counted)
     _keep_quarantined(spark, quarantine_location(staging), quarantine_location(config.warehouse))
     refined = refined_table_location(config.warehouse, config.target)
@@ -124,8 +125,11 @@ def raw_chunks(records: DataFrame, records_per_batch: int) -> list[DataFrame]:
     edges = sorted(set(int(bound) for bound in bounds))
     chunks, lower = [], None
     for edge in edges:
-        chunks.append(records.where(F.col("batch_id") <= edge) if lower is None
-                      else records.where((F.col("batch_id") > lower) & (F.col("batch_id") <= edge)))  # fmt: skip
+        chunks.append(
+            records.where(F.col("batch_id") <= edge)
+            if lower is None
+            else records.where((F.col("batch_id") > lower) & (F.col("batch_id") <= edge))
+        )
         lower = edge
     chunks.append(records if lower is None else records.where(F.col("batch_id") > lower))
     return chunks
@@ -151,8 +155,9 @@ def _replace(spark: SparkSession, live: str, staged: str) -> RebuiltTable | None
         before = _version(spark, live)
         DeltaTable.forPath(spark, live).delete()
         return RebuiltTable(live, before, _version(spark, live))
-    properties = {key: value for key, value in delta_properties(spark, staged).items()
-                  if not key.startswith(_PROTOCOL_PROPERTIES)}  # fmt: skip
+    properties = {
+        key: value for key, value in delta_properties(spark, staged).items() if not key.startswith(_PROTOCOL_PROPERTIES)
+    }
     rows = spark.read.format("delta").load(staged)
     before = _version(spark, live) if is_delta_table(spark, live) else None
     if before is not None:  # the live table's columns keep their order (a column added mid-stream stays last)

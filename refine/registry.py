@@ -48,8 +48,11 @@ class SchemaRegistryClient:
         latest = self.latest(subject)
         if latest.schema_type != schema_type:
             wanted = {"AVRO": "an Avro", "PROTOBUF": "a Protobuf"}.get(schema_type, f"a {schema_type}")
-            raise ConfigError(f"the schema registry at {self.url} holds a {latest.schema_type} schema for subject "
-                              f"{subject}, not {wanted} one", topic=topic)  # fmt: skip
+            raise ConfigError(
+                f"the schema registry at {self.url} holds a {latest.schema_type} schema for subject "
+                f"{subject}, not {wanted} one",
+                topic=topic,
+            )
         return latest
 
     def by_id(self, schema_id: int) -> RegisteredSchema | None:
@@ -67,14 +70,17 @@ class SchemaRegistryClient:
         except urllib.error.HTTPError as error:
             if error.code == 404:
                 return None
-            raise ConfigError(f"the schema registry at {self.url} answered {error.code} to GET {path}: "
-                              f"{_error_message(error)}", **context) from None  # fmt: skip
+            raise ConfigError(
+                f"the schema registry at {self.url} answered {error.code} to GET {path}: {_error_message(error)}",
+                **context,
+            ) from None
         except (urllib.error.URLError, OSError) as error:
             reason = getattr(error, "reason", None) or error
             raise ConfigError(f"cannot reach the schema registry at {self.url}: {reason}", **context) from None
         except ValueError:
-            raise ConfigError(f"the schema registry at {self.url} answered GET {path} with no JSON document",
-                              **context) from None  # fmt: skip
+            raise ConfigError(
+                f"the schema registry at {self.url} answered GET {path} with no JSON document", **context
+            ) from None
 
 
 def _registered(document: dict, schema_id: object, where: str) -> RegisteredSchema:

@@ -38,7 +38,9 @@ def is_key_change(headers: Column) -> Column:
     return F.exists(headers, lambda header: header["key"].isin(OLD_KEY_HEADER, NEW_KEY_HEADER))
 
 
-def stored_states(spark: SparkSession, locations: list[str], key_columns: list[str], row_type: StructType) -> DataFrame | None:
+def stored_states(
+    spark: SparkSession, locations: list[str], key_columns: list[str], row_type: StructType
+) -> DataFrame | None:
     """The rows of the refined-shaped tables at ``locations`` (those that exist) as states: ``key``
     and ``image`` structs and the position; None when there is none."""
     states = []
@@ -47,14 +49,20 @@ def stored_states(spark: SparkSession, locations: list[str], key_columns: list[s
             continue
         stored = spark.read.format("delta").load(location)
         present = set(stored.columns)
-        image = F.struct(*[
-            (F.col(f"`{f.name}`") if f.name in present else F.lit(None).cast(f.dataType)).alias(f.name)
-            for f in row_type.fields
-        ])  # fmt: skip
-        states.append(stored.select(
-            F.struct(*[F.col(f"`{k}`") for k in key_columns]).alias("key"),
-            F.col(LSN).alias("state_lsn"), F.col(OFFSET).alias("state_offset"), image.alias("image"),
-        ))  # fmt: skip
+        image = F.struct(
+            *[
+                (F.col(f"`{f.name}`") if f.name in present else F.lit(None).cast(f.dataType)).alias(f.name)
+                for f in row_type.fields
+            ]
+        )
+        states.append(
+            stored.select(
+                F.struct(*[F.col(f"`{k}`") for k in key_columns]).alias("key"),
+                F.col(LSN).alias("state_lsn"),
+                F.col(OFFSET).alias("state_offset"),
+                image.alias("image"),
+            )
+        )
     return reduce(DataFrame.unionByName, states) if states else None
 
 
@@ -66,8 +74,9 @@ def batch_states(changes: DataFrame) -> DataFrame:
     )
 
 
-def with_state_before(rows: DataFrame, looks_up: Column, key: Column, states: DataFrame,
-                      stored: DataFrame | None) -> DataFrame:
+def with_state_before(
+    rows: DataFrame, looks_up: Column, key: Column, states: DataFrame, stored: DataFrame | None
+) -> DataFrame:
     """``rows`` with ``image``: for the rows where ``looks_up`` holds, the state of ``key`` just before
     the row's position, from ``states`` or ``stored`` (null if there is none)."""
     lsn, offset = POSITION_COLUMNS
@@ -77,14 +86,16 @@ def with_state_before(rows: DataFrame, looks_up: Column, key: Column, states: Da
     )
     if stored is not None:  # only the stored rows of the keys looked up, never the whole table
         states = states.unionByName(stored.join(lookups.select("key").distinct(), "key", "left_semi"))
-    before = ~at_or_after([F.col("s.state_lsn"), F.col("s.state_offset")],
-                          [F.col("l.lookup_lsn"), F.col("l.lookup_offset")])  # fmt: skip
+    before = ~at_or_after(
+        [F.col("s.state_lsn"), F.col("s.state_offset")], [F.col("l.lookup_lsn"), F.col("l.lookup_offset")]
+    )
     found = lookups.alias("l").join(states.alias("s"), (F.col("l.key") == F.col("s.key")) & before)
     latest = Window.partitionBy("l.lookup_id").orderBy(F.col("s.state_lsn").desc(), F.col("s.state_offset").desc())
     prior = (
-        found.withColumn("_rank", F.row_number().over(latest)).where("_rank = 1")
+        found.withColumn("_rank", F.row_number().over(latest))
+        .where("_rank = 1")
         .select(F.col("l.lookup_id").alias("lookup_id"), F.col("s.image").alias("image"))
-    )  # fmt: skip
+    )
     return rows.join(prior, "lookup_id", "left").drop("lookup_id")
 
 
@@ -95,14 +106,19 @@ def chain_depth(changes: DataFrame, rekeyed: Column) -> int:
     changes, however many, take one."""
     lsn, offset = POSITION_COLUMNS
     links = changes.where(rekeyed).select(
-        F.struct("kafka_partition", "kafka_offset").alias("id"), "key", "old_key", F.col(lsn).alias("lsn"),
+        F.struct("kafka_partition", "kafka_offset").alias("id"),
+        "key",
+        "old_key",
+        F.col(lsn).alias("lsn"),
         F.col(offset).alias("offset"),
-    )  # fmt: skip
+    )
     earlier = ~at_or_after([F.col("p.lsn"), F.col("p.offset")], [F.col("c.lsn"), F.col("c.offset")])
     chained = (
-        links.alias("c").join(links.alias("p"), (F.col("c.old_key") == F.col("p.key")) & earlier)
-        .groupBy(F.col("c.id").alias("id")).agg(F.max(F.struct("p.lsn", "p.offset", "p.id"))["id"].alias("parent"))
-    ).persist()  # fmt: skip
+        links.alias("c")
+        .join(links.alias("p"), (F.col("c.old_key") == F.col("p.key")) & earlier)
+        .groupBy(F.col("c.id").alias("id"))
+        .agg(F.max(F.struct("p.lsn", "p.offset", "p.id"))["id"].alias("parent"))
+    ).persist()
     try:
         depth, links_at_depth = 1, chained  # the creates at least depth + 1 links down a chain
         while not links_at_depth.isEmpty():
@@ -145,6 +161,7 @@ def fill_from_old_keys(changes: DataFrame, key_schema: ConnectSchema, stored: Da
             filled = _checkpointed(filled)
         with_prior = with_state_before(filled, rekeyed, F.col("old_key"), batch_states(filled), stored)
         after = replace_placeholders(F.col("after"), F.col("image"), changes.schema["after"].dataType)
-        filled = fill_from_earlier_changes(with_prior.withColumn("after", after).drop("image"), key_columns, order,
-                                           within=(F.col("key_segment"),))  # fmt: skip
+        filled = fill_from_earlier_changes(
+            with_prior.withColumn("after", after).drop("image"), key_columns, order, within=(F.col("key_segment"),)
+        )
     return filled.drop("old_key", "key_segment")

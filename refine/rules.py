@@ -50,8 +50,14 @@ class TableRules(_Strict):
     history: HistorySpec | None = Field(default=None, description="Keep every version (SCD type 2); None: no history.")
 
     def expectations_config(self, key_columns: list[str]) -> ExpectationsConfig:
-        return ExpectationsConfig(table=self.table, key_columns=key_columns, expectations=self.expectations,
-                                  topic=self.topic, partition_column=PARTITION, offset_column=OFFSET)  # fmt: skip
+        return ExpectationsConfig(
+            table=self.table,
+            key_columns=key_columns,
+            expectations=self.expectations,
+            topic=self.topic,
+            partition_column=PARTITION,
+            offset_column=OFFSET,
+        )
 
     def check(self, spark: SparkSession, rows: DataFrame, key_columns: list[str]) -> None:
         """ConfigError naming an expectation that is not a boolean condition over ``rows`` (no data read)."""
@@ -74,7 +80,9 @@ class TableRules(_Strict):
             yield rows
             return
         checked = rows if deleted is None else rows.where(~deleted)
-        with enforce_expectations(spark, checked, self.expectations_config(key_columns), self.warehouse, batch) as passing:
+        with enforce_expectations(
+            spark, checked, self.expectations_config(key_columns), self.warehouse, batch
+        ) as passing:
             yield passing if deleted is None else passing.unionByName(rows.where(deleted))
 
     @contextmanager
@@ -120,4 +128,3 @@ class TableRules(_Strict):
 def _semi_joined(passing_rows, events: DataFrame) -> Iterator[DataFrame]:
     with passing_rows as passing:
         yield events.join(passing.select(PARTITION, OFFSET), [PARTITION, OFFSET], "left_semi")
-

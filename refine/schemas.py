@@ -30,8 +30,11 @@ def infer_schema(spark: SparkSession, raw_table: str) -> StructType:
     values = spark.read.format("delta").load(raw_table).select(F.try_parse_json("value").alias("v"))
     merged = values.where(F.schema_of_variant("v").startswith("OBJECT<")).select(F.schema_of_variant_agg("v")).head()[0]
     if merged is None:
-        raise TableError("cannot infer the events' schema: the raw table holds no JSON object yet; land events "
-                         "first or give the schema in the pipeline file", table=raw_table)  # fmt: skip
+        raise TableError(
+            "cannot infer the events' schema: the raw table holds no JSON object yet; land events "
+            "first or give the schema in the pipeline file",
+            table=raw_table,
+        )
     return inferred_schema(merged)
 
 

@@ -52,8 +52,10 @@ def placeholder_test(data_type: DataType) -> ValueTest | None:
         markers = [F.lit(TOAST_PLACEHOLDER), F.lit(TOAST_PLACEHOLDER_HSTORE)]
     elif isinstance(data_type, BinaryType):  # bytea: the placeholder's bytes
         markers = [F.lit(_PLACEHOLDER_BYTES)]
-    elif isinstance(data_type, MapType) and isinstance(data_type.keyType, StringType) and isinstance(
-        data_type.valueType, StringType
+    elif (
+        isinstance(data_type, MapType)
+        and isinstance(data_type.keyType, StringType)
+        and isinstance(data_type.valueType, StringType)
     ):  # hstore as a map
         # Spark cannot compare maps: one entry, the placeholder mapped to itself.
         return lambda value: (F.size(value) == 1) & (value[TOAST_PLACEHOLDER] == TOAST_PLACEHOLDER)
@@ -72,7 +74,9 @@ def placeholder_test(data_type: DataType) -> ValueTest | None:
 
 def has_placeholder(row: Column, row_type: StructType) -> Column:
     """True where a field of ``row`` (a struct of ``row_type``) holds the placeholder; false when none can."""
-    checks = [test(row[field.name]) for field in row_type.fields if (test := placeholder_test(field.dataType)) is not None]
+    checks = [
+        test(row[field.name]) for field in row_type.fields if (test := placeholder_test(field.dataType)) is not None
+    ]
     return F.coalesce(reduce(Column.__or__, checks), F.lit(False)) if checks else F.lit(False)
 
 
@@ -96,7 +100,9 @@ def fill_from_earlier_changes(
             fields.append(value.alias(field.name))
             continue
         # Wrapped in a struct so that a real NULL counts as a value and only placeholders are skipped.
-        known = F.when(F.col("after").isNull() | is_placeholder(value), F.lit(None)).otherwise(F.struct(value.alias("v")))
+        known = F.when(F.col("after").isNull() | is_placeholder(value), F.lit(None)).otherwise(
+            F.struct(value.alias("v"))
+        )
         filled = F.last(known, ignorenulls=True).over(history)
         fields.append(F.when(filled.isNull(), value).otherwise(filled["v"]).alias(field.name))
     return changes.withColumn("after", F.when(F.col("after").isNull(), F.col("after")).otherwise(F.struct(*fields)))

@@ -207,8 +207,10 @@ class KafkaTestClient:
     def produce_again(self, topic: str, records: list[tuple]) -> None:
         """Produce copies of ``records`` (as :meth:`records` gives them), as an at-least-once delivery
         would. Records with neither key nor value (a keyless table's tombstones) cannot be produced."""
-        self.produce(topic, [(key, value, headers) for _, _, _, key, value, headers in records
-                             if key is not None or value is not None])  # fmt: skip
+        self.produce(
+            topic,
+            [(key, value, headers) for _, _, _, key, value, headers in records if key is not None or value is not None],
+        )
 
     def records(self, topic: str) -> list[tuple]:
         """Every record of ``topic``: (topic, partition, offset, key, value, headers), by partition and offset."""
@@ -309,9 +311,13 @@ class CdcProcess:
 
     def __init__(self, args: list[str], env: dict[str, str]) -> None:
         self.popen = subprocess.Popen(
-            [sys.executable, "-m", "cdc.cli", *args], env=env, start_new_session=True,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
+            [sys.executable, "-m", "cdc.cli", *args],
+            env=env,
+            start_new_session=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         self.printed: list[str] = []
         self._reader = threading.Thread(target=lambda: self.printed.extend(self.popen.stdout), daemon=True)
         self._reader.start()
@@ -344,11 +350,15 @@ class CdcProcess:
 @pytest.fixture
 def cdc_process(kafka: KafkaTestClient):
     """``cdc_process(args)``: a running `cdc` job (a ``CdcProcess``) talking to the test stack's Kafka."""
-    env = {**os.environ, "CDC_KAFKA__BOOTSTRAP_SERVERS": kafka.bootstrap_servers, "CDC_SPARK__DRIVER_MEMORY": "1g",
-           "CDC_SPARK__SHUFFLE_PARTITIONS": "2",
-           # These jobs live a minute at most: with the C1 compiler alone, a JVM reaches its first Delta
-           # commit ~3 s sooner (C2 compiles for long runs, on the cores the job needs now).
-           "CDC_SPARK__CONF": '{"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}'}  # fmt: skip
+    env = {
+        **os.environ,
+        "CDC_KAFKA__BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
+        "CDC_SPARK__DRIVER_MEMORY": "1g",
+        "CDC_SPARK__SHUFFLE_PARTITIONS": "2",
+        # These jobs live a minute at most: with the C1 compiler alone, a JVM reaches its first Delta
+        # commit ~3 s sooner (C2 compiles for long runs, on the cores the job needs now).
+        "CDC_SPARK__CONF": '{"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}',
+    }
     return lambda args: CdcProcess(args, env)
 
 
@@ -357,6 +367,7 @@ def stop_like_a_service_manager():
     """``stop(process)``: SIGTERM to a `cdc_process` job's whole process group (so to its JVM too), as
     systemd stops a job; checks that it stopped cleanly (exit 0, its stopping line, no traceback) and
     returns its output."""
+
     def stop(process: CdcProcess) -> str:
         process.signal_group(signal.SIGTERM)
         output = process.wait(timeout=180)

@@ -28,8 +28,9 @@ def run_demo(settings: Settings, example: str, output_dir: Path, say: Say = prin
 
     file = PIPELINES[example]
     if not file.is_file():
-        raise ConfigError("the example pipeline is missing: run the demo from a checkout of the project",
-                          file=str(file))
+        raise ConfigError(
+            "the example pipeline is missing: run the demo from a checkout of the project", file=str(file)
+        )
     pipeline = load_pipeline(file)  # checked before anything starts
     say("starting the local stack (Postgres, Kafka, Kafka Connect with Debezium) ...")
     for component in LocalStack(settings.stack).up():

@@ -28,9 +28,13 @@ from refine.quarantine import quarantine_location
 
 
 def games_demo(
-    spark: SparkSession, settings: Settings, pipeline: Pipeline, output_dir: Path, say: Say = print,
+    spark: SparkSession,
+    settings: Settings,
+    pipeline: Pipeline,
+    output_dir: Path,
+    say: Say = print,
     events: GameEvents | None = None,
-) -> GameEvents:  # fmt: skip
+) -> GameEvents:
     """Produce ``events`` (default: the seed-0 set) to the pipeline's event topic unless it holds
     records already; land, refine and show the pipeline's tables; write its graph."""
     events = events or generate_game_events()
@@ -47,8 +51,10 @@ def games_demo(
         else:
             show_player_tables(spark, warehouse, name, table.explode, events, say)
     quarantined = spark.read.format("delta").load(quarantine_location(warehouse)).where(F.col("topic") == topic)
-    say(f"quarantine: {quarantined.count()} records of {topic} (malformed produced: {len(events.malformed)})  "
-        f"{quarantine_location(warehouse)}")  # fmt: skip
+    say(
+        f"quarantine: {quarantined.count()} records of {topic} (malformed produced: {len(events.malformed)})  "
+        f"{quarantine_location(warehouse)}"
+    )
     for line in preview(quarantined.groupBy("reason").count(), rows=10, order_by=["reason"], cell=100):
         say(line)
     show_business_tables(spark, warehouse, pipeline.business, say)
@@ -64,9 +70,11 @@ def produce_once(bootstrap_servers: str, topic: str, events: GameEvents, say: Sa
         say(f"topic {topic} holds {held} records already: not producing the events again")
         return
     produce_game_events(bootstrap_servers, topic, events)
-    say(f"produced {len(events.records)} records to {topic}: {len(events.events)} events of "
+    say(
+        f"produced {len(events.records)} records to {topic}: {len(events.events)} events of "
         f"{len(events.events_per_game())} games by {len(events.latest_per_player())} players "
-        f"({events.out_of_order()} out of order by time), {len(events.malformed)} malformed")  # fmt: skip
+        f"({events.out_of_order()} out of order by time), {len(events.malformed)} malformed"
+    )
 
 
 def _read(spark: SparkSession, location: str):
@@ -79,8 +87,9 @@ FIRST_COLUMNS = ("player", "game", "event_type", "time", "pos", "item_id", "qty"
 
 def _shown(spark: SparkSession, location: str):
     columns = _read(spark, location).drop(REFINED_AT).columns  # the Kafka position stays: it keys appended events
-    return _read(spark, location).select(*[c for c in FIRST_COLUMNS if c in columns],
-                                         *[c for c in columns if c not in FIRST_COLUMNS])  # fmt: skip
+    return _read(spark, location).select(
+        *[c for c in FIRST_COLUMNS if c in columns], *[c for c in columns if c not in FIRST_COLUMNS]
+    )
 
 
 def show_split_tables(
@@ -115,8 +124,10 @@ def show_player_tables(
     """A keyed table (the latest event per player) and its child tables, with the generated counts."""
     latest = events.latest_per_player()
     location = refined_table_location(warehouse, name)
-    say(f"refined {name}: {_read(spark, location).count()} rows, the latest event per player by time "
-        f"(players: {len(latest)})  {location}")  # fmt: skip
+    say(
+        f"refined {name}: {_read(spark, location).count()} rows, the latest event per player by time "
+        f"(players: {len(latest)})  {location}"
+    )
     for line in preview(_shown(spark, location), order_by=["player"]):
         say(line)
     for path in arrays:

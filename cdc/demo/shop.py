@@ -39,8 +39,12 @@ def shop_demo(
 
     topics = {table: f"{connector.topic_prefix}.shop.{table}" for table in TABLES}
     bootstrap = stack_config.kafka.bootstrap_servers
-    start = {partition: held.end for partition, held in KafkaTopics(KafkaConnection(bootstrap_servers=bootstrap))
-             .offsets(list(topics.values())).items()}  # fmt: skip
+    start = {
+        partition: held.end
+        for partition, held in KafkaTopics(KafkaConnection(bootstrap_servers=bootstrap))
+        .offsets(list(topics.values()))
+        .items()
+    }
     report = run_workload(stack_config.postgres.dsn(), customers=customers)
     say("workload applied: " + "; ".join(f"{table} {dict(ops)}" for table, ops in report.changes.items()))
 

@@ -91,6 +91,6 @@ def preview(
         used += width + 2
     lines = ["  ".join(name.ljust(width) for name, width, _ in shown)]
     lines += ["  ".join(cells[i].ljust(width) for _, width, cells in shown) for i in range(len(sample))]
-    if hidden := [name for name, _ in columns[len(shown):]]:
+    if hidden := [name for name, _ in columns[len(shown) :]]:
         lines.append(f"(+{len(hidden)} more columns: {', '.join(hidden)})")
     return [indent + line.rstrip() for line in lines]

@@ -46,7 +46,10 @@ def _topic_problems(pipeline: Pipeline) -> Iterator[Problem]:
     owners: dict[str, str] = {}
     for name, source in pipeline.sources.items():
         if source.topic in owners:
-            yield f"sources.{name}.topic", f"topic {source.topic!r} is already the topic of sources.{owners[source.topic]}"
+            yield (
+                f"sources.{name}.topic",
+                f"topic {source.topic!r} is already the topic of sources.{owners[source.topic]}",
+            )
         owners.setdefault(source.topic, name)
 
 
@@ -67,14 +70,21 @@ def _refined_problems(pipeline: Pipeline) -> Iterator[Problem]:
         if isinstance(source, (DebeziumPostgresSource, DebeziumMongoSource)):
             for field in ("keys", "ordering", "split_by"):
                 if getattr(table, field):
-                    yield f"{where}.{field}", (
-                        f"applies to event sources only: a Debezium table's key is its primary key and its changes "
-                        f"are ordered by their source position (source {table.source!r} is {source.kind})"
+                    yield (
+                        f"{where}.{field}",
+                        (
+                            f"applies to event sources only: a Debezium table's key is its primary key and its changes "
+                            f"are ordered by their source position (source {table.source!r} is {source.kind})"
+                        ),
                     )
             if isinstance(source, DebeziumMongoSource) and "flatten" in table.model_fields_set:
-                yield f"{where}.flatten", (
-                    "applies to event sources only: a MongoDB table keeps nested documents as struct columns, "
-                    "typed from Extended JSON")  # fmt: skip
+                yield (
+                    f"{where}.flatten",
+                    (
+                        "applies to event sources only: a MongoDB table keeps nested documents as struct columns, "
+                        "typed from Extended JSON"
+                    ),
+                )
             continue
         if table.keys and not table.ordering:
             yield f"{where}.ordering", "required with `keys`: the column that orders an entity's events"
@@ -114,9 +124,13 @@ def table_shape_problems(schema: StructType, table: RefinedTable) -> list[Proble
         problems.append(("flatten", error.message))
     else:
         problems += [
-            ("flatten", f"column {column!r} (from {path!r}) uses the prefix {RESERVED_PREFIX!r}, kept for the tool's own")
-            for path, column in columns if column.startswith(RESERVED_PREFIX)
-        ]  # fmt: skip
+            (
+                "flatten",
+                f"column {column!r} (from {path!r}) uses the prefix {RESERVED_PREFIX!r}, kept for the tool's own",
+            )
+            for path, column in columns
+            if column.startswith(RESERVED_PREFIX)
+        ]
     return problems
 
 
@@ -171,7 +185,9 @@ def _business_problems(pipeline: Pipeline) -> Iterator[Problem]:
     for name, table in pipeline.business.items():
         for unknown in sorted(sql_tables(table.sql) - known.keys()):
             yield f"business.{name}.sql", f"unknown table {unknown!r} (tables: {', '.join(sorted(known))})"
-    for cycle in _cycles({name: sql_tables(table.sql) & pipeline.business.keys() for name, table in pipeline.business.items()}):
+    for cycle in _cycles(
+        {name: sql_tables(table.sql) & pipeline.business.keys() for name, table in pipeline.business.items()}
+    ):
         yield f"business.{cycle[0]}.sql", f"cycle: {' -> '.join(cycle)}"
 
 
@@ -199,6 +215,7 @@ def _expectation_problems(pipeline: Pipeline) -> Iterator[Problem]:
     refined = {name for name, where in table_names(pipeline).items() if where.startswith("refined.")}
     for name, expectation in pipeline.expectations.items():
         if expectation.table not in refined:
-            yield f"expectations.{name}.table", (
-                f"unknown refined table {expectation.table!r} (refined tables: {', '.join(sorted(refined))})"
+            yield (
+                f"expectations.{name}.table",
+                (f"unknown refined table {expectation.table!r} (refined tables: {', '.join(sorted(refined))})"),
             )

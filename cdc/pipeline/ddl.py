@@ -37,16 +37,32 @@ from pyspark.sql.types import (
 )
 
 ATOMIC_TYPES: dict[str, DataType] = {
-    "string": StringType(), "varchar": StringType(), "char": StringType(), "text": StringType(),
-    "boolean": BooleanType(), "bool": BooleanType(),
-    "tinyint": ByteType(), "byte": ByteType(), "smallint": ShortType(), "short": ShortType(),
-    "int": IntegerType(), "integer": IntegerType(), "bigint": LongType(), "long": LongType(),
-    "float": FloatType(), "real": FloatType(), "double": DoubleType(),
-    "date": DateType(), "timestamp": TimestampType(), "timestamp_ltz": TimestampType(),
-    "timestamp_ntz": TimestampNTZType(), "binary": BinaryType(),
+    "string": StringType(),
+    "varchar": StringType(),
+    "char": StringType(),
+    "text": StringType(),
+    "boolean": BooleanType(),
+    "bool": BooleanType(),
+    "tinyint": ByteType(),
+    "byte": ByteType(),
+    "smallint": ShortType(),
+    "short": ShortType(),
+    "int": IntegerType(),
+    "integer": IntegerType(),
+    "bigint": LongType(),
+    "long": LongType(),
+    "float": FloatType(),
+    "real": FloatType(),
+    "double": DoubleType(),
+    "date": DateType(),
+    "timestamp": TimestampType(),
+    "timestamp_ltz": TimestampType(),
+    "timestamp_ntz": TimestampNTZType(),
+    "binary": BinaryType(),
     # Inferred from variants: a field seen with several types, or only as null, is kept as JSON text.
-    "variant": StringType(), "void": StringType(),
-}  # fmt: skip
+    "variant": StringType(),
+    "void": StringType(),
+}
 _TOKEN = re.compile(r"\s*(`(?:[^`]|``)*`|'(?:[^'\\]|\\.)*'|[A-Za-z_][A-Za-z0-9_]*|\d+|[<>(),:])")
 
 

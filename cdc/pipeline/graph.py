@@ -57,12 +57,17 @@ def pipeline_graph(pipeline: Pipeline) -> Graph:
         expectations.setdefault(expectation.table, []).append(f"{name} ({expectation.action.value})")
     by_name: dict[str, Node] = {}
     for name, table in pipeline.refined.items():
-        detail = ", ".join(filter(None, [
-            f"keys {', '.join(table.keys)}" if table.keys else "",
-            f"one table per {table.split_by}" if table.split_by else "",
-            f"SCD {table.scd.value}",
-            f"expects {', '.join(expectations[name])}" if name in expectations else "",
-        ]))  # fmt: skip
+        detail = ", ".join(
+            filter(
+                None,
+                [
+                    f"keys {', '.join(table.keys)}" if table.keys else "",
+                    f"one table per {table.split_by}" if table.split_by else "",
+                    f"SCD {table.scd.value}",
+                    f"expects {', '.join(expectations[name])}" if name in expectations else "",
+                ],
+            )
+        )
         refined = by_name[name] = graph.add(Node("refined", name, detail), after=raw_of.get(table.source))
         for path in table.explode:
             child = child_table_name(name, path)
@@ -112,8 +117,10 @@ def render_svg(graph: Graph) -> str:
     ]
     for x, nodes in enumerate(columns):
         kinds = sorted({node.kind for node in nodes}, key=KINDS.index)
-        parts.append(f'<text x="{MARGIN + x * (NODE_W + GAP_X)}" y="{MARGIN + 10}" font-weight="bold" '
-                     f'fill="#374151">{escape(" + ".join(kinds))}</text>')  # fmt: skip
+        parts.append(
+            f'<text x="{MARGIN + x * (NODE_W + GAP_X)}" y="{MARGIN + 10}" font-weight="bold" '
+            f'fill="#374151">{escape(" + ".join(kinds))}</text>'
+        )
     for source, target in graph.edges:
         (x1, y1), (x2, y2) = positions[source], positions[target]
         x1, y1, y2 = x1 + NODE_W, y1 + NODE_H // 2, y2 + NODE_H // 2

@@ -37,7 +37,9 @@ def _duplicate_keys(node: yaml.Node, path: list[Any]) -> list[Problem]:
         for key, value in node.value:
             name = key.value
             if name in lines:
-                problems.append((key_path([*path, name]), f"given twice (lines {lines[name]} and {key.start_mark.line + 1})"))
+                problems.append(
+                    (key_path([*path, name]), f"given twice (lines {lines[name]} and {key.start_mark.line + 1})")
+                )
             lines.setdefault(name, key.start_mark.line + 1)
             problems += _duplicate_keys(value, [*path, name])
     elif isinstance(node, yaml.SequenceNode):
@@ -89,7 +91,11 @@ def load_pipeline(file: Path | str) -> Pipeline:
         pipeline = Pipeline.model_validate(document)
     except ValidationError as error:
         raise PipelineError(
-            file, [f"{_document_path(document, item['loc'])}: {item['msg'].removeprefix('Value error, ')}" for item in error.errors()]
+            file,
+            [
+                f"{_document_path(document, item['loc'])}: {item['msg'].removeprefix('Value error, ')}"
+                for item in error.errors()
+            ],
         ) from None
     if problems := pipeline_problems(pipeline, file.parent):
         raise PipelineError(file, [f"{key}: {reason}" for key, reason in problems])

@@ -40,7 +40,14 @@ from refine.events import EventsBatch, EventsRefineJobConfig, events_batch, hist
 from refine.expectations import Expectation
 from refine.rules import TableRules
 from refine.rebuild import rebuild_refined_table
-from refine.job import RefineBatch, RefineJobConfig, RefineRun, refined_table_location, start_refine_query, watch_refine_queries
+from refine.job import (
+    RefineBatch,
+    RefineJobConfig,
+    RefineRun,
+    refined_table_location,
+    start_refine_query,
+    watch_refine_queries,
+)
 
 RefineJob = RefineJobConfig | EventsRefineJobConfig
 
@@ -51,9 +58,13 @@ class PipelineRefineConfig(RefineRun):
     reinfer_schema: bool = Field(
         default=False, description="Infer the kept schemas of event sources without a given schema again."
     )
-    rebuild: bool = Field(default=False, description=(
-        "First rebuild every refined table of a Debezium source (with its history and child tables) from its raw "
-        "table's current contents (refine/rebuild.py); event tables are refined as usual."))
+    rebuild: bool = Field(
+        default=False,
+        description=(
+            "First rebuild every refined table of a Debezium source (with its history and child tables) from its raw "
+            "table's current contents (refine/rebuild.py); event tables are refined as usual."
+        ),
+    )
 
 
 def raw_job_config(pipeline: Pipeline, options: dict[str, Any]) -> RawJobConfig:
@@ -88,11 +99,18 @@ def table_rules(pipeline: Pipeline, name: str, warehouse: str) -> TableRules:
         Expectation(name=key, condition=expectation.constraint, action=expectation.action.value)
         for key, expectation in pipeline.expectations.items()
         if expectation.table == name
-    ]  # fmt: skip
+    ]
     # Debezium tables keep their history by their primary key, known once the job reads the topic.
-    history = history_spec(table) if table.scd is ScdType.HISTORY and not _debezium(pipeline.sources[table.source]) else None
-    return TableRules(table=name, topic=pipeline.sources[table.source].topic, warehouse=warehouse,
-                      expectations=expectations, history=history)  # fmt: skip
+    history = (
+        history_spec(table) if table.scd is ScdType.HISTORY and not _debezium(pipeline.sources[table.source]) else None
+    )
+    return TableRules(
+        table=name,
+        topic=pipeline.sources[table.source].topic,
+        warehouse=warehouse,
+        expectations=expectations,
+        history=history,
+    )
 
 
 def refine_jobs(pipeline: Pipeline, config: PipelineRefineConfig) -> list[RefineJob]:
@@ -104,21 +122,46 @@ def refine_jobs(pipeline: Pipeline, config: PipelineRefineConfig) -> list[Refine
     jobs: list[RefineJob] = []
     for name, table in pipeline.refined.items():
         source = pipeline.sources[table.source]
-        common = {"warehouse": config.warehouse, "trigger": config.trigger,
-                  "rules": table_rules(pipeline, name, config.warehouse)}  # fmt: skip
+        common = {
+            "warehouse": config.warehouse,
+            "trigger": config.trigger,
+            "rules": table_rules(pipeline, name, config.warehouse),
+        }
         if isinstance(source, JsonEvents):
-            jobs.append(EventsRefineJobConfig(name=name, topic=source.topic, table=table, schema_ddl=source.schema_,
-                                              reinfer_schema=config.reinfer_schema, **common))  # fmt: skip
+            jobs.append(
+                EventsRefineJobConfig(
+                    name=name,
+                    topic=source.topic,
+                    table=table,
+                    schema_ddl=source.schema_,
+                    reinfer_schema=config.reinfer_schema,
+                    **common,
+                )
+            )
         elif isinstance(source, AvroEvents):  # its schema is given: nothing to infer
-            jobs.append(EventsRefineJobConfig(name=name, topic=source.topic, table=table, format="avro",
-                                              wire_schema=source.schema_, **common))  # fmt: skip
+            jobs.append(
+                EventsRefineJobConfig(
+                    name=name, topic=source.topic, table=table, format="avro", wire_schema=source.schema_, **common
+                )
+            )
         elif isinstance(source, ProtobufEvents):  # decoded in Python: spark-protobuf is not on Maven Central here
-            jobs.append(EventsRefineJobConfig(name=name, topic=source.topic, table=table, format="protobuf",
-                                              wire_schema=source.schema_, message=source.message,
-                                              **common))  # fmt: skip
+            jobs.append(
+                EventsRefineJobConfig(
+                    name=name,
+                    topic=source.topic,
+                    table=table,
+                    format="protobuf",
+                    wire_schema=source.schema_,
+                    message=source.message,
+                    **common,
+                )
+            )
         else:
-            jobs.append(RefineJobConfig(table=source.topic, name=name, explode=table.explode,
-                                        history=table.scd is ScdType.HISTORY, **common))  # fmt: skip
+            jobs.append(
+                RefineJobConfig(
+                    table=source.topic, name=name, explode=table.explode, history=table.scd is ScdType.HISTORY, **common
+                )
+            )
     return jobs
 
 
@@ -160,11 +203,15 @@ def business_tables(pipeline: Pipeline, warehouse: str) -> list[BusinessTableCon
     configs = []
     for name in ordered:
         used = sorted(sql_tables(pipeline.business[name].sql) & known.keys())
-        configs.append(BusinessTableConfig(
-            name=name, query=pipeline.business[name].sql, location=business_location(warehouse, name),
-            views={t: _table_location(pipeline, warehouse, t) for t in used if not _split(pipeline, t)},
-            split_views={t: _table_location(pipeline, warehouse, t) for t in used if _split(pipeline, t)},
-        ))  # fmt: skip
+        configs.append(
+            BusinessTableConfig(
+                name=name,
+                query=pipeline.business[name].sql,
+                location=business_location(warehouse, name),
+                views={t: _table_location(pipeline, warehouse, t) for t in used if not _split(pipeline, t)},
+                split_views={t: _table_location(pipeline, warehouse, t) for t in used if _split(pipeline, t)},
+            )
+        )
     return configs
 
 
@@ -195,8 +242,10 @@ def run_pipeline_refine(
     threads = JobThreads(stop)
     for table in [] if once else business:
         interval = Continuous(interval_s=pipeline.business[table.name].trigger_interval_s)
-        threads.start(f"business {table.name}",
-                      lambda table=table, interval=interval: run_business_tables(spark, [table], interval, stop, say))
+        threads.start(
+            f"business {table.name}",
+            lambda table=table, interval=interval: run_business_tables(spark, [table], interval, stop, say),
+        )
     counts: dict[str, int] = {}
     try:
         for group in groups:

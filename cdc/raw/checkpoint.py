@@ -19,7 +19,11 @@ def batch_end_offsets(storage: Storage, checkpoint: str, batch_id: int) -> Offse
     """Where micro-batch ``batch_id`` stops reading (exclusive), per partition."""
     text = storage.read_text(f"{checkpoint}/offsets/{batch_id}")
     source = json.loads(text.splitlines()[-1])
-    return {(topic, int(partition)): offset for topic, partitions in source.items() for partition, offset in partitions.items()}
+    return {
+        (topic, int(partition)): offset
+        for topic, partitions in source.items()
+        for partition, offset in partitions.items()
+    }
 
 
 def committed_offsets(storage: Storage, checkpoint: str) -> Offsets:

@@ -84,7 +84,8 @@ class RawJobConfig(_Strict):
         default=None, ge=1, description="At most this many records per micro-batch (all partitions together)."
     )
     reset: bool = Field(
-        default=False, description="Delete the table and its checkpoint and land the topic again from the earliest offset."
+        default=False,
+        description="Delete the table and its checkpoint and land the topic again from the earliest offset.",
     )
     force_destroy_raw_data: bool = Field(
         default=False, description="Allow `reset` on a raw table, whose data may exist nowhere else."

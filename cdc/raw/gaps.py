@@ -56,6 +56,12 @@ def record_gaps(spark: SparkSession, gaps_table: str, raw_table: str, gaps: list
     detected_at = datetime.now(timezone.utc)
     rows = [{"table": raw_table, **asdict(gap), "detected_at": detected_at} for gap in gaps]
     new = spark.createDataFrame(rows, GAPS_SCHEMA)
-    same = " AND ".join(f"recorded.`{name}` = new.`{name}`" for name in ("table", "topic", "partition", "first_missing"))
-    merge_into_shared_table(spark, gaps_table, GAPS_SCHEMA, lambda table: table.alias("recorded").merge(
-        new.alias("new"), same).whenNotMatchedInsertAll())  # fmt: skip
+    same = " AND ".join(
+        f"recorded.`{name}` = new.`{name}`" for name in ("table", "topic", "partition", "first_missing")
+    )
+    merge_into_shared_table(
+        spark,
+        gaps_table,
+        GAPS_SCHEMA,
+        lambda table: table.alias("recorded").merge(new.alias("new"), same).whenNotMatchedInsertAll(),
+    )

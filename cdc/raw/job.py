@@ -84,9 +84,11 @@ class LandBatch:
             held = KafkaTopics(self.config.kafka).offsets([self.topic])
             record_gaps(spark, gaps_table_location(self.config.warehouse), self.table, find_gaps(start, held))
         writer = (
-            raw_rows(records, batch_id).write.format("delta").mode("append")
+            raw_rows(records, batch_id)
+            .write.format("delta")
+            .mode("append")
             .option("userMetadata", batch_marker(query_id, batch_id))
-        )  # fmt: skip
+        )
         if self.first_batch:
             self.first_batch = False
             landed = last_landed_batch(spark, self.table, query_id)
@@ -139,8 +141,11 @@ def prepare_topic(spark: SparkSession, config: RawJobConfig, kafka: KafkaTopics,
             raise OffsetGapError(
                 "Kafka no longer holds offsets the raw table has not landed (retention deleted them); "
                 "rerun with --allow-gaps to continue and record the gap",
-                topic=gap.topic, partition=gap.partition, missing=f"{gap.first_missing}-{gap.last_missing}", table=table,
-            )  # fmt: skip
+                topic=gap.topic,
+                partition=gap.partition,
+                missing=f"{gap.first_missing}-{gap.last_missing}",
+                table=table,
+            )
     return table, checkpoint, existing_topic is None
 
 
@@ -167,10 +172,11 @@ def start_query(
     if config.max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", config.max_offsets_per_trigger)
     writer = (
-        reader.load().writeStream.queryName(f"raw {topic}")
+        reader.load()
+        .writeStream.queryName(f"raw {topic}")
         .foreachBatch(LandBatch(config, topic, table, checkpoint, new_table))
         .option("checkpointLocation", checkpoint)
-    )  # fmt: skip
+    )
     return with_trigger(writer, config.trigger).start()
 
 
@@ -184,9 +190,14 @@ def progress_lines(run: TopicRun) -> list[str]:
         run.rows += rows
         run.batches += 1
         source = report["sources"][0]
-        end, latest = _topic_offsets(source.get("endOffset"), run.topic), _topic_offsets(source.get("latestOffset"), run.topic)
+        end, latest = (
+            _topic_offsets(source.get("endOffset"), run.topic),
+            _topic_offsets(source.get("latestOffset"), run.topic),
+        )
         lag = sum(max(0, latest.get(partition, offset) - offset) for partition, offset in end.items())
-        offsets = " ".join(f"p{partition}:{offset}" for partition, offset in sorted(end.items(), key=lambda kv: int(kv[0])))
+        offsets = " ".join(
+            f"p{partition}:{offset}" for partition, offset in sorted(end.items(), key=lambda kv: int(kv[0]))
+        )
         rate = report.get("processedRowsPerSecond")
         lines.append(
             f"raw {run.topic} batch {batch}: {rows:,} rows, next offsets {offsets}, lag {lag:,}"
@@ -248,7 +259,9 @@ def run_raw_job(
         stop_queries([run.query for run in runs.values()], stop, say)
     summaries = [TopicSummary(run.topic, run.table, run.rows, run.batches) for run in runs.values()]
     for summary in summaries:
-        say(f"raw {summary.topic}: landed {summary.rows:,} records in {summary.batches} micro-batches -> {summary.table}")
+        say(
+            f"raw {summary.topic}: landed {summary.rows:,} records in {summary.batches} micro-batches -> {summary.table}"
+        )
     return summaries
 
 
@@ -261,6 +274,7 @@ def _raise_failure(run: TopicRun, config: RawJobConfig) -> None:
         raise OffsetGapError(
             f"Kafka no longer holds offsets the raw table has not landed: {first_line}; "
             "rerun with --allow-gaps to continue and record the gap",
-            topic=run.topic, table=run.table,
-        )  # fmt: skip
+            topic=run.topic,
+            table=run.table,
+        )
     raise StreamError(f"the raw stream stopped: {first_line}", topic=run.topic, table=run.table)

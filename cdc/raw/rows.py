@@ -33,7 +33,9 @@ def raw_rows(kafka_records: DataFrame, batch_id: int) -> DataFrame:
     key, key_bytes = _text_and_bytes("key")
     value, value_bytes = _text_and_bytes("value")
     # Spark's Kafka source gives Kafka's code for the timestamp type.
-    timestamp_type = F.when(F.col("timestampType") == 0, "CreateTime").when(F.col("timestampType") == 1, "LogAppendTime")
+    timestamp_type = F.when(F.col("timestampType") == 0, "CreateTime").when(
+        F.col("timestampType") == 1, "LogAppendTime"
+    )
     ingested_at = F.current_timestamp()  # one value for the whole micro-batch
     columns = {
         "key": key,

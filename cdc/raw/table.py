@@ -46,6 +46,7 @@ RESET_ALLOWED_PROPERTY = "cdc.reset.allowed"
 RAW_KIND = "raw"
 PARTITION_COLUMN = "ingest_date"
 
+
 def _field(name: str, data_type: DataType, comment: str, nullable: bool = True) -> StructField:
     return StructField(name, data_type, nullable, metadata={"comment": comment})
 
@@ -114,7 +115,8 @@ def table_properties(topic: str) -> dict[str, str]:
         "delta.appendOnly": "true",
         "delta.enableChangeDataFeed": "true",
         "delta.dataSkippingStatsColumns": ",".join(
-            field.name for field in RAW_SCHEMA.fields
+            field.name
+            for field in RAW_SCHEMA.fields
             if field.name not in (*PAYLOAD_COLUMNS, "headers", PARTITION_COLUMN)
         ),
         KIND_PROPERTY: RAW_KIND,
@@ -175,8 +177,9 @@ def create_raw_table(spark: SparkSession, location: str, topic: str) -> None:
     properties = _raw_table_properties(spark, location)
     if properties is not None:
         if properties[TOPIC_PROPERTY] != topic:
-            raise TableError(f"the raw table there holds topic {properties[TOPIC_PROPERTY]!r}", table=location,
-                             topic=topic)  # fmt: skip
+            raise TableError(
+                f"the raw table there holds topic {properties[TOPIC_PROPERTY]!r}", table=location, topic=topic
+            )
         add_missing_properties(spark, location, PARQUET_PROPERTIES | CHECKPOINT_PROPERTIES, properties)
         return
     storage = Storage(spark)

@@ -65,9 +65,11 @@ class ConnectWorker(Component):
 
     def command(self) -> list[str]:
         return java_command(
-            "org.apache.kafka.connect.cli.ConnectDistributed", str(self.properties_file),
-            heap=self.settings.heap, home=self.home,
-        )  # fmt: skip
+            "org.apache.kafka.connect.cli.ConnectDistributed",
+            str(self.properties_file),
+            heap=self.settings.heap,
+            home=self.home,
+        )
 
     def is_up(self) -> bool:
         return self.client.has_plugin(POSTGRES_CONNECTOR_CLASS)

@@ -14,7 +14,6 @@ from cdc.stack.base import KAFKA
 from refine.envelope import TOMBSTONE, Op
 
 
-
 @dataclass(frozen=True)
 class ChangeEvent:
     """One Kafka record of a Debezium topic, with its envelope's payload parsed."""
@@ -76,7 +75,11 @@ def read_events(
             for partition, records in consumer.poll(timeout_ms=500).items():
                 events = (
                     ChangeEvent(
-                        record.topic, record.partition, record.offset, _parse(record.key), _parse(record.value),
+                        record.topic,
+                        record.partition,
+                        record.offset,
+                        _parse(record.key),
+                        _parse(record.value),
                         dict(record.headers or []),
                     )
                     for record in records

@@ -24,7 +24,8 @@ def java_command(main_class: str, *args: str, heap: str, home: Path) -> list[str
         "-XX:+UseG1GC",
         "-Djava.awt.headless=true",
         f"-Dlog4j2.configurationFile={log_config}",
-        "-cp", classpath,
+        "-cp",
+        classpath,
         main_class,
         *args,
-    ]  # fmt: skip
+    ]

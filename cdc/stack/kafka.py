@@ -86,12 +86,19 @@ class KafkaServer(Component):
         if (self.data_dir / "meta.properties").exists():
             return
         format_command = java_command(
-            "kafka.tools.StorageTool", "format", "-t", new_cluster_id(), "-c", str(self.properties_file),
-            heap="256m", home=self.home,
-        )  # fmt: skip
+            "kafka.tools.StorageTool",
+            "format",
+            "-t",
+            new_cluster_id(),
+            "-c",
+            str(self.properties_file),
+            heap="256m",
+            home=self.home,
+        )
         result = subprocess.run(format_command, capture_output=True, text=True)
         if result.returncode != 0:
             raise StackError(
-                "formatting Kafka's storage failed", component=self.name,
+                "formatting Kafka's storage failed",
+                component=self.name,
                 log_tail=(result.stdout + result.stderr)[-3000:],
-            )  # fmt: skip
+            )

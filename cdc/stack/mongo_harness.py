@@ -28,7 +28,11 @@ MAIN_CLASS = "cdc.stack.mongo.MongoChangeEvents"
 
 def _connector_jars(cache_dir: Path | None) -> list[Path]:
     # Kafka's Jackson serves JsonConverter (it needs the Blackbird module of its own version).
-    mongo = [jar for jar in jars.resolve(jars.DEBEZIUM_MONGODB_BUNDLE, cache_dir) if not jar.parent.name.startswith("jackson")]
+    mongo = [
+        jar
+        for jar in jars.resolve(jars.DEBEZIUM_MONGODB_BUNDLE, cache_dir)
+        if not jar.parent.name.startswith("jackson")
+    ]
     return mongo + jars.resolve(jars.KAFKA_BUNDLE, cache_dir)
 
 
@@ -45,11 +49,22 @@ def harness_classpath(cache_dir: Path | None = None) -> list[Path]:
     def compile_sources() -> Path:
         staging = target.with_name(target.name + ".partial")
         shutil.rmtree(staging, ignore_errors=True)
-        command = [jars._jdk_tool("javac"), "--release", "17", "-nowarn", "-cp", ":".join(map(str, connector)),
-                   "-d", str(staging / "classes"), *map(str, sources)]  # fmt: skip
+        command = [
+            jars._jdk_tool("javac"),
+            "--release",
+            "17",
+            "-nowarn",
+            "-cp",
+            ":".join(map(str, connector)),
+            "-d",
+            str(staging / "classes"),
+            *map(str, sources),
+        ]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
-            raise DependencyError(f"could not compile the MongoDB harness:\n{result.stderr.strip()}", sources=str(SOURCES))
+            raise DependencyError(
+                f"could not compile the MongoDB harness:\n{result.stderr.strip()}", sources=str(SOURCES)
+            )
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)
         return classes
@@ -62,8 +77,13 @@ def connector_records(events: list[dict], settings: dict[str, str]) -> list[dict
     connector ``settings`` (``topic.prefix``, ``capture.mode``, ...), in order: dicts of ``topic``,
     ``key``/``value`` (JsonConverter, schemas.enable=true) and ``key_bare``/``value_bare``
     (schemas.enable=false) as text; ``value`` None for a tombstone."""
-    command = [jars.java_executable(), "-cp", ":".join(map(str, harness_classpath())), MAIN_CLASS,
-               *(f"{key}={value}" for key, value in settings.items())]  # fmt: skip
+    command = [
+        jars.java_executable(),
+        "-cp",
+        ":".join(map(str, harness_classpath())),
+        MAIN_CLASS,
+        *(f"{key}={value}" for key, value in settings.items()),
+    ]
     lines = "".join(json.dumps(event) + "\n" for event in events)
     result = subprocess.run(command, input=lines, capture_output=True, text=True, timeout=600)
     if result.returncode != 0:

@@ -179,11 +179,14 @@ class Collection:
         self.increment += 1
         self.tick += 1
         event = {
-            "_id": {"_data": f"82{self.seconds:08X}{self.increment:08X}"}, "operationType": operation,
+            "_id": {"_data": f"82{self.seconds:08X}{self.increment:08X}"},
+            "operationType": operation,
             "clusterTime": {"$timestamp": {"t": self.seconds, "i": self.increment}},
             "wallTime": {"$date": {"$numberLong": str(self.seconds * 1000 + self.increment % 1000)}},
-            "ns": {"db": self.db, "coll": self.name}, "documentKey": {"_id": canonical(document_id)}, **fields,
-        }  # fmt: skip
+            "ns": {"db": self.db, "coll": self.name},
+            "documentKey": {"_id": canonical(document_id)},
+            **fields,
+        }
         self.events.append(event)
         return event
 
@@ -208,9 +211,10 @@ class Collection:
         change_streams_update_full); the harness leaves it out otherwise anyway."""
         self.documents[document_id] = apply_update(self.documents[document_id], update)
         description = {
-            "updatedFields": canonical(update.updated), "removedFields": update.removed,
+            "updatedFields": canonical(update.updated),
+            "removedFields": update.removed,
             "truncatedArrays": [{"field": f, "newSize": {"$numberInt": str(s)}} for f, s in update.truncated],
-        }  # fmt: skip
+        }
         extra = {"fullDocument": canonical(self.documents[document_id])} if full_document else {}
         self._event("update", document_id, updateDescription=description, **extra)
 
@@ -219,10 +223,16 @@ class Collection:
 def _values(rng: random.Random) -> dict[str, list]:
     return {
         "name": [lambda: rng.choice(["Ada", "Bob", "Cy", "Dee", "Ünï", 'q"uote'])],
-        "qty": [lambda: rng.randint(-(2**31), 2**31 - 1), lambda: Int64(rng.randint(-(2**62), 2**62)),
-                lambda: rng.choice(["many", "none"])],
-        "price": [lambda: rng.choice([0.5, 2.25, -1e10, 3.0]), lambda: Decimal128(rng.choice(["10.50", "-0.001", "12345.678"]))],
-        "when": [lambda: Date(rng.randint(-10**12, 2 * 10**12)), lambda: rng.randint(0, 100)],
+        "qty": [
+            lambda: rng.randint(-(2**31), 2**31 - 1),
+            lambda: Int64(rng.randint(-(2**62), 2**62)),
+            lambda: rng.choice(["many", "none"]),
+        ],
+        "price": [
+            lambda: rng.choice([0.5, 2.25, -1e10, 3.0]),
+            lambda: Decimal128(rng.choice(["10.50", "-0.001", "12345.678"])),
+        ],
+        "when": [lambda: Date(rng.randint(-(10**12), 2 * 10**12)), lambda: rng.randint(0, 100)],
         "flag": [lambda: rng.random() < 0.5, lambda: "yes"],
         "blob": [lambda: Binary(bytes(rng.randrange(256) for _ in range(rng.randint(0, 6))))],
         "ref": [lambda: ObjectId("%024x" % rng.getrandbits(96))],
@@ -230,7 +240,7 @@ def _values(rng: random.Random) -> dict[str, list]:
         "nested": [lambda: {"a": rng.randint(0, 9), "b": rng.choice(["x", "y"]), "deep": {"c": rng.randint(0, 9)}}],
         "tags": [lambda: [rng.choice(["t1", "t2", "t3"]) for _ in range(rng.randint(0, 4))]],
         "items": [lambda: [{"sku": rng.choice(["a", "b"]), "n": rng.randint(0, 9)} for _ in range(rng.randint(0, 3))]],
-    }  # fmt: skip
+    }
 
 
 def random_writes(seed: int, collection: Collection, steps: int, full_document: bool) -> None:
@@ -267,16 +277,36 @@ def random_writes(seed: int, collection: Collection, steps: int, full_document: 
                 if name in drifting and rng.random() < 0.15:
                     operations.append(("$set", name, rng.choice(values[name])()))
                 elif name == "nested" and isinstance(present, dict):
-                    operations.append(rng.choice([("$set", "nested.a", rng.randint(0, 9)), ("$unset", "nested.b", ""),
-                                                  ("$set", "nested.deep.c", rng.randint(0, 9))]))  # fmt: skip
+                    operations.append(
+                        rng.choice(
+                            [
+                                ("$set", "nested.a", rng.randint(0, 9)),
+                                ("$unset", "nested.b", ""),
+                                ("$set", "nested.deep.c", rng.randint(0, 9)),
+                            ]
+                        )
+                    )
                 elif name in ("tags", "items") and isinstance(present, list):
-                    element = values[name][0]()[:1] or ([rng.choice(["t1", "t2"])] if name == "tags" else [{"sku": "a", "n": 1}])
-                    operations.append(rng.choice([("$push", name, element[0]), ("$pop", name, rng.choice([1, -1])),
-                                                  ("$pull", name, element[0])]
-                                                 + ([("$set", "items.0.n", rng.randint(0, 9))] if name == "items" and present else [])))  # fmt: skip
+                    element = values[name][0]()[:1] or (
+                        [rng.choice(["t1", "t2"])] if name == "tags" else [{"sku": "a", "n": 1}]
+                    )
+                    operations.append(
+                        rng.choice(
+                            [
+                                ("$push", name, element[0]),
+                                ("$pop", name, rng.choice([1, -1])),
+                                ("$pull", name, element[0]),
+                            ]
+                            + ([("$set", "items.0.n", rng.randint(0, 9))] if name == "items" and present else [])
+                        )
+                    )
                 elif rng.random() < 0.2 and name in current:
                     operations.append(("$unset", name, ""))
                 else:
-                    kind = values[name][0] if present is None or name not in drifting else rng.choice(values[name][:1] * 5 + values[name])
+                    kind = (
+                        values[name][0]
+                        if present is None or name not in drifting
+                        else rng.choice(values[name][:1] * 5 + values[name])
+                    )
                     operations.append(("$set", name, kind()))
             collection.update(document_id, Update(operations), full_document)

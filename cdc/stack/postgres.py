@@ -18,6 +18,7 @@ from cdc.stack.base import POSTGRES
 from cdc.stack.component import Component
 from cdc.stack.process import account_kwargs
 
+
 def remove_connector(stack: StackConfig, connector) -> None:
     """Delete a Debezium Postgres connector (a ``connectors.definitions.ConnectorDefinition``) from Kafka
     Connect, then drop its replication slot and publication (a slot left behind keeps WAL forever)."""
@@ -32,12 +33,17 @@ def remove_connector(stack: StackConfig, connector) -> None:
     with psycopg.connect(stack.postgres.dsn(), autocommit=True) as conn:
         deadline = time.monotonic() + 60
         # The slot stays active until the stopped task lets go of its replication connection.
-        while conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone() == (True,):
+        while conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone() == (
+            True,
+        ):
             if time.monotonic() > deadline:
-                raise StackError(f"replication slot {slot} still active 60 s after its connector was deleted",
-                                 component=POSTGRES)  # fmt: skip
+                raise StackError(
+                    f"replication slot {slot} still active 60 s after its connector was deleted", component=POSTGRES
+                )
             time.sleep(0.2)
-        conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+        conn.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+        )
         conn.execute(f'DROP PUBLICATION IF EXISTS "{publication}"')
 
 
@@ -85,15 +91,22 @@ class PostgresServer(Component):
     def command(self) -> list[str]:
         return [
             str(bin_dir() / "postgres"),
-            "-D", str(self.data_dir),
-            "-p", str(self.port),
-            "-c", "listen_addresses=127.0.0.1",
-            "-c", f"unix_socket_directories={self.data_dir}",
-            "-c", "wal_level=logical",
+            "-D",
+            str(self.data_dir),
+            "-p",
+            str(self.port),
+            "-c",
+            "listen_addresses=127.0.0.1",
+            "-c",
+            f"unix_socket_directories={self.data_dir}",
+            "-c",
+            "wal_level=logical",
             # Room for a connector per encoding setting on one table (tests/refine/test_type_matrix.py).
-            "-c", "max_wal_senders=20",
-            "-c", "max_replication_slots=20",
-        ]  # fmt: skip
+            "-c",
+            "max_wal_senders=20",
+            "-c",
+            "max_replication_slots=20",
+        ]
 
     def is_up(self) -> bool:
         try:
@@ -117,12 +130,17 @@ class PostgresServer(Component):
             os.chown(password_file, record.pw_uid, record.pw_gid)
         command = [
             str(bin_dir() / "initdb"),
-            "-D", str(self.data_dir),
-            "-U", self.settings.user,
-            "--pwfile", str(password_file),
-            "--auth-local=trust", "--auth-host=scram-sha-256",
-            "--encoding=UTF8", "--no-locale",
-        ]  # fmt: skip
+            "-D",
+            str(self.data_dir),
+            "-U",
+            self.settings.user,
+            "--pwfile",
+            str(password_file),
+            "--auth-local=trust",
+            "--auth-host=scram-sha-256",
+            "--encoding=UTF8",
+            "--no-locale",
+        ]
         result = subprocess.run(command, capture_output=True, text=True, **account_kwargs(account))
         password_file.unlink()
         if result.returncode != 0:

@@ -100,7 +100,9 @@ class ManagedProcess:
             if ready():
                 return
             if self.pid() is None:
-                raise StackError(f"{self.name} exited while starting", component=self.name, log_tail=tail(self.log_file))
+                raise StackError(
+                    f"{self.name} exited while starting", component=self.name, log_tail=tail(self.log_file)
+                )
             time.sleep(0.25)
         raise StackError(
             f"{self.name} did not {what} within {timeout_s:.0f} s",

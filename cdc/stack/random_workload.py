@@ -64,13 +64,16 @@ class RandomTables:
         conn.execute(f"CREATE TABLE {SCHEMA}.{self.pair} (a int, b text, n int, notes text, PRIMARY KEY (a, b))")
         conn.execute(f"CREATE TABLE {SCHEMA}.{self.bag} (a int, n int, notes text)")
         conn.execute(f"ALTER TABLE {SCHEMA}.{self.bag} REPLICA IDENTITY FULL")
-        conn.execute(f"ALTER TABLE {SCHEMA}.{self.keyed} ALTER COLUMN notes SET STORAGE EXTERNAL, "
-                     "ALTER COLUMN tags SET STORAGE EXTERNAL")  # fmt: skip
+        conn.execute(
+            f"ALTER TABLE {SCHEMA}.{self.keyed} ALTER COLUMN notes SET STORAGE EXTERNAL, "
+            "ALTER COLUMN tags SET STORAGE EXTERNAL"
+        )
         for table in (self.pair, self.bag):
             conn.execute(f"ALTER TABLE {SCHEMA}.{table} ALTER COLUMN notes SET STORAGE EXTERNAL")
         if publication is not None:
-            conn.execute(f'ALTER PUBLICATION "{publication}" ADD TABLE '
-                         + ", ".join(f"{SCHEMA}.{table}" for table in self.names))  # fmt: skip
+            conn.execute(
+                f'ALTER PUBLICATION "{publication}" ADD TABLE ' + ", ".join(f"{SCHEMA}.{table}" for table in self.names)
+            )
 
     def drop(self, conn: psycopg.Connection) -> None:
         for table in self.names:
@@ -135,8 +138,10 @@ class RandomWorkload:
         self.counts.changes += cursor.rowcount if rows is None else rows
 
     def _existing(self, conn: psycopg.Connection, table: str, columns: str) -> list[tuple]:
-        return conn.execute(f"SELECT {columns} FROM {SCHEMA}.{table} WHERE notes IS DISTINCT FROM "
-                            f"'{MARK}' || n::text ORDER BY {columns}").fetchall()  # fmt: skip
+        return conn.execute(
+            f"SELECT {columns} FROM {SCHEMA}.{table} WHERE notes IS DISTINCT FROM "
+            f"'{MARK}' || n::text ORDER BY {columns}"
+        ).fetchall()
 
     def _extra(self, table: str) -> tuple[str, tuple]:
         """``, col = %s`` for each added column, and their values."""
@@ -151,15 +156,27 @@ class RandomWorkload:
         n = self.rng.randint(0, 1000)
         if table == t.keyed:
             key = key or (self._key(),)
-            self._run(conn, "insert", f"INSERT INTO {SCHEMA}.{table} (id, n, notes, tags{names}) VALUES (%s, %s, %s, %s{marks})",
-                      (*key, n, self._notes(), self._tags(), *extra_values))  # fmt: skip
+            self._run(
+                conn,
+                "insert",
+                f"INSERT INTO {SCHEMA}.{table} (id, n, notes, tags{names}) VALUES (%s, %s, %s, %s{marks})",
+                (*key, n, self._notes(), self._tags(), *extra_values),
+            )
         elif table == t.pair:
             key = key or (self._key(), self.rng.choice("xyz"))
-            self._run(conn, "insert", f"INSERT INTO {SCHEMA}.{table} (a, b, n, notes{names}) VALUES (%s, %s, %s, %s{marks})",
-                      (*key, n, self._notes(), *extra_values))  # fmt: skip
+            self._run(
+                conn,
+                "insert",
+                f"INSERT INTO {SCHEMA}.{table} (a, b, n, notes{names}) VALUES (%s, %s, %s, %s{marks})",
+                (*key, n, self._notes(), *extra_values),
+            )
         else:
-            self._run(conn, "insert", f"INSERT INTO {SCHEMA}.{table} (a, n, notes{names}) VALUES (%s, %s, %s{marks})",
-                      (self.rng.randint(0, 3), n, self._notes(), *extra_values))  # fmt: skip
+            self._run(
+                conn,
+                "insert",
+                f"INSERT INTO {SCHEMA}.{table} (a, n, notes{names}) VALUES (%s, %s, %s{marks})",
+                (self.rng.randint(0, 3), n, self._notes(), *extra_values),
+            )
         return key or ()
 
     def _statement(self, conn: psycopg.Connection, held: bool) -> None:
@@ -180,8 +197,12 @@ class RandomWorkload:
             if deleted and rng.random() < 0.4:  # the same key again
                 self._insert(conn, table, deleted.pop(rng.randrange(len(deleted))))
             elif table == t.bag and rows and rng.random() < 0.3:  # an equal row: a duplicate
-                self._run(conn, "insert duplicate", f"INSERT INTO {SCHEMA}.{table} SELECT * FROM {SCHEMA}.{table} "
-                          "WHERE ctid = %s", (rng.choice(rows)[0],))  # fmt: skip
+                self._run(
+                    conn,
+                    "insert duplicate",
+                    f"INSERT INTO {SCHEMA}.{table} SELECT * FROM {SCHEMA}.{table} WHERE ctid = %s",
+                    (rng.choice(rows)[0],),
+                )
             else:
                 self._insert(conn, table)
             return
@@ -189,9 +210,13 @@ class RandomWorkload:
         where = {t.keyed: "id = %s", t.pair: "a = %s AND b = %s", t.bag: "ctid = %s"}[table]
         extra, extra_values = self._extra(table)
         if choice < 0.5:  # leaves the TOASTed columns alone
-            self._run(conn, "update", f"UPDATE {SCHEMA}.{table} SET n = n + 1{extra} WHERE {where}", (*extra_values, *row))
+            self._run(
+                conn, "update", f"UPDATE {SCHEMA}.{table} SET n = n + 1{extra} WHERE {where}", (*extra_values, *row)
+            )
         elif choice < 0.6:
-            column, value = ("tags", self._tags()) if table == t.keyed and rng.random() < 0.5 else ("notes", self._notes())
+            column, value = (
+                ("tags", self._tags()) if table == t.keyed and rng.random() < 0.5 else ("notes", self._notes())
+            )
             self._run(conn, "update toasted", f"UPDATE {SCHEMA}.{table} SET {column} = %s WHERE {where}", (value, *row))
         elif choice < 0.8 and table != t.bag:  # a chain of primary-key changes, updates between
             for _ in range(rng.choice([1, 1, 2, 3])):
@@ -235,12 +260,20 @@ class RandomWorkload:
         self.marks += 1
         number, t = self.marks, self.tables
         with self.conn.transaction():
-            self.conn.execute(f"INSERT INTO {SCHEMA}.{t.keyed} (id, n, notes) VALUES (-1, %s, %s) ON CONFLICT (id) DO "
-                              "UPDATE SET n = EXCLUDED.n, notes = EXCLUDED.notes", (number, f"{MARK}{number}"))  # fmt: skip
-            self.conn.execute(f"INSERT INTO {SCHEMA}.{t.pair} (a, b, n, notes) VALUES (-1, 'm', %s, %s) ON CONFLICT (a, b) "
-                              "DO UPDATE SET n = EXCLUDED.n, notes = EXCLUDED.notes", (number, f"{MARK}{number}"))  # fmt: skip
+            self.conn.execute(
+                f"INSERT INTO {SCHEMA}.{t.keyed} (id, n, notes) VALUES (-1, %s, %s) ON CONFLICT (id) DO "
+                "UPDATE SET n = EXCLUDED.n, notes = EXCLUDED.notes",
+                (number, f"{MARK}{number}"),
+            )
+            self.conn.execute(
+                f"INSERT INTO {SCHEMA}.{t.pair} (a, b, n, notes) VALUES (-1, 'm', %s, %s) ON CONFLICT (a, b) "
+                "DO UPDATE SET n = EXCLUDED.n, notes = EXCLUDED.notes",
+                (number, f"{MARK}{number}"),
+            )
             self.conn.execute(f"DELETE FROM {SCHEMA}.{t.bag} WHERE notes LIKE '{MARK}%%'")
-            self.conn.execute(f"INSERT INTO {SCHEMA}.{t.bag} (a, n, notes) VALUES (-1, %s, %s)", (number, f"{MARK}{number}"))
+            self.conn.execute(
+                f"INSERT INTO {SCHEMA}.{t.bag} (a, n, notes) VALUES (-1, %s, %s)", (number, f"{MARK}{number}")
+            )
         self.conn.commit()
         return number
 
@@ -286,7 +319,9 @@ class Comparison:
 
     def describe(self) -> str:
         def short(row) -> str:
-            return str(tuple(value[:30] + "..." if isinstance(value, str) and len(value) > 30 else value for value in row))
+            return str(
+                tuple(value[:30] + "..." if isinstance(value, str) and len(value) > 30 else value for value in row)
+            )
 
         lines = [f"{self.name}: {self.rows} rows, {self.mismatches} mismatched"]
         lines += [f"  only in Postgres: {short(row)}" for row in self.missing]
@@ -294,8 +329,9 @@ class Comparison:
         return "\n".join(lines)
 
 
-def compare(spark, dsn: str, tables: RandomTables, warehouse: str, refined_names: dict[str, str],
-            samples: int = 5) -> list[Comparison]:  # fmt: skip
+def compare(
+    spark, dsn: str, tables: RandomTables, warehouse: str, refined_names: dict[str, str], samples: int = 5
+) -> list[Comparison]:
     """Each refined table (named by ``refined_names``, by source table), the keyed tables' history
     current versions and the child table of ``tags``, against Postgres read with psycopg (a column the
     refined table lacks counts as NULLs: no change since it was added)."""
@@ -306,8 +342,16 @@ def compare(spark, dsn: str, tables: RandomTables, warehouse: str, refined_names
     from refine.job import refined_table_location
     from refine.rules import history_table_name
 
-    types = {"id": IntegerType(), "a": IntegerType(), "b": StringType(), "n": IntegerType(), "notes": StringType(),
-             "tags": ArrayType(StringType()), "pos": IntegerType(), "value": StringType()}  # fmt: skip
+    types = {
+        "id": IntegerType(),
+        "a": IntegerType(),
+        "b": StringType(),
+        "n": IntegerType(),
+        "notes": StringType(),
+        "tags": ArrayType(StringType()),
+        "pos": IntegerType(),
+        "value": StringType(),
+    }
 
     def source(query: str, columns: list[str]):
         with psycopg.connect(dsn) as conn:
@@ -320,14 +364,20 @@ def compare(spark, dsn: str, tables: RandomTables, warehouse: str, refined_names
         if current_only:
             table = table.where("_cdc_is_current")
         present = set(table.columns)
-        return table.select(*[(F.col(c) if c in present else F.lit(None)).cast(types.get(c, IntegerType())).alias(c)
-                              for c in columns])  # fmt: skip
+        return table.select(
+            *[(F.col(c) if c in present else F.lit(None)).cast(types.get(c, IntegerType())).alias(c) for c in columns]
+        )
 
     def columns_of(table: str) -> list[str]:
         with psycopg.connect(dsn) as conn:
-            return [row[0] for row in conn.execute(
-                "SELECT column_name FROM information_schema.columns WHERE table_schema = %s AND table_name = %s "
-                "ORDER BY ordinal_position", (SCHEMA, table)).fetchall()]  # fmt: skip
+            return [
+                row[0]
+                for row in conn.execute(
+                    "SELECT column_name FROM information_schema.columns WHERE table_schema = %s AND table_name = %s "
+                    "ORDER BY ordinal_position",
+                    (SCHEMA, table),
+                ).fetchall()
+            ]
 
     def diff(name: str, expected, actual) -> Comparison:
         """One query: each distinct row with its count in Postgres minus its count refined (multisets)."""
@@ -345,9 +395,13 @@ def compare(spark, dsn: str, tables: RandomTables, warehouse: str, refined_names
         rows = source(f"SELECT {', '.join(columns)} FROM {SCHEMA}.{table}", columns)
         results.append(diff(table, rows, refined(topic, columns)))
         if table != tables.bag:
-            results.append(diff(f"{table} history", rows, refined(history_table_name(topic), columns, current_only=True)))
-    children = source(f"SELECT k.id, t.ord::int - 1, t.v FROM {SCHEMA}.{tables.keyed} k, unnest(k.tags) WITH ORDINALITY "
-                      "AS t(v, ord)", ["id", "pos", "value"])  # fmt: skip
+            results.append(
+                diff(f"{table} history", rows, refined(history_table_name(topic), columns, current_only=True))
+            )
+    children = source(
+        f"SELECT k.id, t.ord::int - 1, t.v FROM {SCHEMA}.{tables.keyed} k, unnest(k.tags) WITH ORDINALITY AS t(v, ord)",
+        ["id", "pos", "value"],
+    )
     child = child_table_name(refined_names[tables.keyed], "tags")
     results.append(diff(f"{tables.keyed} tags", children, refined(child, ["id", "pos", "value"])))
     return results

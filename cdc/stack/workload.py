@@ -64,7 +64,11 @@ def run_workload(dsn: str, *, customers: int = 10, seed: int = 0) -> WorkloadRep
                 for view_customer, url in views:
                     conn.execute(
                         "INSERT INTO shop.page_views VALUES (%s, %s, %s)",
-                        (view_customer, url, datetime(2026, 1, 1, tzinfo=timezone.utc) + timedelta(minutes=customer_id)),
+                        (
+                            view_customer,
+                            url,
+                            datetime(2026, 1, 1, tzinfo=timezone.utc) + timedelta(minutes=customer_id),
+                        ),
                     )
                     report.count("page_views", "insert")
 
@@ -120,7 +124,8 @@ def _insert_customer(conn: psycopg.Connection, rng: random.Random, customer_id: 
             None if customer_id % 4 == 0 else f"Customer {customer_id}",
             Decimal(rng.randint(-50000, 500000)) / 100,
             Decimal(f"{rng.randint(-9999, 99999)}.{rng.randint(0, 999):03d}"),
-            datetime(2025, 6, 1, 12, 0, tzinfo=timezone.utc) + timedelta(seconds=rng.randint(0, 10**7), microseconds=rng.randint(0, 999999)),
+            datetime(2025, 6, 1, 12, 0, tzinfo=timezone.utc)
+            + timedelta(seconds=rng.randint(0, 10**7), microseconds=rng.randint(0, 999999)),
             date(1950, 1, 1) + timedelta(days=rng.randint(0, 25000)),
             json.dumps(profile),
             ["new", rng.choice(["web", "app"])],

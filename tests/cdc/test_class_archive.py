@@ -47,8 +47,11 @@ def test_a_jvm_given_an_archive_that_does_not_fit_runs_without_it_and_says_nothi
     archive.write_bytes(os.urandom(4096))
     options = class_archive.java_options(tmp_path, jars.java_executable(), [])  # no archive of these: []
     assert options == []
-    result = subprocess.run([jars.java_executable(), f"-XX:SharedArchiveFile={archive}", *class_archive._QUIET,
-                             "-version"], capture_output=True, text=True)  # fmt: skip
+    result = subprocess.run(
+        [jars.java_executable(), f"-XX:SharedArchiveFile={archive}", *class_archive._QUIET, "-version"],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
     assert "cds" not in (result.stdout + result.stderr).lower()
 
@@ -62,7 +65,9 @@ def test_archive_options_come_before_the_users_and_only_for_a_local_driver(tmp_p
     archive.write_bytes(b"")
     options = spark_conf(config)["spark.driver.extraJavaOptions"].split()
     assert options[0] == f"-XX:SharedArchiveFile={archive}" and options[-1] == "-XX:TieredStopAtLevel=1"
-    assert "spark.driver.extraJavaOptions" not in spark_conf(config.model_copy(update={"conf": {}, "class_archive": False}))
+    assert "spark.driver.extraJavaOptions" not in spark_conf(
+        config.model_copy(update={"conf": {}, "class_archive": False})
+    )
     cluster = config.model_copy(update={"master": "spark://cluster:7077"})
     assert spark_conf(cluster)["spark.driver.extraJavaOptions"] == "-XX:TieredStopAtLevel=1"
 

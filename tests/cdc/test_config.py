@@ -34,10 +34,13 @@ def test_overrides_win_over_environment(monkeypatch, tmp_path):
     assert settings.stack.postgres.port == 5432  # untouched siblings keep their values
 
 
-@pytest.mark.parametrize(("variable", "value", "reason"), [
-    ("CDC_STACK__KAFKA__PORT", "70000", "less than 65536"),
-    ("CDC_SPARK__GARBAGE_COLLECTOR", "zgc", "'g1' or 'parallel'"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("variable", "value", "reason"),
+    [
+        ("CDC_STACK__KAFKA__PORT", "70000", "less than 65536"),
+        ("CDC_SPARK__GARBAGE_COLLECTOR", "zgc", "'g1' or 'parallel'"),
+    ],
+)
 def test_invalid_value_names_the_key_and_reason(monkeypatch, variable, value, reason):
     monkeypatch.setenv(variable, value)
     with pytest.raises(ConfigError) as raised:

@@ -37,8 +37,10 @@ def test_ivy_module_lists_dependencies_and_excludes():
     module = ET.fromstring(jars._ivy_module(jars.DEBEZIUM_POSTGRES_BUNDLE))
     dependency = module.find("dependencies/dependency")
     assert (dependency.get("org"), dependency.get("name"), dependency.get("rev")) == (
-        "io.debezium", "debezium-connector-postgres", jars.DEBEZIUM_VERSION,
-    )  # fmt: skip
+        "io.debezium",
+        "debezium-connector-postgres",
+        jars.DEBEZIUM_VERSION,
+    )
     excluded = {rule.get("org") or rule.get("type") for rule in module.findall("dependencies/exclude")}
     assert excluded == {"org.apache.kafka", "org.slf4j", "test-jar"}
 

@@ -11,8 +11,9 @@ from cdc.raw.table import create_raw_table
 
 def small_files_table(spark, location: str, appends: int = 5) -> None:
     for i in range(appends):
-        spark.range(i * 100, (i + 1) * 100).selectExpr("id", "id % 7 AS bucket").coalesce(1).write.format(
-            "delta").mode("append").save(location)
+        spark.range(i * 100, (i + 1) * 100).selectExpr("id", "id % 7 AS bucket").coalesce(1).write.format("delta").mode(
+            "append"
+        ).save(location)
 
 
 def data_files_on_disk(location: str) -> int:
@@ -23,7 +24,9 @@ def test_optimize_compacts_small_files(spark, tmp_path, capsys):
     location = str(tmp_path / "refined" / "events")
     small_files_table(spark, location)
     assert len(spark.read.format("delta").load(location).inputFiles()) == 5
-    assert main(["optimize", "--table", "refined/events", "--warehouse", str(tmp_path)]) == 0  # a name under the warehouse
+    assert (
+        main(["optimize", "--table", "refined/events", "--warehouse", str(tmp_path)]) == 0
+    )  # a name under the warehouse
     assert len(spark.read.format("delta").load(location).inputFiles()) == 1
     assert f"optimized {location}: 5 files compacted into 1" in capsys.readouterr().out
     assert spark.read.format("delta").load(location).count() == 500
@@ -56,8 +59,12 @@ def test_vacuum_with_the_override_removes_unreferenced_files(spark, tmp_path, ca
     small_files_table(spark, location, appends=3)
     spark.range(10).selectExpr("id", "id AS bucket").coalesce(1).write.format("delta").mode("overwrite").save(location)
     assert data_files_on_disk(location) == 4
-    assert main(["vacuum", "--table", location, "--retain-hours", "0",
-                 "--i-know-vacuum-below-retention-loses-time-travel"]) == 0  # fmt: skip
+    assert (
+        main(
+            ["vacuum", "--table", location, "--retain-hours", "0", "--i-know-vacuum-below-retention-loses-time-travel"]
+        )
+        == 0
+    )
     assert data_files_on_disk(location) == len(spark.read.format("delta").load(location).inputFiles()) == 1
     with pytest.raises(Exception, match="FileNotFound|does not exist|FAILED_READ_FILE"):
         spark.read.format("delta").option("versionAsOf", 0).load(location).collect()
@@ -68,11 +75,18 @@ def test_vacuum_with_the_override_removes_unreferenced_files(spark, tmp_path, ca
 def test_vacuum_never_goes_below_the_minimum_on_raw_tables(spark, tmp_path, capsys):
     location = str(tmp_path / "raw" / "topic")
     create_raw_table(spark, location, "topic")
-    assert main(["vacuum", "--table", location, "--retain-hours", "0",
-                 "--i-know-vacuum-below-retention-loses-time-travel"]) == 2  # fmt: skip
+    assert (
+        main(
+            ["vacuum", "--table", location, "--retain-hours", "0", "--i-know-vacuum-below-retention-loses-time-travel"]
+        )
+        == 2
+    )
     assert "refusing to vacuum a raw table with a retention below 168 hours" in capsys.readouterr().err
 
 
 def test_an_unknown_table_is_named(tmp_path, capsys):
     assert main(["optimize", "--table", "refined/none", "--warehouse", str(tmp_path)]) == 8
-    assert "no Delta table at this path, under the warehouse or by this name (table=refined/none" in capsys.readouterr().err
+    assert (
+        "no Delta table at this path, under the warehouse or by this name (table=refined/none"
+        in capsys.readouterr().err
+    )

@@ -28,8 +28,16 @@ def merge_from_threads(spark, location: str, streams: int, batches: int) -> list
             for batch in range(batches):
                 rows = spark.createDataFrame([(name, batch)], SCHEMA)
                 in_step.wait()
-                merge_into_shared_table(spark, location, SCHEMA, lambda table: table.alias("t").merge(
-                    rows.alias("s"), "t.stream = s.stream AND t.batch = s.batch").whenNotMatchedInsertAll())  # fmt: skip
+                merge_into_shared_table(
+                    spark,
+                    location,
+                    SCHEMA,
+                    lambda table: (
+                        table.alias("t")
+                        .merge(rows.alias("s"), "t.stream = s.stream AND t.batch = s.batch")
+                        .whenNotMatchedInsertAll()
+                    ),
+                )
         except BaseException as error:  # noqa: BLE001 - reported by the test
             errors.append(error)
             in_step.abort()
@@ -60,12 +68,14 @@ def test_without_retries_concurrent_merges_conflict(spark, tmp_path, monkeypatch
 
 
 def test_a_creation_under_way_and_a_concurrent_commit_are_conflicts_but_other_errors_are_not():
-    assert shared_tables.is_conflict(RuntimeError(
-        "[DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION] Cannot create table ('`delta`.`/w/shared`'). The associated "
-        "location ('/w/shared') is not empty and also not a Delta table."))  # fmt: skip
+    assert shared_tables.is_conflict(
+        RuntimeError(
+            "[DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION] Cannot create table ('`delta`.`/w/shared`'). The associated "
+            "location ('/w/shared') is not empty and also not a Delta table."
+        )
+    )
     assert shared_tables.is_conflict(RuntimeError("io.delta.exceptions.ConcurrentAppendException: Files were added"))
     assert not shared_tables.is_conflict(RuntimeError("[DELTA_MERGE_UNRESOLVED_EXPRESSION] Cannot resolve s.x"))
-
 
 
 def converted_without_message(java_exception) -> AnalysisException:
@@ -81,7 +91,9 @@ def test_a_conflict_without_a_message_is_told_by_its_condition_or_its_java_excep
     assert str(refused) == "" and shared_tables.condition_of(refused) == "DELTA_PROTOCOL_CHANGED"
     assert shared_tables.is_conflict(refused)
     # Delta's conflicts extend ConcurrentModificationException, here as the cause of another error.
-    wrapped = converted_without_message(jvm.java.lang.RuntimeException(None, jvm.java.util.ConcurrentModificationException()))
+    wrapped = converted_without_message(
+        jvm.java.lang.RuntimeException(None, jvm.java.util.ConcurrentModificationException())
+    )
     assert str(wrapped) == "" and shared_tables.is_conflict(wrapped)
     assert not shared_tables.is_conflict(converted_without_message(jvm.java.lang.RuntimeException()))
     assert shared_tables.is_conflict(Py4JJavaError("", jvm.io.delta.exceptions.ConcurrentAppendException("")))
@@ -167,9 +179,16 @@ def test_a_merge_refused_by_a_concurrent_optimize_runs_again(spark, tmp_path):
             appended = spark.createDataFrame([("appended", 2 * batch), ("appended", 2 * batch + 1)], SCHEMA)
             appended.repartition(2).write.format("delta").mode("append").save(location)  # files to compact
             rows = spark.createDataFrame([("merged", batch)], SCHEMA)
-            shared_tables.retrying_conflicts(lambda: DeltaTable.forPath(spark, location).alias("t").merge(
-                rows.alias("s"), "t.stream = s.stream AND t.batch = s.batch").whenNotMatchedInsertAll().execute(),
-                on_conflict=conflicts.append)  # fmt: skip
+            shared_tables.retrying_conflicts(
+                lambda: (
+                    DeltaTable.forPath(spark, location)
+                    .alias("t")
+                    .merge(rows.alias("s"), "t.stream = s.stream AND t.batch = s.batch")
+                    .whenNotMatchedInsertAll()
+                    .execute()
+                ),
+                on_conflict=conflicts.append,
+            )
             batch += 1
     finally:
         stop.set()

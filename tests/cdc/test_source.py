@@ -9,16 +9,19 @@ SECRET = 'p@ss"word'
 
 def sasl() -> KafkaConnection:
     return KafkaConnection(
-        bootstrap_servers="broker:9093", security_protocol="SASL_SSL", sasl_mechanism="PLAIN",
-        sasl_username="$ConnectionString", sasl_password=SECRET,
-    )  # fmt: skip
+        bootstrap_servers="broker:9093",
+        security_protocol="SASL_SSL",
+        sasl_mechanism="PLAIN",
+        sasl_username="$ConnectionString",
+        sasl_password=SECRET,
+    )
 
 
 def test_sasl_becomes_a_quoted_jaas_config():
     options = sasl().spark_options()
     assert options["kafka.security.protocol"] == "SASL_SSL"
     assert options["kafka.sasl.jaas.config"] == (
-        'org.apache.kafka.common.security.plain.PlainLoginModule required '
+        "org.apache.kafka.common.security.plain.PlainLoginModule required "
         'username="$ConnectionString" password="p@ss\\"word";'
     )
 
@@ -31,7 +34,9 @@ def test_secrets_never_print():
 
 def test_secrets_file(tmp_path):
     path = tmp_path / "kafka.yaml"
-    path.write_text(f"security_protocol: SASL_SSL\nsasl_mechanism: SCRAM-SHA-512\nsasl_username: u\nsasl_password: '{SECRET}'\n")
+    path.write_text(
+        f"security_protocol: SASL_SSL\nsasl_mechanism: SCRAM-SHA-512\nsasl_username: u\nsasl_password: '{SECRET}'\n"
+    )
     assert load_secrets_file(path)["sasl_mechanism"] == "SCRAM-SHA-512"
 
 

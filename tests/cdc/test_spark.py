@@ -26,7 +26,9 @@ def test_local_master_keeps_the_driver_on_loopback_and_a_cluster_master_does_not
 
 def test_a_chosen_garbage_collector_comes_before_the_users_jvm_options_and_only_for_a_local_driver():
     user = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}
-    local = SparkConfig(jars=ProvidedJars(), class_archive=False, garbage_collector=GarbageCollector.PARALLEL, conf=user)
+    local = SparkConfig(
+        jars=ProvidedJars(), class_archive=False, garbage_collector=GarbageCollector.PARALLEL, conf=user
+    )
     assert spark_conf(local)["spark.driver.extraJavaOptions"] == "-XX:+UseParallelGC -XX:TieredStopAtLevel=1"
     g1 = local.model_copy(update={"garbage_collector": GarbageCollector.G1, "conf": {}})
     assert spark_conf(g1)["spark.driver.extraJavaOptions"] == "-XX:+UseG1GC"
@@ -68,9 +70,12 @@ def test_session_writes_delta_with_change_data_feed(spark, tmp_path):
     spark.range(3).write.format("delta").option("delta.enableChangeDataFeed", "true").save(path)
     spark.sql(f"DELETE FROM delta.`{path}` WHERE id = 1")
     changes = (
-        spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 0).load(path)
+        spark.read.format("delta")
+        .option("readChangeFeed", "true")
+        .option("startingVersion", 0)
+        .load(path)
         .select("id", "_change_type", "_commit_version")
-    )  # fmt: skip
+    )
     expected = spark.createDataFrame(
         [(0, "insert", 0), (1, "insert", 0), (2, "insert", 0), (1, "delete", 1)],
         "id long, _change_type string, _commit_version long",
@@ -97,5 +102,10 @@ def test_timestamps_are_written_as_int64_micros_and_read_alike_beside_int96_file
     physical = {str(pq.ParquetFile(file).schema.column(1).physical_type) for file in Path(path).glob("*.parquet")}
     assert physical == {"INT96", "INT64"}
     table = spark.read.format("delta").load(path).selectExpr("id", "CAST(t AS STRING) AS t", "CAST(n AS STRING) AS n")
-    assertDataFrameEqual(table, [Row(id=1, t="0001-01-01 00:00:00", n="2026-11-25 10:00:00.123456"),
-                                 Row(id=2, t="0001-01-01 00:00:00", n="2026-11-25 10:00:00.123456")])  # fmt: skip
+    assertDataFrameEqual(
+        table,
+        [
+            Row(id=1, t="0001-01-01 00:00:00", n="2026-11-25 10:00:00.123456"),
+            Row(id=2, t="0001-01-01 00:00:00", n="2026-11-25 10:00:00.123456"),
+        ],
+    )

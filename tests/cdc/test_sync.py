@@ -23,10 +23,19 @@ from refine.job import RefineJobConfig, refined_table_location
 CONTINUOUS = {"kind": "continuous", "interval_s": 0.5}
 
 
-def sync_config(warehouse: str, topics: list[str], bootstrap_servers: str, trigger: dict = CONTINUOUS,
-                refined: list[str] | None = None) -> SyncJobConfig:  # fmt: skip
-    raw = {"topics": {"kind": "topics", "topics": topics}, "warehouse": warehouse, "trigger": trigger,
-           "kafka": {"bootstrap_servers": bootstrap_servers}}  # fmt: skip
+def sync_config(
+    warehouse: str,
+    topics: list[str],
+    bootstrap_servers: str,
+    trigger: dict = CONTINUOUS,
+    refined: list[str] | None = None,
+) -> SyncJobConfig:
+    raw = {
+        "topics": {"kind": "topics", "topics": topics},
+        "warehouse": warehouse,
+        "trigger": trigger,
+        "kafka": {"bootstrap_servers": bootstrap_servers},
+    }
     jobs = [{"table": topic, "warehouse": warehouse, "trigger": trigger} for topic in refined or topics]
     return validate(SyncJobConfig, {"raw": raw, "refine": {"kind": "topics", "jobs": jobs}}, "sync job settings")
 
@@ -52,8 +61,10 @@ def test_sync_once_lands_and_refines_postgres_tables_alternating_with_raw_and_re
     monkeypatch.setenv("CDC_KAFKA__BOOTSTRAP_SERVERS", kafka.bootstrap_servers)
     options = ["--warehouse", warehouse, "--available-now"]
     sync = ["sync", *[f"--topic={topic}" for topic in topics.values()], *options]
-    separately = [["raw", *[f"--topic={topic}" for topic in topics.values()], *options],
-                  *[["refine", "--table", topic, *options] for topic in topics.values()]]  # fmt: skip
+    separately = [
+        ["raw", *[f"--topic={topic}" for topic in topics.values()], *options],
+        *[["refine", "--table", topic, *options] for topic in topics.values()],
+    ]
     # The same tables and checkpoints: each run goes on where the last one stopped, whichever command
     # it was; the last run finds nothing new and changes nothing.
     for seed, commands in [(91, [sync]), (92, separately), (93, [sync]), (None, [sync])]:
@@ -61,8 +72,10 @@ def test_sync_once_lands_and_refines_postgres_tables_alternating_with_raw_and_re
             run_workload(dsn, customers=2, seed=seed)  # inserts, updates and deletes of customers and orders
             marker = f"round {seed}".encode()  # the last change, so every change of the round is in Kafka
             with psycopg.connect(dsn) as conn:
-                conn.execute("UPDATE shop.customers SET full_name = %s WHERE id = (SELECT max(id) FROM shop.customers)",
-                             (marker.decode(),))  # fmt: skip
+                conn.execute(
+                    "UPDATE shop.customers SET full_name = %s WHERE id = (SELECT max(id) FROM shop.customers)",
+                    (marker.decode(),),
+                )
             kafka.wait_for_last_value(topics["customers"], lambda value: marker in (value or b""))
         for command in commands:
             assert main(command) == 0, command
@@ -72,8 +85,16 @@ def test_sync_once_lands_and_refines_postgres_tables_alternating_with_raw_and_re
 
 @pytest.mark.integration
 def test_continuous_sync_follows_postgres_and_stops_on_sigterm(
-    spark, kafka, stack_config, postgres_connector, tmp_path, cdc_process, wait_for, postgres_table, refined_table,
-    stop_like_a_service_manager
+    spark,
+    kafka,
+    stack_config,
+    postgres_connector,
+    tmp_path,
+    cdc_process,
+    wait_for,
+    postgres_table,
+    refined_table,
+    stop_like_a_service_manager,
 ):
     dsn, warehouse = stack_config.postgres.dsn(), str(tmp_path)
     topic = f"{postgres_connector.topic_prefix}.shop.customers"
@@ -84,11 +105,20 @@ def test_continuous_sync_follows_postgres_and_stops_on_sigterm(
     try:
         with psycopg.connect(dsn) as conn:
             # A name of this test's own: the demo table is shared by the run's tests.
-            conn.execute("UPDATE shop.customers SET full_name = %s WHERE id = (SELECT max(id) FROM shop.customers)",
-                         (f"Synced {topic}",))  # fmt: skip
-        wait_for(lambda: process.poll() is not None or is_delta_table(spark, location) and refined_table(
-            warehouse, topic).where(F.col("full_name") == f"Synced {topic}").count() == 1, 600,
-            "the change in the refined table", 1.0)  # fmt: skip
+            conn.execute(
+                "UPDATE shop.customers SET full_name = %s WHERE id = (SELECT max(id) FROM shop.customers)",
+                (f"Synced {topic}",),
+            )
+        wait_for(
+            lambda: (
+                process.poll() is not None
+                or is_delta_table(spark, location)
+                and refined_table(warehouse, topic).where(F.col("full_name") == f"Synced {topic}").count() == 1
+            ),
+            600,
+            "the change in the refined table",
+            1.0,
+        )
         assert process.poll() is None, process.wait()
         # The MERGE's commit is visible before the job reports its batch (its auto compaction runs in between).
         wait_for(lambda: f"refine {topic} batch" in process.output(), 60, "the refine batch's progress line", 0.1)
@@ -114,34 +144,61 @@ def in_thread(job) -> tuple[threading.Thread, list[BaseException]]:
 
 
 @pytest.mark.integration
-def test_continuous_pipeline_sync_lands_refines_and_refreshes_its_business_table(spark, kafka, tmp_path, unique_name,
-                                                                                  wait_for):  # fmt: skip
+def test_continuous_pipeline_sync_lands_refines_and_refreshes_its_business_table(
+    spark, kafka, tmp_path, unique_name, wait_for
+):
     topic = kafka.create_topic(f"{unique_name}.scores")
     warehouse = str(tmp_path)
     # No schema: the refinement waits for the first rows to infer it from.
-    document = {"name": "live", "sources": {"game": {"kind": "events", "format": "json", "topic": topic}},
-                "refined": {"scores": {"source": "game"}},
-                "business": {"totals": {"sql": "SELECT player, sum(score) AS total FROM scores GROUP BY player",
-                                        "trigger_interval_s": 0.5}}}  # fmt: skip
+    document = {
+        "name": "live",
+        "sources": {"game": {"kind": "events", "format": "json", "topic": topic}},
+        "refined": {"scores": {"source": "game"}},
+        "business": {
+            "totals": {
+                "sql": "SELECT player, sum(score) AS total FROM scores GROUP BY player",
+                "trigger_interval_s": 0.5,
+            }
+        },
+    }
     pipeline = Pipeline.model_validate(document)
-    raw = {"topics": {"kind": "topics", "topics": [topic]}, "warehouse": warehouse, "trigger": CONTINUOUS,
-           "kafka": {"bootstrap_servers": kafka.bootstrap_servers}}  # fmt: skip
-    config = SyncJobConfig(raw=raw, refine={"kind": "pipeline", "pipeline": pipeline,
-                                            "run": PipelineRefineConfig(warehouse=warehouse, trigger=CONTINUOUS)})
+    raw = {
+        "topics": {"kind": "topics", "topics": [topic]},
+        "warehouse": warehouse,
+        "trigger": CONTINUOUS,
+        "kafka": {"bootstrap_servers": kafka.bootstrap_servers},
+    }
+    config = SyncJobConfig(
+        raw=raw,
+        refine={
+            "kind": "pipeline",
+            "pipeline": pipeline,
+            "run": PipelineRefineConfig(warehouse=warehouse, trigger=CONTINUOUS),
+        },
+    )
 
     def total_of(player: str) -> int | None:
         if not is_delta_table(spark, f"{warehouse}/business/totals"):
             return None
-        rows = spark.read.format("delta").load(f"{warehouse}/business/totals").where(F.col("player") == player).collect()
+        rows = (
+            spark.read.format("delta").load(f"{warehouse}/business/totals").where(F.col("player") == player).collect()
+        )
         return rows[0].total if rows else None
 
     stop, lines = threading.Event(), []
     thread, failures = in_thread(lambda: run_sync_job(spark, config, lines.append, stop))
     try:
         for round_, scores in enumerate([[("ann", 1), ("bob", 2)], [("bob", 3), ("bob", 4)]]):
-            kafka.produce(topic, [(player.encode(), json.dumps({"player": player, "score": score}).encode())
-                                  for player, score in scores])  # fmt: skip
-            wait_for(lambda: failures or total_of("bob") == [2, 9][round_], 300, f"round {round_} in the business table", 0.5)
+            kafka.produce(
+                topic,
+                [
+                    (player.encode(), json.dumps({"player": player, "score": score}).encode())
+                    for player, score in scores
+                ],
+            )
+            wait_for(
+                lambda: failures or total_of("bob") == [2, 9][round_], 300, f"round {round_} in the business table", 0.5
+            )
     finally:
         stop.set()
         thread.join(120)
@@ -151,19 +208,37 @@ def test_continuous_pipeline_sync_lands_refines_and_refreshes_its_business_table
 
 def flattened_value(row_id: int, name: object, name_type: str) -> bytes:
     """A Debezium Postgres row after ExtractNewRecordState (JsonConverter, with its schema)."""
-    schema = {"type": "struct", "optional": False, "name": "shop.items.Value", "fields": [
-        {"type": "int64", "optional": False, "field": "id"}, {"type": name_type, "optional": True, "field": "name"},
-        {"type": "string", "optional": True, "field": "__op"}, {"type": "int64", "optional": True, "field": "__lsn"},
-        {"type": "int64", "optional": True, "field": "__source_ts_ms"},
-        {"type": "string", "optional": True, "field": "__deleted"}]}  # fmt: skip
-    payload = {"id": row_id, "name": name, "__op": "c", "__lsn": row_id, "__source_ts_ms": 1_763_700_000_000,
-               "__deleted": "false"}  # fmt: skip
+    schema = {
+        "type": "struct",
+        "optional": False,
+        "name": "shop.items.Value",
+        "fields": [
+            {"type": "int64", "optional": False, "field": "id"},
+            {"type": name_type, "optional": True, "field": "name"},
+            {"type": "string", "optional": True, "field": "__op"},
+            {"type": "int64", "optional": True, "field": "__lsn"},
+            {"type": "int64", "optional": True, "field": "__source_ts_ms"},
+            {"type": "string", "optional": True, "field": "__deleted"},
+        ],
+    }
+    payload = {
+        "id": row_id,
+        "name": name,
+        "__op": "c",
+        "__lsn": row_id,
+        "__source_ts_ms": 1_763_700_000_000,
+        "__deleted": "false",
+    }
     return json.dumps({"schema": schema, "payload": payload}).encode()
 
 
 def flattened_key(row_id: int) -> bytes:
-    schema = {"type": "struct", "optional": False, "name": "shop.items.Key",
-              "fields": [{"type": "int64", "optional": False, "field": "id"}]}  # fmt: skip
+    schema = {
+        "type": "struct",
+        "optional": False,
+        "name": "shop.items.Key",
+        "fields": [{"type": "int64", "optional": False, "field": "id"}],
+    }
     return json.dumps({"schema": schema, "payload": {"id": row_id}}).encode()
 
 
@@ -175,8 +250,12 @@ def test_a_failed_refinement_ends_the_landing_and_is_the_error(spark, kafka, tmp
     kafka.produce(topic, [(flattened_key(1), flattened_value(1, "one", "string"))])
     thread, failures = in_thread(lambda: run_sync_job(spark, config, lambda line: None))
     try:
-        wait_for(lambda: failures or is_delta_table(spark, refined_table_location(warehouse, topic)), 300,
-                 "the first row refined", 0.5)  # fmt: skip
+        wait_for(
+            lambda: failures or is_delta_table(spark, refined_table_location(warehouse, topic)),
+            300,
+            "the first row refined",
+            0.5,
+        )
         kafka.produce(topic, [(flattened_key(2), flattened_value(2, 2, "int64"))])  # `name` turned a number
         # No stop is ever set here: the landing, which would otherwise run on, ends because refining failed.
         thread.join(300)
@@ -184,7 +263,9 @@ def test_a_failed_refinement_ends_the_landing_and_is_the_error(spark, kafka, tmp
         assert not thread.is_alive(), "the landing went on after the refinement failed"
     [failure] = failures
     assert isinstance(failure, TableError), failure
-    assert "changed type" in str(failure) and "column=name" in str(failure) and "new_type=bigint" in str(failure), failure
+    assert "changed type" in str(failure) and "column=name" in str(failure) and "new_type=bigint" in str(failure), (
+        failure
+    )
     assert not spark.streams.active, "a stream of the failed sync is still running"
 
 
@@ -192,6 +273,7 @@ def test_a_failed_refinement_ends_the_landing_and_is_the_error(spark, kafka, tmp
 def test_an_unknown_topic_ends_a_continuous_sync_with_one_line(kafka, tmp_path, unique_name, monkeypatch, capsys):
     monkeypatch.setenv("CDC_KAFKA__BOOTSTRAP_SERVERS", kafka.bootstrap_servers)
     assert main(["sync", "--topic", unique_name, "--warehouse", str(tmp_path), "--trigger-interval", "1"]) == (
-        SourceError.exit_code)
+        SourceError.exit_code
+    )
     error = capsys.readouterr().err
     assert error.startswith("cdc: error: ") and unique_name in error and error.count("\n") == 1, error

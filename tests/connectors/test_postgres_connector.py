@@ -39,7 +39,7 @@ def test_every_change_arrives_once_in_order(changes):
     events, report, existing = changes
     for table in TABLES:
         ops = [event.op for event in events[table]]
-        ops_after_snapshot = ops[existing[table]:]
+        ops_after_snapshot = ops[existing[table] :]
         assert ops[: existing[table]] == ["r"] * existing[table]
         assert ops_after_snapshot.count("c") == report.changes[table]["insert"]
         assert ops_after_snapshot.count("u") == report.changes[table]["update"]
@@ -55,9 +55,13 @@ def test_every_change_arrives_once_in_order(changes):
 def test_snapshot_reads_are_marked_as_snapshot(changes):
     events, _, existing = changes
     snapshot = events["customers"][: existing["customers"]]
-    assert {event.payload["source"]["snapshot"] for event in snapshot} <= {"true", "first", "last",
-                                                                        "first_in_data_collection",
-                                                                        "last_in_data_collection"}
+    assert {event.payload["source"]["snapshot"] for event in snapshot} <= {
+        "true",
+        "first",
+        "last",
+        "first_in_data_collection",
+        "last_in_data_collection",
+    }
     assert all(event.payload["before"] is None and event.payload["after"] for event in snapshot)
 
 
@@ -104,7 +108,7 @@ def test_values_decode_to_what_postgres_holds(changes, stack_config):
     with psycopg.connect(stack_config.postgres.dsn()) as conn:
         balance, credit_limit, birth_date, signed_up_at = conn.execute(
             "SELECT balance, credit_limit, birth_date, to_char(signed_up_at AT TIME ZONE 'UTC', "
-            "'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') FROM shop.customers WHERE id = %s",
+            '\'YYYY-MM-DD"T"HH24:MI:SS.US"Z"\') FROM shop.customers WHERE id = %s',
             (after["id"],),
         ).fetchone()
     # numeric(12,2): base64 of the big-endian two's-complement unscaled value; scale 2 in the schema.

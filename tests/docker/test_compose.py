@@ -34,10 +34,21 @@ CONNECTOR_FILES = sorted(Path(connectors.__file__).parent.glob("*.json"))
 PLACEHOLDER = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
 
 # Worker settings that name addresses or paths, which differ between the two stacks by design.
-CONNECT_ADDRESS_SETTINGS = {"bootstrap.servers", "listeners", "rest.advertised.host.name",
-                            "rest.advertised.port", "plugin.path"}  # fmt: skip
-KAFKA_ADDRESS_SETTINGS = {"controller.quorum.voters", "listeners", "advertised.listeners",
-                          "inter.broker.listener.name", "listener.security.protocol.map", "log.dirs"}  # fmt: skip
+CONNECT_ADDRESS_SETTINGS = {
+    "bootstrap.servers",
+    "listeners",
+    "rest.advertised.host.name",
+    "rest.advertised.port",
+    "plugin.path",
+}
+KAFKA_ADDRESS_SETTINGS = {
+    "controller.quorum.voters",
+    "listeners",
+    "advertised.listeners",
+    "inter.broker.listener.name",
+    "listener.security.protocol.map",
+    "log.dirs",
+}
 
 # The short variables the debezium/connect image's docker-entrypoint.sh turns into worker
 # properties; besides these, every CONNECT_A_B variable becomes property a.b.
@@ -97,7 +108,7 @@ def debezium_worker_properties(env: dict[str, str]) -> dict[str, str]:
 
 
 def listener_addresses(listeners: str) -> dict[str, tuple[str, int]]:
-    """"NAME://host:port,..." -> {NAME: (host, port)}."""
+    """ "NAME://host:port,..." -> {NAME: (host, port)}."""
     result = {}
     for listener in listeners.split(","):
         name, address = listener.split("://")
@@ -157,8 +168,10 @@ def test_postgres_credentials_are_the_stack_config_defaults(services: dict) -> N
     postgres = StackConfig().postgres
     env = environment(services["postgres"])
     assert (env["POSTGRES_USER"], env["POSTGRES_PASSWORD"], env["POSTGRES_DB"]) == (
-        postgres.user, postgres.password, postgres.database,
-    )  # fmt: skip
+        postgres.user,
+        postgres.password,
+        postgres.database,
+    )
 
 
 def test_postgres_runs_the_demo_schema_at_init(services: dict) -> None:
@@ -227,9 +240,7 @@ def test_connect_worker_settings_match_the_local_stack(services: dict) -> None:
     expected = {key: str(value) for key, value in local.items() if key not in CONNECT_ADDRESS_SETTINGS}
     assert {key: properties.get(key) for key in expected} == expected
     assert properties["config.providers"] == "env"
-    assert properties["config.providers.env.class"] == (
-        "org.apache.kafka.common.config.provider.EnvVarConfigProvider"
-    )
+    assert properties["config.providers.env.class"] == ("org.apache.kafka.common.config.provider.EnvVarConfigProvider")
 
 
 def test_connect_environment_supplies_every_connector_placeholder(services: dict) -> None:
@@ -249,8 +260,9 @@ def test_connect_environment_points_at_the_compose_services(
     # Container to container: the port Postgres listens on inside its container, not the host's.
     assert [int(env["CDC_POSTGRES_PORT"])] == [port.container_port for port in ports["postgres"]]
     assert (env["CDC_POSTGRES_USER"], env["CDC_POSTGRES_PASSWORD"]) == (
-        postgres_env["POSTGRES_USER"], postgres_env["POSTGRES_PASSWORD"],
-    )  # fmt: skip
+        postgres_env["POSTGRES_USER"],
+        postgres_env["POSTGRES_PASSWORD"],
+    )
 
     mongo_url = urlsplit(env["CDC_MONGODB_CONNECTION_STRING"])
     mongo_command = services["mongodb"]["command"]

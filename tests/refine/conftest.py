@@ -33,8 +33,9 @@ def raw_records(spark):
 def problems_and_events(decoded) -> tuple[list, list]:
     """A decoded batch's problems and good events (as dicts; None where there is a problem), by offset."""
     rows = decoded.orderBy("kafka_offset").collect()
-    return [row.problem for row in rows], [row.event.asDict(recursive=True) if row.problem is None else None
-                                           for row in rows]  # fmt: skip
+    return [row.problem for row in rows], [
+        row.event.asDict(recursive=True) if row.problem is None else None for row in rows
+    ]
 
 
 @pytest.fixture(name="problems_and_events")
@@ -47,8 +48,12 @@ def land(spark, kafka):
     """``land(warehouse, topic)``: `cdc raw --available-now`."""
 
     def run(warehouse: str, topic: str) -> None:
-        raw = {"topics": {"kind": "topics", "topics": [topic]}, "warehouse": warehouse,
-               "trigger": {"kind": "available_now"}, "kafka": {"bootstrap_servers": kafka.bootstrap_servers}}  # fmt: skip
+        raw = {
+            "topics": {"kind": "topics", "topics": [topic]},
+            "warehouse": warehouse,
+            "trigger": {"kind": "available_now"},
+            "kafka": {"bootstrap_servers": kafka.bootstrap_servers},
+        }
         run_raw_job(spark, validate(RawJobConfig, raw, "raw job"), say=lambda line: None)
 
     return run
@@ -111,8 +116,12 @@ class FakeSchemaRegistry:
             if subject not in self.subjects:
                 return 404, {"error_code": 40401, "message": f"Subject '{subject}' not found."}
             schema_id = self.subjects[subject][-1]
-            return 200, {"subject": subject, "version": len(self.subjects[subject]), "id": schema_id,
-                         **self._schema(schema_id)}  # fmt: skip
+            return 200, {
+                "subject": subject,
+                "version": len(self.subjects[subject]),
+                "id": schema_id,
+                **self._schema(schema_id),
+            }
         if (match := re.fullmatch(r"/schemas/ids/(\d+)", path)) and int(match.group(1)) in self.schemas:
             return 200, self._schema(int(match.group(1)))
         if match:

@@ -25,16 +25,27 @@ from refine.avro_events import (
 from refine.quarantine import quarantine_location
 
 READING = {
-    "type": "record", "name": "Reading", "namespace": "fitness",
+    "type": "record",
+    "name": "Reading",
+    "namespace": "fitness",
     "fields": [
         {"name": "device_id", "type": "string"},
         {"name": "time", "type": {"type": "long", "logicalType": "timestamp-millis"}},
         {"name": "heart_rate", "type": ["null", "int"], "default": None},
-        {"name": "position", "type": ["null", {"type": "record", "name": "Position",
-                                                "fields": [{"name": "lat", "type": "double"},
-                                                           {"name": "lon", "type": "double"}]}], "default": None},
+        {
+            "name": "position",
+            "type": [
+                "null",
+                {
+                    "type": "record",
+                    "name": "Position",
+                    "fields": [{"name": "lat", "type": "double"}, {"name": "lon", "type": "double"}],
+                },
+            ],
+            "default": None,
+        },
     ],
-}  # fmt: skip
+}
 # Version 2 adds a field with a default: records written with version 1 read as version 2 take it.
 READING_V2 = {**READING, "fields": [*READING["fields"], {"name": "model", "type": "string", "default": "unknown"}]}
 
@@ -104,7 +115,8 @@ def test_framed_values_are_read_with_their_writer_schema_as_the_latest(spark, ra
         "no value (a null record)",
     ]
     assert [(event["device_id"], event["heart_rate"], event["model"]) for event in events[:2]] == [
-        ("w1", 70, "unknown"), ("w2", None, "fenix")
+        ("w1", 70, "unknown"),
+        ("w2", None, "fenix"),
     ]
 
 
@@ -129,8 +141,12 @@ def test_a_registry_decoder_fetches_each_writer_schema_its_batches_hold(
     schema_registry.register("other-value", 'syntax = "proto3"; message M {}', "PROTOBUF")
     decoder = AvroDecoder(spark, SchemaRegistry(kind="registry", url=schema_registry.url), "fitness")
     assert (decoder.reader_id, decoder.event_schema.fieldNames()[-1]) == (v2, "model")
-    batch = raw_records([framed(v1, READING, {"device_id": "w1", "time": at(0)}),
-                                framed(3, READING, {"device_id": "w2", "time": at(1)})])  # fmt: skip
+    batch = raw_records(
+        [
+            framed(v1, READING, {"device_id": "w1", "time": at(0)}),
+            framed(3, READING, {"device_id": "w2", "time": at(1)}),
+        ]
+    )
     problems, _ = problems_and_events(decoder.decode(batch))
     assert problems == [None, "schema id 3 is not an Avro schema of the schema registry"]  # a Protobuf schema
     assert sorted(decoder.writers) == [v1, v2]  # kept for the next batches; id 3 is asked for again
@@ -144,8 +160,9 @@ def test_a_registry_decoder_fetches_each_writer_schema_its_batches_hold(
 
 
 @pytest.mark.integration
-def test_avro_events_with_a_schema_file_and_with_a_registry(spark, kafka, pipeline_run, unique_name, schema_registry,
-                                                            tmp_path):  # fmt: skip
+def test_avro_events_with_a_schema_file_and_with_a_registry(
+    spark, kafka, pipeline_run, unique_name, schema_registry, tmp_path
+):
     plain, registered = kafka.create_topic(f"{unique_name}.readings"), kafka.create_topic(f"{unique_name}.devices")
     (tmp_path / "reading.avsc").write_text(json.dumps(READING))  # beside the pipeline file, which names it relatively
     v1 = schema_registry.register(f"{registered}-value", json.dumps(READING))
@@ -153,47 +170,83 @@ def test_avro_events_with_a_schema_file_and_with_a_registry(spark, kafka, pipeli
     pipeline = {
         "name": "fitness_avro",
         "sources": {
-            "plain": {"kind": "events", "format": "avro", "topic": plain,
-                      "schema": {"kind": "file", "path": "reading.avsc"}},
-            "registered": {"kind": "events", "format": "avro", "topic": registered,
-                           "schema": {"kind": "registry", "url": schema_registry.url}},  # subject <topic>-value
+            "plain": {
+                "kind": "events",
+                "format": "avro",
+                "topic": plain,
+                "schema": {"kind": "file", "path": "reading.avsc"},
+            },
+            "registered": {
+                "kind": "events",
+                "format": "avro",
+                "topic": registered,
+                "schema": {"kind": "registry", "url": schema_registry.url},
+            },  # subject <topic>-value
         },
         "refined": {
             "readings": {"source": "plain"},  # every event, appended, position flattened
             "devices": {"source": "registered", "keys": ["device_id"], "ordering": "time"},  # the latest per device
         },
         "expectations": {"plausible": {"table": "devices", "constraint": "heart_rate < 250", "action": "drop"}},
-    }  # fmt: skip
-    kafka.produce(plain, [
-        (b"w1", avro(READING, {"device_id": "w1", "time": at(0), "heart_rate": 72,
-                               "position": {"lat": 1.5, "lon": 2.0}})),
-        (b"w1", avro(READING, {"device_id": "w1", "time": at(5), "heart_rate": 95})),
-        (b"w1", avro(READING, {"device_id": "w1", "time": at(6), "heart_rate": 96})[:-1]),  # truncated
-        (b"w2", avro(READING, {"device_id": "w2", "time": at(1)})),
-    ])  # fmt: skip
-    kafka.produce(registered, [
-        (b"w1", framed(v1, READING, {"device_id": "w1", "time": at(0), "heart_rate": 70})),  # read as v2: model unknown
-        (b"w1", framed(v2, READING_V2, {"device_id": "w1", "time": at(5), "heart_rate": 90, "model": "fenix"})),
-        (b"w1", framed(v2, READING_V2, {"device_id": "w1", "time": at(2), "heart_rate": 80})),  # late: older than 10:05
-        (b"w2", framed(v2, READING_V2, {"device_id": "w2", "time": at(1), "heart_rate": 300})),  # breaks `plausible`
-        (b"w3", b"\x01" + framed(v2, READING_V2, {"device_id": "w3", "time": at(3)})[1:]),  # not the magic byte
-        (b"w4", framed(v1, READING, {"device_id": "w4", "time": at(3), "heart_rate": 60})),
-    ])  # fmt: skip
-    readings_schema = ("device_id string, time string, heart_rate int, position_lat double, position_lon double, "
-                       "_cdc_partition int, _cdc_offset long")  # fmt: skip
-    expected_readings = spark.createDataFrame([
-        ("w1", "2026-01-01 10:00:00", 72, 1.5, 2.0, 0, 0), ("w1", "2026-01-01 10:05:00", 95, None, None, 0, 1),
-        ("w2", "2026-01-01 10:01:00", None, None, None, 0, 3),
-    ], readings_schema).withColumn("time", F.to_timestamp("time"))  # fmt: skip
+    }
+    kafka.produce(
+        plain,
+        [
+            (
+                b"w1",
+                avro(
+                    READING, {"device_id": "w1", "time": at(0), "heart_rate": 72, "position": {"lat": 1.5, "lon": 2.0}}
+                ),
+            ),
+            (b"w1", avro(READING, {"device_id": "w1", "time": at(5), "heart_rate": 95})),
+            (b"w1", avro(READING, {"device_id": "w1", "time": at(6), "heart_rate": 96})[:-1]),  # truncated
+            (b"w2", avro(READING, {"device_id": "w2", "time": at(1)})),
+        ],
+    )
+    kafka.produce(
+        registered,
+        [
+            (
+                b"w1",
+                framed(v1, READING, {"device_id": "w1", "time": at(0), "heart_rate": 70}),
+            ),  # read as v2: model unknown
+            (b"w1", framed(v2, READING_V2, {"device_id": "w1", "time": at(5), "heart_rate": 90, "model": "fenix"})),
+            (
+                b"w1",
+                framed(v2, READING_V2, {"device_id": "w1", "time": at(2), "heart_rate": 80}),
+            ),  # late: older than 10:05
+            (
+                b"w2",
+                framed(v2, READING_V2, {"device_id": "w2", "time": at(1), "heart_rate": 300}),
+            ),  # breaks `plausible`
+            (b"w3", b"\x01" + framed(v2, READING_V2, {"device_id": "w3", "time": at(3)})[1:]),  # not the magic byte
+            (b"w4", framed(v1, READING, {"device_id": "w4", "time": at(3), "heart_rate": 60})),
+        ],
+    )
+    readings_schema = (
+        "device_id string, time string, heart_rate int, position_lat double, position_lon double, "
+        "_cdc_partition int, _cdc_offset long"
+    )
+    expected_readings = spark.createDataFrame(
+        [
+            ("w1", "2026-01-01 10:00:00", 72, 1.5, 2.0, 0, 0),
+            ("w1", "2026-01-01 10:05:00", 95, None, None, 0, 1),
+            ("w2", "2026-01-01 10:01:00", None, None, None, 0, 3),
+        ],
+        readings_schema,
+    ).withColumn("time", F.to_timestamp("time"))
     for _ in range(2):  # a rerun changes nothing
         assert pipeline_run(pipeline) == 0
         assertDataFrameEqual(pipeline_run.table("readings").drop("_cdc_refined_at"), expected_readings)
         devices = pipeline_run.table("devices").select("device_id", "heart_rate", "model", "_cdc_offset")
-        assertDataFrameEqual(devices, spark.createDataFrame([("w1", 90, "fenix", 1), ("w4", 60, "unknown", 5)],
-                                                            devices.schema))  # fmt: skip
+        assertDataFrameEqual(
+            devices, spark.createDataFrame([("w1", 90, "fenix", 1), ("w4", 60, "unknown", 5)], devices.schema)
+        )
         quarantined = spark.read.format("delta").load(quarantine_location(pipeline_run.warehouse))
-        assert sorted((row.topic, row.offset, row.reason) for row in quarantined.collect()) == sorted([
-            (plain, 2, "the value is not Avro of the schema"),
-            (registered, 3, "failed expectations: plausible"),
-            (registered, 4, "the value starts with byte 0x01, not the magic byte 0x00 of Confluent's wire format"),
-        ])  # fmt: skip
+        assert sorted((row.topic, row.offset, row.reason) for row in quarantined.collect()) == sorted(
+            [
+                (plain, 2, "the value is not Avro of the schema"),
+                (registered, 3, "failed expectations: plausible"),
+                (registered, 4, "the value starts with byte 0x01, not the magic byte 0x00 of Confluent's wire format"),
+            ]
+        )

@@ -24,10 +24,14 @@ from refine.quarantine import quarantine_location
 
 pytestmark = pytest.mark.integration
 
-COLUMNS = ("id int PRIMARY KEY, name text NOT NULL, born date, seen_at timestamp(6), updated_at timestamptz, "
-           "price numeric(10,2), qty bigint, flag boolean")  # fmt: skip
-SPARK_SCHEMA = ("id int, name string, born date, seen_at timestamp_ntz, updated_at timestamp, price decimal(10,2), "
-                "qty long, flag boolean")  # fmt: skip
+COLUMNS = (
+    "id int PRIMARY KEY, name text NOT NULL, born date, seen_at timestamp(6), updated_at timestamptz, "
+    "price numeric(10,2), qty bigint, flag boolean"
+)
+SPARK_SCHEMA = (
+    "id int, name string, born date, seen_at timestamp_ntz, updated_at timestamp, price decimal(10,2), "
+    "qty long, flag boolean"
+)
 
 
 @pytest.fixture
@@ -43,9 +47,16 @@ def captured_table(stack, stack_config, unique_name):
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA {unique_name}")
         conn.execute(f"CREATE TABLE {unique_name}.items ({COLUMNS})")
-    connector = ConnectorDefinition(unique_name, {
-        **definitions.load("postgres").config, "topic.prefix": unique_name, "slot.name": unique_name,
-        "publication.name": unique_name, "schema.include.list": unique_name})  # fmt: skip
+    connector = ConnectorDefinition(
+        unique_name,
+        {
+            **definitions.load("postgres").config,
+            "topic.prefix": unique_name,
+            "slot.name": unique_name,
+            "publication.name": unique_name,
+            "schema.include.list": unique_name,
+        },
+    )
     topic = f"{unique_name}.{unique_name}.items"
 
     def capture(statements: list[str], kafka, last_value) -> list[tuple]:
@@ -58,7 +69,8 @@ def captured_table(stack, stack_config, unique_name):
 
     capture.topic, capture.dsn, capture.table = topic, dsn, f"{unique_name}.items"
     capture.read = lambda spark: spark.createDataFrame(  # the table in Postgres, as the refined table types it
-        psycopg.connect(dsn).execute(f"SELECT * FROM {unique_name}.items").fetchall(), SPARK_SCHEMA)
+        psycopg.connect(dsn).execute(f"SELECT * FROM {unique_name}.items").fetchall(), SPARK_SCHEMA
+    )
     yield capture
     remove_connector(stack_config, connector)
 
@@ -98,13 +110,22 @@ def malformed_records(records: list[tuple]) -> list[tuple[str, str, bytes | None
 
     def record(kind, reason, row_id, after=None, key=None, value_schema=None, **envelope):
         value = {**new_row(row_id, **(after or {})), **envelope}
-        return kind, reason, _key(key_schema, key if key is not None else {"id": row_id}), _wrap(value_schema or schema, value)
+        return (
+            kind,
+            reason,
+            _key(key_schema, key if key is not None else {"id": row_id}),
+            _wrap(value_schema or schema, value),
+        )
 
     good_value = create[4]
     unknown_type = json.loads(json.dumps(schema))
     next(f for f in unknown_type["fields"] if f["field"] == "after")["fields"][6]["type"] = "int128"
-    not_envelope = {"type": "struct", "optional": False, "name": "x.Value",
-                    "fields": [{"type": "int32", "optional": False, "field": "id"}]}  # fmt: skip
+    not_envelope = {
+        "type": "struct",
+        "optional": False,
+        "name": "x.Value",
+        "fields": [{"type": "int32", "optional": False, "field": "id"}],
+    }
     wrong_key_schema = {**key_schema, "fields": [{"type": "int32", "optional": False, "field": "nope"}]}
     return [
         ("value not JSON", "value", _key(key_schema, {"id": 101}), b"{not json"),
@@ -130,7 +151,12 @@ def malformed_records(records: list[tuple]) -> list[tuple[str, str, bytes | None
         ("key not UTF-8", "key", b"\xff\xfe\x00", _wrap(schema, new_row(121))),
         record("key disagrees with after", "key.id", 122, key={"id": 1}),
         ("key missing on a keyed table", "key", None, _wrap(schema, new_row(123))),
-        ("key schema names a field the value lacks", "nope", _wrap(wrong_key_schema, {"nope": 124}), _wrap(schema, new_row(124))),
+        (
+            "key schema names a field the value lacks",
+            "nope",
+            _wrap(wrong_key_schema, {"nope": 124}),
+            _wrap(schema, new_row(124)),
+        ),
         record("unknown type in the schema", "int128", 125, value_schema=unknown_type),
         ("schema not an envelope", "envelope", _key(key_schema, {"id": 126}), _wrap(not_envelope, {"id": 126})),
     ]
@@ -165,10 +191,15 @@ def test_malformed_records_go_to_the_quarantine_and_every_good_record_is_applied
         if run:
             shutil.rmtree(f"{warehouse}/_cdc/checkpoints/refine/{topic}")
         capsys.readouterr()
-        assert main(["refine", "--table", topic, "--warehouse", warehouse, "--available-now"]) == 0, capsys.readouterr().err
+        assert main(["refine", "--table", topic, "--warehouse", warehouse, "--available-now"]) == 0, (
+            capsys.readouterr().err
+        )
         reasons = {row.offset: row.reason for row in quarantined().collect()}
-        wrong = {kind: reasons.get(offset) for offset, (kind, expected) in kinds.items()
-                 if expected.lower() not in (reasons.get(offset) or "").lower()}  # fmt: skip
+        wrong = {
+            kind: reasons.get(offset)
+            for offset, (kind, expected) in kinds.items()
+            if expected.lower() not in (reasons.get(offset) or "").lower()
+        }
         assert not wrong, f"not quarantined with a reason naming the field: {wrong}"
         assert set(reasons) == set(kinds), "good records were quarantined"
         assertDataFrameEqual(refined().drop(*METADATA_COLUMNS), captured_table.read(spark))
@@ -190,14 +221,16 @@ def test_a_batch_that_fails_stops_the_job_with_one_line_naming_the_cause_table_a
     (tmp_path / "refined").mkdir()
     (tmp_path / "refined" / topic).write_text("not a table")
     for debug in (False, True):
-        job = cdc_process([*(["--debug"] if debug else []), "refine", "--table", topic, "--warehouse", warehouse,
-                           "--available-now"])  # fmt: skip
+        job = cdc_process(
+            [*(["--debug"] if debug else []), "refine", "--table", topic, "--warehouse", warehouse, "--available-now"]
+        )
         output = job.wait(timeout=300)
         assert job.returncode == 9, output
         errors = [line for line in output.splitlines() if line.startswith("cdc: error:")]
         assert len(errors) == 1, output
-        assert re.fullmatch(rf"cdc: error: a refine batch failed: [\w.]+: \S.* \(table={re.escape(topic)}, batch=0\)",
-                            errors[0]), output  # fmt: skip
+        assert re.fullmatch(
+            rf"cdc: error: a refine batch failed: [\w.]+: \S.* \(table={re.escape(topic)}, batch=0\)", errors[0]
+        ), output
         # Spark's log of the failure (with the Python Proxy's traceback) and the traceback: only under --debug.
         assert ("Python Proxy" in output) == debug, output
         assert ("Traceback" in output) == debug, output

@@ -28,10 +28,21 @@ def at(day: int, hour: int = 0) -> datetime:
 
 
 def refined_sessions(spark, location: str) -> None:
-    rows = [("ann", 1, at(1)), ("ann", 2, at(2)), ("bob", 3, at(1)), ("cyd", 4, at(3)), (None, 5, at(4)),
-            ("dan", 6, at(5)), ("dan", -1, at(9))]  # fmt: skip
-    (spark.createDataFrame(rows, SESSIONS).write.format("delta")
-     .option("delta.enableChangeDataFeed", "true").save(location))  # fmt: skip
+    rows = [
+        ("ann", 1, at(1)),
+        ("ann", 2, at(2)),
+        ("bob", 3, at(1)),
+        ("cyd", 4, at(3)),
+        (None, 5, at(4)),
+        ("dan", 6, at(5)),
+        ("dan", -1, at(9)),
+    ]
+    (
+        spark.createDataFrame(rows, SESSIONS)
+        .write.format("delta")
+        .option("delta.enableChangeDataFeed", "true")
+        .save(location)
+    )
 
 
 def version(spark, location: str) -> int:
@@ -45,8 +56,9 @@ def table(spark, location: str):
 def test_incremental_refresh_equals_a_full_recomputation(spark, tmp_path):
     source = str(tmp_path / "refined" / "sessions")
     refined_sessions(spark, source)
-    config = BusinessTableConfig(name="per_player", query=PER_PLAYER, location=str(tmp_path / "business"),
-                                 views={"sessions": source})  # fmt: skip
+    config = BusinessTableConfig(
+        name="per_player", query=PER_PLAYER, location=str(tmp_path / "business"), views={"sessions": source}
+    )
 
     assert refresh_business_table(spark, config).mode is RefreshMode.FULL
     assertDataFrameEqual(table(spark, config.location), spark.sql(PER_PLAYER))
@@ -54,10 +66,17 @@ def test_incremental_refresh_equals_a_full_recomputation(spark, tmp_path):
     assert refresh_business_table(spark, config).mode is RefreshMode.UNCHANGED
     assert version(spark, config.location) == written  # no change, no new version
 
-    updates = spark.createDataFrame([("ann", 2, at(1, 6)), ("bob", 7, at(8)), ("eve", 8, at(2)), (None, 9, at(7))],
-                                    SESSIONS)  # fmt: skip
-    (DeltaTable.forPath(spark, source).alias("t").merge(updates.alias("s"), "t.session_id = s.session_id")
-     .whenMatchedUpdateAll().whenNotMatchedInsertAll().execute())  # fmt: skip
+    updates = spark.createDataFrame(
+        [("ann", 2, at(1, 6)), ("bob", 7, at(8)), ("eve", 8, at(2)), (None, 9, at(7))], SESSIONS
+    )
+    (
+        DeltaTable.forPath(spark, source)
+        .alias("t")
+        .merge(updates.alias("s"), "t.session_id = s.session_id")
+        .whenMatchedUpdateAll()
+        .whenNotMatchedInsertAll()
+        .execute()
+    )
     DeltaTable.forPath(spark, source).delete("player = 'cyd'")  # cyd's group disappears
     DeltaTable.forPath(spark, source).update("session_id = 6", {"player": "'ann'"})  # moves from dan to ann
 
@@ -67,7 +86,9 @@ def test_incremental_refresh_equals_a_full_recomputation(spark, tmp_path):
     # Only the changed groups were written: ann, bob, NULL updated; eve inserted; cyd, dan deleted.
     metrics = DeltaTable.forPath(spark, config.location).history().where("operation = 'MERGE'").head().operationMetrics
     assert (metrics["numTargetRowsUpdated"], metrics["numTargetRowsInserted"], metrics["numTargetRowsDeleted"]) == (
-        "3", "1", "2"
+        "3",
+        "1",
+        "2",
     )
     written = version(spark, config.location)
     assert refresh_business_table(spark, config).mode is RefreshMode.UNCHANGED
@@ -107,13 +128,16 @@ def test_an_aggregate_of_the_whole_table_is_refreshed_fully(spark, tmp_path):
 def test_the_loop_refreshes_on_its_interval_until_stopped(spark, tmp_path):
     source = str(tmp_path / "refined" / "sessions")
     refined_sessions(spark, source)
-    config = BusinessTableConfig(name="per_player", query=PER_PLAYER, location=str(tmp_path / "business"),
-                                 views={"sessions": source})  # fmt: skip
+    config = BusinessTableConfig(
+        name="per_player", query=PER_PLAYER, location=str(tmp_path / "business"), views={"sessions": source}
+    )
     assert run_business_tables(spark, [config], AvailableNow(), say=lambda line: None) == 1
 
     stop = threading.Event()
     lines: list[str] = []
-    loop = threading.Thread(target=run_business_tables, args=(spark, [config], Continuous(interval_s=0.2), stop, lines.append))
+    loop = threading.Thread(
+        target=run_business_tables, args=(spark, [config], Continuous(interval_s=0.2), stop, lines.append)
+    )
     loop.start()
     try:
         DeltaTable.forPath(spark, source).delete("player = 'bob'")

@@ -22,12 +22,29 @@ T0 = 1_763_700_000_000
 
 
 def envelope(op: str, lsn: int, before: dict | None = None, after: dict | None = None, snapshot: str = "false") -> dict:
-    return {"before": before, "after": after, "op": op, "ts_ms": T0 + lsn,
-            "source": {"version": "3.6.3.Final", "connector": "postgresql", "name": "demo", "ts_ms": T0 + lsn,
-                       "snapshot": snapshot, "db": "demo", "schema": "shop", "table": "items", "txId": lsn, "lsn": lsn}}  # fmt: skip
+    return {
+        "before": before,
+        "after": after,
+        "op": op,
+        "ts_ms": T0 + lsn,
+        "source": {
+            "version": "3.6.3.Final",
+            "connector": "postgresql",
+            "name": "demo",
+            "ts_ms": T0 + lsn,
+            "snapshot": snapshot,
+            "db": "demo",
+            "schema": "shop",
+            "table": "items",
+            "txId": lsn,
+            "lsn": lsn,
+        },
+    }
 
 
-def item(item_id: int, name: str, amount: str | None, day: int = 20000, at: str = "2026-11-21T05:53:15.094926Z") -> dict:
+def item(
+    item_id: int, name: str, amount: str | None, day: int = 20000, at: str = "2026-11-21T05:53:15.094926Z"
+) -> dict:
     return {"id": item_id, "name": name, "amount": amount, "day": day, "at": at}
 
 
@@ -63,11 +80,20 @@ def test_schemaless_values_are_read_with_the_declared_columns(spark, kafka, land
         refined = spark.read.format("delta").load(refined_table_location(warehouse, topic))
         assertDataFrameEqual(refined.select(*COLUMNS), spark.createDataFrame(EXPECTED, EXPECTED_SCHEMA))
     [bad] = spark.read.format("delta").load(quarantine_location(warehouse)).collect()
-    assert (bad.offset, bad.reason) == (6, "field after.amount: cannot convert the value to the declared type decimal(12,2)")
+    assert (bad.offset, bad.reason) == (
+        6,
+        "field after.amount: cannot convert the value to the declared type decimal(12,2)",
+    )
 
 
-TEMPORAL_COLUMNS = {"id": "bigint", "local3": "timestamp_ntz(3)", "local6": "timestamp_ntz", "opens": "time(3)",
-                    "closes": "time", "moments": "array<timestamp_ntz(0)>"}  # fmt: skip
+TEMPORAL_COLUMNS = {
+    "id": "bigint",
+    "local3": "timestamp_ntz(3)",
+    "local6": "timestamp_ntz",
+    "opens": "time(3)",
+    "closes": "time",
+    "moments": "array<timestamp_ntz(0)>",
+}
 EPOCH = datetime(1970, 1, 1)
 
 
@@ -77,21 +103,46 @@ def test_schemaless_temporal_columns_are_read_in_the_encoding_their_precision_gi
     """Debezium's adaptive mode writes timestamp(0-3) and time(0-3) in milliseconds, wider ones in
     microseconds: the declared precision picks which (read the other way, a value is 1000x off)."""
     topic = kafka.create_topic(f"{unique_name}.shop.slots")
-    row = lambda n, local3, local6, opens, closes: {"id": n, "local3": local3, "local6": local6, "opens": opens,  # noqa: E731
-                                                    "closes": closes, "moments": [local3 - local3 % 1000, -1000]}  # fmt: skip
+    row = lambda n, local3, local6, opens, closes: {
+        "id": n,
+        "local3": local3,
+        "local6": local6,
+        "opens": opens,  # noqa: E731
+        "closes": closes,
+        "moments": [local3 - local3 % 1000, -1000],
+    }
     first, second = row(1, 1_763_700_000_123, 1_763_700_000_123_456, 45_296_789, 45_296_789_012), row(2, -1, -1, 0, 1)
     updated = {**first, "local3": 1_763_700_000_999}
-    records = [({"id": 1}, envelope("c", 100, after=first)), ({"id": 2}, envelope("c", 200, after=second)),
-               ({"id": 1}, envelope("u", 300, before=first, after=updated))]  # fmt: skip
+    records = [
+        ({"id": 1}, envelope("c", 100, after=first)),
+        ({"id": 2}, envelope("c", 200, after=second)),
+        ({"id": 1}, envelope("u", 300, before=first, after=updated)),
+    ]
     kafka.produce(topic, [(json.dumps(k).encode(), json.dumps(v).encode()) for k, v in records])
     warehouse = str(tmp_path)
 
     ms = lambda n: EPOCH + timedelta(milliseconds=n)  # noqa: E731
-    expected = spark.createDataFrame([
-        (1, ms(1_763_700_000_999), EPOCH + timedelta(microseconds=1_763_700_000_123_456), "12:34:56.789000",
-         "12:34:56.789012", [ms(1_763_700_000_000), ms(-1000)]),
-        (2, ms(-1), EPOCH - timedelta(microseconds=1), "00:00:00.000000", "00:00:00.000001", [ms(-1000), ms(-1000)]),
-    ], "id long, local3 timestamp_ntz, local6 timestamp_ntz, opens string, closes string, moments array<timestamp_ntz>")  # fmt: skip
+    expected = spark.createDataFrame(
+        [
+            (
+                1,
+                ms(1_763_700_000_999),
+                EPOCH + timedelta(microseconds=1_763_700_000_123_456),
+                "12:34:56.789000",
+                "12:34:56.789012",
+                [ms(1_763_700_000_000), ms(-1000)],
+            ),
+            (
+                2,
+                ms(-1),
+                EPOCH - timedelta(microseconds=1),
+                "00:00:00.000000",
+                "00:00:00.000001",
+                [ms(-1000), ms(-1000)],
+            ),
+        ],
+        "id long, local3 timestamp_ntz, local6 timestamp_ntz, opens string, closes string, moments array<timestamp_ntz>",
+    )
     for _ in range(2):  # a rerun changes nothing
         land_and_refine(warehouse, topic, columns=TEMPORAL_COLUMNS, key=["id"])
         refined = spark.read.format("delta").load(refined_table_location(warehouse, topic))
@@ -107,26 +158,41 @@ def test_a_new_snapshot_resets_the_table_from_its_first_read_in_kafka_order(
     topic = kafka.create_topic(f"{unique_name}.shop.items")
     columns, warehouse = {"id": "bigint", "name": "string"}, str(tmp_path)
     row = lambda n, name: {"id": n, "name": name}  # noqa: E731
-    produce = lambda records: kafka.produce(topic, [(json.dumps({"id": v["after"]["id"]}).encode(), json.dumps(v).encode())  # noqa: E731
-                                                    for v in records])  # fmt: skip
+    produce = lambda records: kafka.produce(
+        topic,
+        [
+            (json.dumps({"id": v["after"]["id"]}).encode(), json.dumps(v).encode())  # noqa: E731
+            for v in records
+        ],
+    )
     refined = lambda: spark.read.format("delta").load(refined_table_location(warehouse, topic)).select("id", "name")  # noqa: E731
 
-    first = [envelope("r", 100, after=row(1, "a"), snapshot="first"), envelope("r", 100, after=row(2, "b"), snapshot="last"),
-             envelope("c", 150, after=row(3, "c"))]  # fmt: skip
+    first = [
+        envelope("r", 100, after=row(1, "a"), snapshot="first"),
+        envelope("r", 100, after=row(2, "b"), snapshot="last"),
+        envelope("c", 150, after=row(3, "c")),
+    ]
     produce(first)
     land_and_refine(warehouse, topic, columns=columns, key=["id"], history=True)
     assertDataFrameEqual(refined(), [(1, "a"), (2, "b"), (3, "c")])
 
     # The connector is re-created: 2 and 3 were deleted meanwhile, 1 renamed. Then, with lower LSNs than the
     # snapshot's, the inserts of a transaction that was open across it.
-    produce([envelope("r", 500, after=row(1, "a2"), snapshot="first"), envelope("r", 500, after=row(4, "d"), snapshot="last"),
-             envelope("c", 450, after=row(5, "late in this batch"))])  # fmt: skip
+    produce(
+        [
+            envelope("r", 500, after=row(1, "a2"), snapshot="first"),
+            envelope("r", 500, after=row(4, "d"), snapshot="last"),
+            envelope("c", 450, after=row(5, "late in this batch")),
+        ]
+    )
     land_and_refine(warehouse, topic, columns=columns, key=["id"], history=True)
     assertDataFrameEqual(refined(), [(1, "a2"), (4, "d"), (5, "late in this batch")])
     produce([envelope("c", 460, after=row(6, "late in the next batch")), envelope("u", 600, after=row(4, "d2"))])
     for _ in range(2):
         land_and_refine(warehouse, topic, columns=columns, key=["id"], history=True)
-        assertDataFrameEqual(refined(), [(1, "a2"), (4, "d2"), (5, "late in this batch"), (6, "late in the next batch")])
+        assertDataFrameEqual(
+            refined(), [(1, "a2"), (4, "d2"), (5, "late in this batch"), (6, "late in the next batch")]
+        )
 
     history = spark.read.format("delta").load(refined_table_location(warehouse, f"{topic}__history"))
     closed_by_the_snapshot = history.where("_cdc_op = 'r' AND _cdc_is_deleted").select("id", "_cdc_lsn")
@@ -136,12 +202,15 @@ def test_a_new_snapshot_resets_the_table_from_its_first_read_in_kafka_order(
     land_and_refine(warehouse, topic, columns=columns, key=["id"], history=True)
     assertDataFrameEqual(refined(), [(1, "a2"), (4, "d2"), (5, "late in this batch"), (6, "late in the next batch")])
     assertDataFrameEqual(history.where("_cdc_is_current").select("id", "name"), refined())
-    assertDataFrameEqual(history.where("_cdc_op = 'r' AND _cdc_is_deleted").select("id", "_cdc_lsn"), closed_by_the_snapshot)
+    assertDataFrameEqual(
+        history.where("_cdc_op = 'r' AND _cdc_is_deleted").select("id", "_cdc_lsn"), closed_by_the_snapshot
+    )
 
 
 @pytest.mark.parametrize("separators", [(",", ":"), None], ids=["compact JSON", "JSON with spaces"])
-def test_string_mode_decimals_become_the_declared_decimal(spark, kafka, land_and_refine, unique_name, tmp_path,
-                                                          separators, monkeypatch):  # fmt: skip
+def test_string_mode_decimals_become_the_declared_decimal(
+    spark, kafka, land_and_refine, unique_name, tmp_path, separators, monkeypatch
+):
     """Compact JSON, as JsonConverter writes it, is parsed in one pass with the guessed schemas; JSON
     with spaces after its schemas are found. Either way the undecodable record is quarantined."""
     from refine.job import RefineBatch
@@ -150,23 +219,47 @@ def test_string_mode_decimals_become_the_declared_decimal(spark, kafka, land_and
     search = RefineBatch._refine
     monkeypatch.setattr(RefineBatch, "_refine", lambda self, *args: searched.append(1) or search(self, *args))
     topic = kafka.create_topic(f"{unique_name}.shop.items")
-    row = {"type": "struct", "optional": True, "fields": [
-        {"type": "int64", "optional": False, "field": "id"}, {"type": "string", "optional": True, "field": "name"},
-        {"type": "string", "optional": True, "field": "amount"},  # decimal.handling.mode=string
-        {"type": "int32", "optional": True, "name": "io.debezium.time.Date", "version": 1, "field": "day"},
-        {"type": "string", "optional": True, "name": "io.debezium.time.ZonedTimestamp", "version": 1, "field": "at"},
-    ]}  # fmt: skip
-    source = {"type": "struct", "field": "source", "fields": [
-        {"type": "int64", "optional": True, "field": "lsn"}, {"type": "int64", "optional": True, "field": "txId"},
-        {"type": "int64", "field": "ts_ms"}]}  # fmt: skip
-    value_schema = {"type": "struct", "fields": [{**row, "field": "before"}, {**row, "field": "after"}, source,
-                                                 {"type": "string", "field": "op"}]}  # fmt: skip
+    row = {
+        "type": "struct",
+        "optional": True,
+        "fields": [
+            {"type": "int64", "optional": False, "field": "id"},
+            {"type": "string", "optional": True, "field": "name"},
+            {"type": "string", "optional": True, "field": "amount"},  # decimal.handling.mode=string
+            {"type": "int32", "optional": True, "name": "io.debezium.time.Date", "version": 1, "field": "day"},
+            {
+                "type": "string",
+                "optional": True,
+                "name": "io.debezium.time.ZonedTimestamp",
+                "version": 1,
+                "field": "at",
+            },
+        ],
+    }
+    source = {
+        "type": "struct",
+        "field": "source",
+        "fields": [
+            {"type": "int64", "optional": True, "field": "lsn"},
+            {"type": "int64", "optional": True, "field": "txId"},
+            {"type": "int64", "field": "ts_ms"},
+        ],
+    }
+    value_schema = {
+        "type": "struct",
+        "fields": [{**row, "field": "before"}, {**row, "field": "after"}, source, {"type": "string", "field": "op"}],
+    }
     key_schema = {"type": "struct", "fields": [{"type": "int64", "optional": False, "field": "id"}]}
-    kafka.produce(topic, [
-        (json.dumps({"schema": key_schema, "payload": k}, separators=separators).encode(),
-         v and json.dumps({"schema": value_schema, "payload": v}, separators=separators).encode())
-        for k, v in changes()
-    ])  # fmt: skip
+    kafka.produce(
+        topic,
+        [
+            (
+                json.dumps({"schema": key_schema, "payload": k}, separators=separators).encode(),
+                v and json.dumps({"schema": value_schema, "payload": v}, separators=separators).encode(),
+            )
+            for k, v in changes()
+        ],
+    )
     warehouse = str(tmp_path)
 
     land_and_refine(warehouse, topic, columns={"amount": "decimal(12,2)"})

@@ -28,8 +28,12 @@ def decoded(spark, schema: dict, values: list) -> list:
     return [row.v for row in result.collect()]
 
 
-DECIMAL_12_2 = {"type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal",
-                "parameters": {"scale": "2", "connect.decimal.precision": "12"}}  # fmt: skip
+DECIMAL_12_2 = {
+    "type": "bytes",
+    "optional": True,
+    "name": "org.apache.kafka.connect.data.Decimal",
+    "parameters": {"scale": "2", "connect.decimal.precision": "12"},
+}
 
 
 @pytest.fixture(params=["project's JVM function", "Spark's expressions"])
@@ -64,8 +68,10 @@ def test_decimals_at_every_width_boundary(spark, decimals_decoded_by):
     unscaled = [value + delta for edge in edges for value in (edge, -edge) for delta in (-1, 0, 1)] + [0, -1, 1]
     encoded = [two_complement(value) for value in unscaled]
     # Zero-padded encodings must read the same: an 8-byte 255 and a 9-byte -1.
-    encoded += [base64.b64encode((255).to_bytes(8, "big", signed=True)).decode(),
-                base64.b64encode((-1).to_bytes(9, "big", signed=True)).decode()]  # fmt: skip
+    encoded += [
+        base64.b64encode((255).to_bytes(8, "big", signed=True)).decode(),
+        base64.b64encode((-1).to_bytes(9, "big", signed=True)).decode(),
+    ]
     assert decoded(spark, schema, encoded) == [Decimal(value) for value in unscaled] + [Decimal(255), Decimal(-1)]
 
 
@@ -75,15 +81,22 @@ def test_debezium_sample_from_the_stack(spark, decimals_decoded_by):
 
 
 def test_variable_scale_decimal(spark, decimals_decoded_by):
-    schema = {"type": "struct", "name": "io.debezium.data.VariableScaleDecimal", "optional": True,
-              "fields": [{"type": "int32", "field": "scale"}, {"type": "bytes", "field": "value"}]}  # fmt: skip
+    schema = {
+        "type": "struct",
+        "name": "io.debezium.data.VariableScaleDecimal",
+        "optional": True,
+        "fields": [{"type": "int32", "field": "scale"}, {"type": "bytes", "field": "value"}],
+    }
     # '+zTR' is what the stack's connector sent for credit_limit -3.14159.
     values = [{"scale": 5, "value": "+zTR"}, {"scale": 0, "value": two_complement(42)}, None]
     assert decoded(spark, schema, values) == [Decimal("-3.14159"), Decimal(42), None]
     # More than the 18 fractional digits decimal(38,18) holds: exact when the digits beyond are zeros,
     # else undecodable (quarantined), never rounded.
-    finer = [{"scale": 20, "value": two_complement(100)}, {"scale": 20, "value": two_complement(123)},
-             {"scale": 19, "value": two_complement(-5)}]  # fmt: skip
+    finer = [
+        {"scale": 20, "value": two_complement(100)},
+        {"scale": 20, "value": two_complement(123)},
+        {"scale": 19, "value": two_complement(-5)},
+    ]
     assert decoded(spark, schema, finer) == [Decimal("0.000000000000000001"), None, None]
 
 
@@ -97,7 +110,12 @@ def test_a_decimal_that_is_not_base64_or_does_not_fit_is_undecodable(spark, deci
 
 def test_dates_before_and_after_1970(spark):
     schema = {"type": "int32", "optional": True, "name": "io.debezium.time.Date"}
-    assert decoded(spark, schema, [-1, 0, 4427, -719162]) == [date(1969, 12, 31), date(1970, 1, 1), date(1982, 2, 14), date(1, 1, 1)]
+    assert decoded(spark, schema, [-1, 0, 4427, -719162]) == [
+        date(1969, 12, 31),
+        date(1970, 1, 1),
+        date(1982, 2, 14),
+        date(1, 1, 1),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -117,17 +135,25 @@ def test_timestamps_without_and_with_zone(spark):
     assert decoded(spark, {"type": "int64", "name": "io.debezium.time.MicroTimestamp"}, [1_772_329_500_123_456]) == [
         datetime(2026, 3, 1, 1, 45, 0, 123456)
     ]
-    assert decoded(spark, {"type": "int64", "name": "io.debezium.time.Timestamp"}, [-1000]) == [datetime(1969, 12, 31, 23, 59, 59)]
-    zoned = decoded(spark, {"type": "string", "name": "io.debezium.time.ZonedTimestamp"}, ["2026-11-21T05:53:15.094926Z"])
+    assert decoded(spark, {"type": "int64", "name": "io.debezium.time.Timestamp"}, [-1000]) == [
+        datetime(1969, 12, 31, 23, 59, 59)
+    ]
+    zoned = decoded(
+        spark, {"type": "string", "name": "io.debezium.time.ZonedTimestamp"}, ["2026-11-21T05:53:15.094926Z"]
+    )
     assert zoned[0].astimezone(timezone.utc) == datetime(2026, 11, 21, 5, 53, 15, 94926, tzinfo=timezone.utc)
 
 
 def test_bytes_json_uuid_arrays_booleans_and_floats(spark):
     assert decoded(spark, {"type": "bytes"}, ["3q2+7w==", None]) == [bytearray(b"\xde\xad\xbe\xef"), None]
     assert decoded(spark, {"type": "string", "name": "io.debezium.data.Json"}, ['{"a": {"b": [1, 2]}}', "null"]) == [
-        '{"a": {"b": [1, 2]}}', "null"
+        '{"a": {"b": [1, 2]}}',
+        "null",
     ]
-    assert decoded(spark, {"type": "array", "items": {"type": "string", "optional": True}}, [["x", None], []]) == [["x", None], []]
+    assert decoded(spark, {"type": "array", "items": {"type": "string", "optional": True}}, [["x", None], []]) == [
+        ["x", None],
+        [],
+    ]
     assert decoded(spark, {"type": "boolean"}, [True, False, None]) == [True, False, None]
     floats = decoded(spark, {"type": "double"}, [1.5, "NaN", "Infinity", "-Infinity"])
     assert floats[0] == 1.5 and floats[1] != floats[1] and floats[2] == float("inf") and floats[3] == float("-inf")
@@ -158,16 +184,24 @@ def test_decimal_scales_spark_cannot_hold_as_they_are_in_postgres(spark, decimal
 def test_dates_and_timestamps_beyond_sparks_years_do_not_decode(spark):
     """Spark holds years 1-9999; Debezium sends Postgres' infinity and years beyond as numbers out of
     that range (wrong dates if read as they are): they are undecodable, so quarantined."""
-    days = decoded(spark, {"type": "int32", "name": "io.debezium.time.Date"}, [-719162, 2932896, -719163, 2932897, -622191234])
+    days = decoded(
+        spark, {"type": "int32", "name": "io.debezium.time.Date"}, [-719162, 2932896, -719163, 2932897, -622191234]
+    )
     assert days == [date(1, 1, 1), date(9999, 12, 31), None, None, None]
     infinity, minus_infinity = 9223372036825200000, -9223372036832400000  # Debezium's ±infinity
-    micros = decoded(spark, {"type": "int64", "name": "io.debezium.time.MicroTimestamp"},
-                     [253402300799999999, infinity, minus_infinity, -62135596800000001])  # fmt: skip
+    micros = decoded(
+        spark,
+        {"type": "int64", "name": "io.debezium.time.MicroTimestamp"},
+        [253402300799999999, infinity, minus_infinity, -62135596800000001],
+    )
     assert micros == [datetime(9999, 12, 31, 23, 59, 59, 999999), None, None, None]
     millis = decoded(spark, {"type": "int64", "name": "io.debezium.time.Timestamp"}, [0, infinity // 1000, 2**63 - 1])
     assert millis == [datetime(1970, 1, 1), None, None]
-    zoned = decoded(spark, {"type": "string", "name": "io.debezium.time.ZonedTimestamp"},
-                    ["infinity", "+10000-01-01T00:00:00Z", "2026-11-21T05:53:15Z"])  # fmt: skip
+    zoned = decoded(
+        spark,
+        {"type": "string", "name": "io.debezium.time.ZonedTimestamp"},
+        ["infinity", "+10000-01-01T00:00:00Z", "2026-11-21T05:53:15Z"],
+    )
     assert zoned[:2] == [None, None] and zoned[2] is not None
 
 
@@ -186,7 +220,12 @@ def test_saturated_interval_microseconds_do_not_decode(spark):
 def test_bits_as_postgres_writes_them(spark):
     """Debezium's Bits: the bit string as an integer, its bytes little-endian (B'101000000001' is 0x01 0x0A)."""
     bits12 = {"type": "bytes", "name": "io.debezium.data.Bits", "parameters": {"length": "12"}}
-    assert decoded(spark, bits12, ["AQo=", "", "/w8=", "AQ=="]) == ["101000000001", "000000000000", "111111111111", "000000000001"]
+    assert decoded(spark, bits12, ["AQo=", "", "/w8=", "AQ=="]) == [
+        "101000000001",
+        "000000000000",
+        "111111111111",
+        "000000000001",
+    ]
     varbit = {"type": "bytes", "name": "io.debezium.data.Bits", "parameters": {"length": "2147483647"}}
     # A varbit's length is not sent: B'0011' arrives as B'11'.
     assert decoded(spark, varbit, ["BQ==", "B/gH", "", "Aw=="]) == ["101", "1111111100000000111", "", "11"]
@@ -196,6 +235,10 @@ def test_arrays_of_two_dimensions_debezium_sends_as_java_array_names_do_not_deco
     """A text[] holding {{a,b},{c,d}} arrives as the names of two Java arrays: not a value to keep."""
     schema = {"type": "array", "items": {"type": "string", "optional": True}}
     names = ["[Ljava.lang.String;@19b1e693", "[Ljava.lang.String;@7e4a7ad9"]
-    assert decoded(spark, schema, [names, ["[L", "x", None], ["[Ljava.util.UUID;@2e28025c", None]]) == [None, ["[L", "x", None], None]
+    assert decoded(spark, schema, [names, ["[L", "x", None], ["[Ljava.util.UUID;@2e28025c", None]]) == [
+        None,
+        ["[L", "x", None],
+        None,
+    ]
     uuids = {"type": "array", "items": {"type": "string", "optional": True, "name": "io.debezium.data.Uuid"}}
     assert decoded(spark, uuids, [["[Ljava.util.UUID;@2e28025c"]]) == [None]

@@ -9,8 +9,9 @@ from cdc.stack.workload import run_workload
 pytestmark = pytest.mark.integration
 
 
-def test_replayed_records_never_resurrect_a_deleted_row(kafka, stack_config, postgres_connector, tmp_path,
-                                                        land_and_refine, postgres_table, refined_table):  # fmt: skip
+def test_replayed_records_never_resurrect_a_deleted_row(
+    kafka, stack_config, postgres_connector, tmp_path, land_and_refine, postgres_table, refined_table
+):
     dsn, warehouse = stack_config.postgres.dsn(), str(tmp_path)
     prefix = postgres_connector.topic_prefix
     run_workload(dsn, customers=3, seed=41)  # ends by deleting its last customer and that customer's orders
@@ -24,8 +25,9 @@ def test_replayed_records_never_resurrect_a_deleted_row(kafka, stack_config, pos
 
     with psycopg.connect(dsn) as conn:  # the deleted customer comes back, at a later position
         deleted = conn.execute("SELECT max(id) + 1 FROM shop.customers").fetchone()[0]
-        conn.execute("INSERT INTO shop.customers (id, email, signed_up_at) VALUES (%s, 'back@example.com', now())",
-                     (deleted,))  # fmt: skip
+        conn.execute(
+            "INSERT INTO shop.customers (id, email, signed_up_at) VALUES (%s, 'back@example.com', now())", (deleted,)
+        )
     topic = f"{prefix}.shop.customers"
     kafka.wait_for_last_value(topic, lambda value: value is not None and b"back@example.com" in value)
     land_and_refine(warehouse, topic)
@@ -33,8 +35,9 @@ def test_replayed_records_never_resurrect_a_deleted_row(kafka, stack_config, pos
     assert refined_table(warehouse, topic).where(f"id = {deleted}").count() == 1
 
 
-def test_replayed_records_never_undo_a_truncate(kafka, stack_config, postgres_connector, tmp_path,
-                                                 land_and_refine, postgres_table, refined_table):  # fmt: skip
+def test_replayed_records_never_undo_a_truncate(
+    kafka, stack_config, postgres_connector, tmp_path, land_and_refine, postgres_table, refined_table
+):
     dsn, warehouse = stack_config.postgres.dsn(), str(tmp_path)
     topic = f"{postgres_connector.topic_prefix}.shop.orders"
     run_workload(dsn, customers=2, seed=42)

@@ -27,7 +27,7 @@ DOCUMENT = (
     '"b": {"$binary": "AQI=","$type": "00"},"nan": NaN,"inf": -Infinity,"text": "NaN, Infinity",'
     '"nested": {"a": [1, 2],"when": {"$date": "2024-01-02T03:04:05.678Z"}},"mixed": [1, "x"],'
     '"ts": {"$timestamp": {"t": 1, "i": 2}},"none": null,"empty": []}'
-)  # fmt: skip
+)
 
 
 @pytest.fixture(scope="module")
@@ -42,21 +42,48 @@ def shape_of(document, field: str):
 
 def test_bson_types_map_to_column_types(document):
     expected = {
-        "_id": StringType(), "n": LongType(), "i": LongType(), "d": TimestampType(), "m": DecimalType(38, 18),
-        "f": DoubleType(), "b": BinaryType(), "nan": DoubleType(), "inf": DoubleType(), "text": StringType(),
+        "_id": StringType(),
+        "n": LongType(),
+        "i": LongType(),
+        "d": TimestampType(),
+        "m": DecimalType(38, 18),
+        "f": DoubleType(),
+        "b": BinaryType(),
+        "nan": DoubleType(),
+        "inf": DoubleType(),
+        "text": StringType(),
         "nested": StructType([StructField("a", ArrayType(LongType())), StructField("when", TimestampType())]),
-        "mixed": StringType(), "ts": StringType(), "none": NullType(), "empty": ArrayType(NullType()),
-    }  # fmt: skip
+        "mixed": StringType(),
+        "ts": StringType(),
+        "none": NullType(),
+        "empty": ArrayType(NullType()),
+    }
     assert {field: shape_of(document, field) for field in expected} == expected
 
 
 def test_values_decode_exactly(document):
-    columns = StructType([StructField(name, data_type) for name, data_type in [
-        ("_id", StringType()), ("n", LongType()), ("i", LongType()), ("d", TimestampType()), ("m", DecimalType(38, 18)),
-        ("f", DoubleType()), ("b", BinaryType()), ("nan", DoubleType()), ("inf", DoubleType()), ("text", StringType()),
-        ("nested", StructType([StructField("a", ArrayType(LongType())), StructField("when", TimestampType())])),
-        ("mixed", StringType()), ("ts", StringType()), ("none", StringType()), ("absent", LongType()),
-    ]])  # fmt: skip
+    columns = StructType(
+        [
+            StructField(name, data_type)
+            for name, data_type in [
+                ("_id", StringType()),
+                ("n", LongType()),
+                ("i", LongType()),
+                ("d", TimestampType()),
+                ("m", DecimalType(38, 18)),
+                ("f", DoubleType()),
+                ("b", BinaryType()),
+                ("nan", DoubleType()),
+                ("inf", DoubleType()),
+                ("text", StringType()),
+                ("nested", StructType([StructField("a", ArrayType(LongType())), StructField("when", TimestampType())])),
+                ("mixed", StringType()),
+                ("ts", StringType()),
+                ("none", StringType()),
+                ("absent", LongType()),
+            ]
+        ]
+    )
     [row] = document.select(decode(F.col("v"), columns).alias("row")).select("row.*").collect()
     assert row._id == "64b7f0c2a1b2c3d4e5f60718"
     assert row.n == 9007199254740993 and row.i == 7
@@ -72,7 +99,9 @@ def test_values_decode_exactly(document):
 
 def test_values_that_do_not_fit_decode_to_null(spark):
     rows = spark.createDataFrame([('{"n": "abc", "d": {"$date": "yesterday"}, "b": {"$binary": "%%%"}}',)], "t string")
-    columns = StructType([StructField("n", LongType()), StructField("d", TimestampType()), StructField("b", BinaryType())])
+    columns = StructType(
+        [StructField("n", LongType()), StructField("d", TimestampType()), StructField("b", BinaryType())]
+    )
     [row] = rows.select(decode(to_variant(F.col("t")), columns).alias("r")).select("r.*").collect()
     assert tuple(row) == (None, None, None)
 
@@ -111,12 +140,25 @@ def test_values_of_any_type_as_json_text(spark):
         ("null", "null", None),
     ]
     frame = spark.createDataFrame([(s, r) for s, r, _ in pairs], "strict string, relaxed string").select(
-        to_variant(F.col("strict")).alias("strict"), to_variant(F.col("relaxed")).alias("relaxed"))
-    shapes = sorted({row[0] for column in ("strict", "relaxed")
-                     for row in frame.select(F.schema_of_variant(column)).distinct().collect()})  # fmt: skip
-    texts = frame.select(variant_json_text(F.col("strict"), shapes), variant_json_text(F.col("relaxed"), shapes)).collect()
+        to_variant(F.col("strict")).alias("strict"), to_variant(F.col("relaxed")).alias("relaxed")
+    )
+    shapes = sorted(
+        {
+            row[0]
+            for column in ("strict", "relaxed")
+            for row in frame.select(F.schema_of_variant(column)).distinct().collect()
+        }
+    )
+    texts = frame.select(
+        variant_json_text(F.col("strict"), shapes), variant_json_text(F.col("relaxed"), shapes)
+    ).collect()
     assert [tuple(row) for row in texts] == [(text, text) for _, _, text in pairs]
-    typed = spark.createDataFrame([(5, datetime(2023, 11, 14, 22, 13, 20, tzinfo=timezone.utc), "discontinued")],
-                                  "n bigint, t timestamp, s string")  # fmt: skip
+    typed = spark.createDataFrame(
+        [(5, datetime(2023, 11, 14, 22, 13, 20, tzinfo=timezone.utc), "discontinued")],
+        "n bigint, t timestamp, s string",
+    )
     assert tuple(typed.select(*[json_text(F.col(c)) for c in typed.columns]).head()) == (
-        "5", '"2023-11-14T22:13:20.000Z"', '"discontinued"')
+        "5",
+        '"2023-11-14T22:13:20.000Z"',
+        '"discontinued"',
+    )

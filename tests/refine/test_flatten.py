@@ -7,26 +7,29 @@ from cdc.errors import ConfigError
 from refine.flatten import child_rows, child_table_name, flat_columns, flatten
 from refine.merge import replace_children
 
-EVENT = ("player string, time timestamp, device struct<os: string, screen: struct<w: int, h: int>>, "
-         "items array<struct<item_id: string, qty: int>>, tags array<string>")  # fmt: skip
+EVENT = (
+    "player string, time timestamp, device struct<os: string, screen: struct<w: int, h: int>>, "
+    "items array<struct<item_id: string, qty: int>>, tags array<string>"
+)
 
 
 @pytest.fixture
 def events(spark):
     return spark.createDataFrame(
-        [("p1", None, ("ios", (1170, 2532)), [("sword", 1), ("shield", 2)], ["a"]),
-         ("p2", None, None, [], None)],
+        [("p1", None, ("ios", (1170, 2532)), [("sword", 1), ("shield", 2)], ["a"]), ("p2", None, None, [], None)],
         EVENT,
-    )  # fmt: skip
+    )
 
 
 def test_nested_structs_become_columns_named_by_their_path(spark, events):
     expected = spark.createDataFrame(
-        [("p1", None, "ios", 1170, 2532, [("sword", 1), ("shield", 2)], ["a"]),
-         ("p2", None, None, None, None, [], None)],
+        [
+            ("p1", None, "ios", 1170, 2532, [("sword", 1), ("shield", 2)], ["a"]),
+            ("p2", None, None, None, None, [], None),
+        ],
         "player string, time timestamp, device_os string, device_screen_w int, device_screen_h int, "
         "items array<struct<item_id: string, qty: int>>, tags array<string>",
-    )  # fmt: skip
+    )
     assertDataFrameEqual(flatten(events), expected)
 
 
@@ -66,8 +69,9 @@ def apply(spark, location, parents: list[str], items: dict[str, list[tuple]]) ->
     """Replace the children of ``parents`` by ``items`` (a parent missing from ``items`` has none)."""
     rows = [(player, pos, *item) for player, elements in items.items() for pos, item in enumerate(elements)]
     children = spark.createDataFrame(rows, CHILD)
-    replace_children(spark, location, children, spark.createDataFrame([(p,) for p in parents], "player string"),
-                     ["player"])  # fmt: skip
+    replace_children(
+        spark, location, children, spark.createDataFrame([(p,) for p in parents], "player string"), ["player"]
+    )
 
 
 def stored(spark, location):
@@ -78,18 +82,27 @@ def test_child_rows_follow_their_parent(spark, tmp_path):
     location = str(tmp_path / "players__items")
     apply(spark, location, ["p1", "p2"], {"p1": [("sword", 1), ("shield", 2), ("bow", 1)], "p2": [("axe", 1)]})
     apply(spark, location, ["p1", "p2"], {"p1": [("sword", 1), ("shield", 2), ("bow", 1)], "p2": [("axe", 1)]})
-    assertDataFrameEqual(stored(spark, location), spark.createDataFrame(
-        [("p1", 0, "sword", 1), ("p1", 1, "shield", 2), ("p1", 2, "bow", 1), ("p2", 0, "axe", 1)], CHILD))  # fmt: skip
+    assertDataFrameEqual(
+        stored(spark, location),
+        spark.createDataFrame(
+            [("p1", 0, "sword", 1), ("p1", 1, "shield", 2), ("p1", 2, "bow", 1), ("p2", 0, "axe", 1)], CHILD
+        ),
+    )
 
     # 1. a parent updated: its children are replaced (and the other parent's are untouched)
     apply(spark, location, ["p1"], {"p1": [("sword", 5), ("spear", 1), ("bow", 1)]})
-    assertDataFrameEqual(stored(spark, location), spark.createDataFrame(
-        [("p1", 0, "sword", 5), ("p1", 1, "spear", 1), ("p1", 2, "bow", 1), ("p2", 0, "axe", 1)], CHILD))  # fmt: skip
+    assertDataFrameEqual(
+        stored(spark, location),
+        spark.createDataFrame(
+            [("p1", 0, "sword", 5), ("p1", 1, "spear", 1), ("p1", 2, "bow", 1), ("p2", 0, "axe", 1)], CHILD
+        ),
+    )
 
     # 2. its array shrinks: the trailing children go
     apply(spark, location, ["p1"], {"p1": [("sword", 5)]})
-    assertDataFrameEqual(stored(spark, location), spark.createDataFrame(
-        [("p1", 0, "sword", 5), ("p2", 0, "axe", 1)], CHILD))  # fmt: skip
+    assertDataFrameEqual(
+        stored(spark, location), spark.createDataFrame([("p1", 0, "sword", 5), ("p2", 0, "axe", 1)], CHILD)
+    )
 
     # 3. a parent deleted (or left with no array): its children disappear
     apply(spark, location, ["p2"], {})

@@ -18,8 +18,13 @@ from refine.job import refined_table_location
 
 pytestmark = pytest.mark.integration
 
-DECIMAL = {"type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal", "version": 1,
-           "parameters": {"scale": "2", "connect.decimal.precision": "10"}}  # fmt: skip
+DECIMAL = {
+    "type": "bytes",
+    "optional": True,
+    "name": "org.apache.kafka.connect.data.Decimal",
+    "version": 1,
+    "parameters": {"scale": "2", "connect.decimal.precision": "10"},
+}
 ADDED = [
     {"type": "string", "optional": True, "field": "__op"},
     {"type": "int64", "optional": True, "field": "__lsn"},
@@ -30,24 +35,52 @@ PRICES = {"12.50": "BOI=", "3.00": "ASw=", "7.25": "AtU="}  # base64 of the unsc
 
 
 def key(topic: str, item_id: int, separators: tuple[str, str] | None = None) -> bytes:
-    schema = {"type": "struct", "optional": False, "name": f"{topic}.Key",
-              "fields": [{"type": "int64", "optional": False, "field": "id"}]}  # fmt: skip
+    schema = {
+        "type": "struct",
+        "optional": False,
+        "name": f"{topic}.Key",
+        "fields": [{"type": "int64", "optional": False, "field": "id"}],
+    }
     return json.dumps({"schema": schema, "payload": {"id": item_id}}, separators=separators).encode()
 
 
-def row(topic: str, item_id: int, name: str, price: str, op: str, lsn: int, deleted: bool = False,
-        separators: tuple[str, str] | None = None) -> bytes:  # fmt: skip
-    schema = {"type": "struct", "optional": False, "name": f"{topic}.Value", "fields": [
-        {"type": "int64", "optional": False, "field": "id"}, {"type": "string", "optional": True, "field": "name"},
-        {**DECIMAL, "field": "price"}, *ADDED]}  # fmt: skip
-    payload = {"id": item_id, "name": name, "price": PRICES[price], "__op": op, "__lsn": lsn,
-               "__source_ts_ms": 1_763_700_000_000 + lsn, "__deleted": "true" if deleted else "false"}  # fmt: skip
+def row(
+    topic: str,
+    item_id: int,
+    name: str,
+    price: str,
+    op: str,
+    lsn: int,
+    deleted: bool = False,
+    separators: tuple[str, str] | None = None,
+) -> bytes:
+    schema = {
+        "type": "struct",
+        "optional": False,
+        "name": f"{topic}.Value",
+        "fields": [
+            {"type": "int64", "optional": False, "field": "id"},
+            {"type": "string", "optional": True, "field": "name"},
+            {**DECIMAL, "field": "price"},
+            *ADDED,
+        ],
+    }
+    payload = {
+        "id": item_id,
+        "name": name,
+        "price": PRICES[price],
+        "__op": op,
+        "__lsn": lsn,
+        "__source_ts_ms": 1_763_700_000_000 + lsn,
+        "__deleted": "true" if deleted else "false",
+    }
     return json.dumps({"schema": schema, "payload": payload}, separators=separators).encode()
 
 
 @pytest.mark.parametrize("compact", [True, False], ids=["compact JSON", "JSON with spaces"])
-def test_flattened_rows_are_upserted_and_deleted_in_lsn_order(spark, kafka, land_and_refine, unique_name, tmp_path,
-                                                              compact, monkeypatch):  # fmt: skip
+def test_flattened_rows_are_upserted_and_deleted_in_lsn_order(
+    spark, kafka, land_and_refine, unique_name, tmp_path, compact, monkeypatch
+):
     """JsonConverter writes compact JSON: batches are then parsed in one pass with the last batch's
     schemas. Values with spaces are read all the same, after their schemas are found."""
     from refine.job import RefineBatch
@@ -60,17 +93,20 @@ def test_flattened_rows_are_upserted_and_deleted_in_lsn_order(spark, kafka, land
     separators = (",", ":") if compact else None
     key = functools.partial(globals()["key"], separators=separators)
     row = functools.partial(globals()["row"], separators=separators)
-    kafka.produce(topic, [
-        (key(topic, 1), row(topic, 1, "a", "12.50", "r", 100)),
-        (key(topic, 2), row(topic, 2, "b", "3.00", "c", 200)),
-        (key(topic, 1), row(topic, 1, "a2", "7.25", "u", 300)),
-        (key(topic, 2), row(topic, 2, "b", "3.00", "d", 400, deleted=True)),  # delete.handling.mode=rewrite
-        (key(topic, 2), None),
-        (key(topic, 3), row(topic, 3, "c", "3.00", "c", 500)),
-        (key(topic, 3), None),  # a delete as the tombstone alone
-        (key(topic, 4), row(topic, 4, "d", "12.50", "c", 600)),
-        (key(topic, 1), row(topic, 1, "a", "12.50", "r", 100)),  # replayed after a connector restart
-    ])  # fmt: skip
+    kafka.produce(
+        topic,
+        [
+            (key(topic, 1), row(topic, 1, "a", "12.50", "r", 100)),
+            (key(topic, 2), row(topic, 2, "b", "3.00", "c", 200)),
+            (key(topic, 1), row(topic, 1, "a2", "7.25", "u", 300)),
+            (key(topic, 2), row(topic, 2, "b", "3.00", "d", 400, deleted=True)),  # delete.handling.mode=rewrite
+            (key(topic, 2), None),
+            (key(topic, 3), row(topic, 3, "c", "3.00", "c", 500)),
+            (key(topic, 3), None),  # a delete as the tombstone alone
+            (key(topic, 4), row(topic, 4, "d", "12.50", "c", 600)),
+            (key(topic, 1), row(topic, 1, "a", "12.50", "r", 100)),  # replayed after a connector restart
+        ],
+    )
     expected = spark.createDataFrame(
         [(1, "a2", Decimal("7.25"), 300, "u"), (4, "d", Decimal("12.50"), 600, "c")],
         "id long, name string, price decimal(10,2), _cdc_lsn long, _cdc_op string",
@@ -92,24 +128,43 @@ def test_flattened_documents_are_keyed_by_the_kafka_key(spark, kafka, land_and_r
     """ExtractNewDocumentState's rows (MongoDB) hold ``_id``; the key is ``{"id": <Extended JSON>}``,
     which becomes the ``id`` column. Without ``__lsn`` the Kafka offset orders the changes."""
     topic = kafka.create_topic(f"{unique_name}.shop.people")
-    key_schema = {"type": "struct", "optional": False, "name": f"{topic}.Key",
-                  "fields": [{"type": "string", "optional": False, "field": "id"}]}  # fmt: skip
-    value_schema = {"type": "struct", "optional": False, "name": f"{topic}.people", "fields": [
-        {"type": "string", "optional": True, "field": "_id"}, {"type": "string", "optional": True, "field": "name"},
-        {"type": "int32", "optional": True, "field": "age"}, {"type": "string", "optional": True, "field": "__deleted"}]}  # fmt: skip
+    key_schema = {
+        "type": "struct",
+        "optional": False,
+        "name": f"{topic}.Key",
+        "fields": [{"type": "string", "optional": False, "field": "id"}],
+    }
+    value_schema = {
+        "type": "struct",
+        "optional": False,
+        "name": f"{topic}.people",
+        "fields": [
+            {"type": "string", "optional": True, "field": "_id"},
+            {"type": "string", "optional": True, "field": "name"},
+            {"type": "int32", "optional": True, "field": "age"},
+            {"type": "string", "optional": True, "field": "__deleted"},
+        ],
+    }
 
     def record(document_id: str, document: dict | None) -> tuple[bytes, bytes | None]:
-        value = document and json.dumps({"schema": value_schema, "payload": {"__deleted": "false", **document}}).encode()
+        value = (
+            document and json.dumps({"schema": value_schema, "payload": {"__deleted": "false", **document}}).encode()
+        )
         return json.dumps({"schema": key_schema, "payload": {"id": json.dumps(document_id)}}).encode(), value
 
-    kafka.produce(topic, [
-        record("bob", {"_id": "bob", "name": "Bob", "age": 40}),
-        record("ann", {"_id": "ann", "name": "Ann", "age": 30}),
-        record("bob", {"_id": "bob", "name": "Bob", "age": 41}),
-        record("ann", {"_id": "ann", "name": "Ann", "age": 30, "__deleted": "true"}),
-        record("ann", None),
-    ])  # fmt: skip
+    kafka.produce(
+        topic,
+        [
+            record("bob", {"_id": "bob", "name": "Bob", "age": 40}),
+            record("ann", {"_id": "ann", "name": "Ann", "age": 30}),
+            record("bob", {"_id": "bob", "name": "Bob", "age": 41}),
+            record("ann", {"_id": "ann", "name": "Ann", "age": 30, "__deleted": "true"}),
+            record("ann", None),
+        ],
+    )
     land_and_refine(str(tmp_path), topic)
     refined = spark.read.format("delta").load(refined_table_location(str(tmp_path), topic))
-    assertDataFrameEqual(refined.select("id", "_id", "name", "age"),
-                         spark.createDataFrame([('"bob"', "bob", "Bob", 41)], "id string, _id string, name string, age int"))
+    assertDataFrameEqual(
+        refined.select("id", "_id", "name", "age"),
+        spark.createDataFrame([('"bob"', "bob", "Bob", 41)], "id string, _id string, name string, age int"),
+    )

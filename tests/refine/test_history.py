@@ -44,7 +44,9 @@ def expected(spark, *versions: tuple):
 
 IN_ORDER = [change(1, 1, "a"), change(1, 2, "b"), change(1, 3, "c"), change(2, 1, "x")]
 IN_ORDER_HISTORY = [
-    version(1, 1, "a", valid_to=2), version(1, 2, "b", valid_to=3), version(1, 3, "c", None, current=True),
+    version(1, 1, "a", valid_to=2),
+    version(1, 2, "b", valid_to=3),
+    version(1, 3, "c", None, current=True),
     version(2, 1, "x", None, current=True),
 ]
 
@@ -65,32 +67,51 @@ def test_out_of_order_changes_in_one_batch(spark, tmp_path):
 def test_late_change_between_two_versions_and_before_the_first(spark, tmp_path):
     location = str(tmp_path / "history")
     apply(spark, location, change(1, 1, "a"), change(1, 3, "c"), change(2, 1, "x"))
-    assertDataFrameEqual(history(spark, location), expected(spark,
-        version(1, 1, "a", valid_to=3), version(1, 3, "c", None, current=True), version(2, 1, "x", None, current=True),
-    ))  # fmt: skip
+    assertDataFrameEqual(
+        history(spark, location),
+        expected(
+            spark,
+            version(1, 1, "a", valid_to=3),
+            version(1, 3, "c", None, current=True),
+            version(2, 1, "x", None, current=True),
+        ),
+    )
 
     apply(spark, location, change(1, 2, "b"))  # late: belongs between 1 and 3
     assertDataFrameEqual(history(spark, location), expected(spark, *IN_ORDER_HISTORY))
 
     apply(spark, location, change(1, 0, "first"))  # late: before the first version
-    assertDataFrameEqual(history(spark, location), expected(spark, version(1, 0, "first", valid_to=1), *IN_ORDER_HISTORY))
+    assertDataFrameEqual(
+        history(spark, location), expected(spark, version(1, 0, "first", valid_to=1), *IN_ORDER_HISTORY)
+    )
 
 
 def test_delete_closes_the_current_version_and_a_reinsert_opens_a_new_one(spark, tmp_path):
     location = str(tmp_path / "history")
     apply(spark, location, change(1, 1, "a"), change(1, 3, "a", op="delete"))
-    assertDataFrameEqual(history(spark, location), expected(spark,
-        version(1, 1, "a", valid_to=3), version(1, 3, "a", valid_to=3, deleted=True),
-    ))  # fmt: skip
+    assertDataFrameEqual(
+        history(spark, location),
+        expected(
+            spark,
+            version(1, 1, "a", valid_to=3),
+            version(1, 3, "a", valid_to=3, deleted=True),
+        ),
+    )
     assert history(spark, location).where("_cdc_is_current").count() == 0
 
     apply(spark, location, change(1, 5, "again"))
     apply(spark, location, change(1, 2, "late before the delete"), change(1, 4, "late after the delete"))
-    assertDataFrameEqual(history(spark, location), expected(spark,
-        version(1, 1, "a", valid_to=2), version(1, 2, "late before the delete", valid_to=3),
-        version(1, 3, "a", valid_to=3, deleted=True),
-        version(1, 4, "late after the delete", valid_to=5), version(1, 5, "again", None, current=True),
-    ))  # fmt: skip
+    assertDataFrameEqual(
+        history(spark, location),
+        expected(
+            spark,
+            version(1, 1, "a", valid_to=2),
+            version(1, 2, "late before the delete", valid_to=3),
+            version(1, 3, "a", valid_to=3, deleted=True),
+            version(1, 4, "late after the delete", valid_to=5),
+            version(1, 5, "again", None, current=True),
+        ),
+    )
     as_of = history(spark, location).where(
         f"_cdc_valid_from <= '{at(3)}' AND (_cdc_valid_to IS NULL OR '{at(3)}' < _cdc_valid_to)"
     )
@@ -105,8 +126,12 @@ def test_replayed_changes_change_nothing(spark, tmp_path):
         apply(spark, location, *IN_ORDER, *IN_ORDER[:1])  # a duplicate within the batch too
         assertDataFrameEqual(history(spark, location), expected(spark, *IN_ORDER_HISTORY))
     operations = DeltaTable.forPath(spark, location).history().where(f"version > {version_before}")
-    assert operations.where("operationMetrics.numTargetRowsInserted != '0' OR "
-                            "operationMetrics.numTargetRowsUpdated != '0'").count() == 0  # fmt: skip
+    assert (
+        operations.where(
+            "operationMetrics.numTargetRowsInserted != '0' OR operationMetrics.numTargetRowsUpdated != '0'"
+        ).count()
+        == 0
+    )
 
 
 def test_a_missing_column_is_a_config_error(spark, tmp_path):
@@ -126,16 +151,33 @@ MARK = "__debezium_unavailable_value"
 def test_an_unchanged_marker_takes_the_previous_versions_value_even_a_null(spark, tmp_path):
     location = str(tmp_path / "history")
     unchanged = {"name": lambda value: value == MARK}
-    apply_history(spark, location, spark.createDataFrame([change(1, 1, "a"), change(1, 2, MARK), change(2, 1, None)],
-                                                         CHANGES), SPEC, unchanged)  # fmt: skip
+    apply_history(
+        spark,
+        location,
+        spark.createDataFrame([change(1, 1, "a"), change(1, 2, MARK), change(2, 1, None)], CHANGES),
+        SPEC,
+        unchanged,
+    )
     # Later batches: the previous version is in the table; a late marker takes the value before it.
-    apply_history(spark, location, spark.createDataFrame([change(1, 3, MARK), change(2, 2, MARK)], CHANGES), SPEC, unchanged)
-    apply_history(spark, location, spark.createDataFrame([change(1, 0, "late"), change(1, 4, "b")], CHANGES), SPEC, unchanged)
-    assertDataFrameEqual(history(spark, location), expected(spark,
-        version(1, 0, "late", valid_to=1), version(1, 1, "a", valid_to=2), version(1, 2, "a", valid_to=3),
-        version(1, 3, "a", valid_to=4), version(1, 4, "b", None, current=True),
-        version(2, 1, None, valid_to=2), version(2, 2, None, None, current=True),
-    ))  # fmt: skip
+    apply_history(
+        spark, location, spark.createDataFrame([change(1, 3, MARK), change(2, 2, MARK)], CHANGES), SPEC, unchanged
+    )
+    apply_history(
+        spark, location, spark.createDataFrame([change(1, 0, "late"), change(1, 4, "b")], CHANGES), SPEC, unchanged
+    )
+    assertDataFrameEqual(
+        history(spark, location),
+        expected(
+            spark,
+            version(1, 0, "late", valid_to=1),
+            version(1, 1, "a", valid_to=2),
+            version(1, 2, "a", valid_to=3),
+            version(1, 3, "a", valid_to=4),
+            version(1, 4, "b", None, current=True),
+            version(2, 1, None, valid_to=2),
+            version(2, 2, None, None, current=True),
+        ),
+    )
 
 
 def test_closing_versions_delete_every_key_open_before_a_truncate(spark, tmp_path):
@@ -145,8 +187,14 @@ def test_closing_versions_delete_every_key_open_before_a_truncate(spark, tmp_pat
     closing = closing_versions(history(spark, location), SPEC, changes.schema, {"seq": 5}, {"changed_at": F.lit(at(5))})
     assertDataFrameEqual(closing, spark.createDataFrame([(1, 5, None, at(5), "delete")], CHANGES))
     apply_history(spark, location, closing, SPEC)
-    assertDataFrameEqual(history(spark, location), expected(spark,
-        version(1, 1, "a", valid_to=5), version(1, 5, None, valid_to=5, deleted=True),
-        version(2, 1, "x", valid_to=2), version(2, 2, "x", valid_to=2, deleted=True),
-        version(3, 6, "after", None, current=True),
-    ))  # fmt: skip
+    assertDataFrameEqual(
+        history(spark, location),
+        expected(
+            spark,
+            version(1, 1, "a", valid_to=5),
+            version(1, 5, None, valid_to=5, deleted=True),
+            version(2, 1, "x", valid_to=2),
+            version(2, 2, "x", valid_to=2, deleted=True),
+            version(3, 6, "after", None, current=True),
+        ),
+    )

@@ -28,9 +28,13 @@ def test_keyless_table_equals_postgres_with_duplicates_and_replays(
 
     with psycopg.connect(dsn) as conn:
         conn.execute("TRUNCATE shop.page_views")
-        conn.execute("INSERT INTO shop.page_views VALUES (7, '/same', '2026-02-01Z'), (7, '/same', '2026-02-01Z'), "
-                     "(7, '/same', '2026-02-01Z'), (NULL, '/other', '2026-02-02Z')")  # fmt: skip
-        conn.execute("DELETE FROM shop.page_views WHERE ctid = (SELECT min(ctid) FROM shop.page_views WHERE url = '/same')")
+        conn.execute(
+            "INSERT INTO shop.page_views VALUES (7, '/same', '2026-02-01Z'), (7, '/same', '2026-02-01Z'), "
+            "(7, '/same', '2026-02-01Z'), (NULL, '/other', '2026-02-02Z')"
+        )
+        conn.execute(
+            "DELETE FROM shop.page_views WHERE ctid = (SELECT min(ctid) FROM shop.page_views WHERE url = '/same')"
+        )
         conn.execute("INSERT INTO shop.page_views VALUES (8, '/last', '2026-02-03Z')")
     kafka.wait_for_last_value(topic, lambda value: value is not None and b'"/last"' in value)
     land_and_refine(warehouse, topic)
@@ -56,8 +60,11 @@ def test_a_transaction_that_commits_after_a_later_one_is_not_taken_for_a_replay(
         wrote_first.commit()
     records = kafka.wait_for_last_value(topic, lambda value: value is not None and b'"/wrote-first"' in value)
     envelopes = [json.loads(value) for *_, value, _ in records if value is not None]
-    lsns = {envelope.get("payload", envelope)["after"]["url"]: envelope.get("payload", envelope)["source"]["lsn"]
-            for envelope in envelopes if envelope.get("payload", envelope)["after"]}  # fmt: skip
+    lsns = {
+        envelope.get("payload", envelope)["after"]["url"]: envelope.get("payload", envelope)["source"]["lsn"]
+        for envelope in envelopes
+        if envelope.get("payload", envelope)["after"]
+    }
     assert lsns["/wrote-first"] < lsns["/committed-first"], f"the rows' LSNs did not interleave: {lsns}"
     for _ in range(2):  # and a rerun changes nothing
         land_and_refine(warehouse, topic)

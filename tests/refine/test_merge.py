@@ -36,10 +36,15 @@ def changes(spark, rows: list[tuple]):
 
 def table_rows(spark, count: int):
     return spark.range(count).selectExpr(
-        "CAST(id AS int) AS id", "IF(id % 2 = 0, 'eu', 'us') AS region", "concat('name ', id) AS name",
-        f"100L AS {LSN}", f"id AS {OFFSET}", f"CAST(NULL AS timestamp) AS {COMMITTED_AT}", f"'r' AS {OP}",
+        "CAST(id AS int) AS id",
+        "IF(id % 2 = 0, 'eu', 'us') AS region",
+        "concat('name ', id) AS name",
+        f"100L AS {LSN}",
+        f"id AS {OFFSET}",
+        f"CAST(NULL AS timestamp) AS {COMMITTED_AT}",
+        f"'r' AS {OP}",
         f"current_timestamp() AS {REFINED_AT}",
-    )  # fmt: skip
+    )
 
 
 def recorded_key_filters(monkeypatch) -> list:
@@ -84,14 +89,17 @@ def test_a_merge_with_the_key_filter_equals_one_without(spark, tmp_path, monkeyp
     filtered, plain = str(tmp_path / "filtered"), str(tmp_path / "plain")
     for location in (filtered, plain):
         table_rows(spark, 5_000).write.format("delta").save(location)
-    batch = changes(spark, [
-        (10, "eu", "updated", 200, "u"),
-        (11, "us", None, 200, "d"),
-        (12, "eu", "stale", 50, "u"),  # older than the row: ignored
-        (13, "eu", "wrong region", 200, "u"),  # (13, eu) is no row: inserted
-        (9_000, "eu", "new", 200, "c"),
-        (9_001, "us", None, 200, "d"),  # a delete of a row never seen: nothing
-    ])  # fmt: skip
+    batch = changes(
+        spark,
+        [
+            (10, "eu", "updated", 200, "u"),
+            (11, "us", None, 200, "d"),
+            (12, "eu", "stale", 50, "u"),  # older than the row: ignored
+            (13, "eu", "wrong region", 200, "u"),  # (13, eu) is no row: inserted
+            (9_000, "eu", "new", 200, "c"),
+            (9_001, "us", None, 200, "d"),  # a delete of a row never seen: nothing
+        ],
+    )
     for _ in range(2):  # a rerun of the batch changes nothing
         merge_changes(spark, filtered, batch, KEYS, None, keys=batch.select(*KEYS))
         merge_changes(spark, plain, batch, KEYS, None)
@@ -99,8 +107,13 @@ def test_a_merge_with_the_key_filter_equals_one_without(spark, tmp_path, monkeyp
         assertDataFrameEqual(read[0], read[1])
     assert len(built) == 2 and all(condition is not None for condition in built)
     rows = {(row.id, row.region): row.name for row in read[0].where("id IN (10, 11, 12, 13, 9000, 9001)").collect()}
-    assert rows == {(10, "eu"): "updated", (12, "eu"): "name 12", (13, "us"): "name 13", (13, "eu"): "wrong region",
-                    (9_000, "eu"): "new"}  # fmt: skip
+    assert rows == {
+        (10, "eu"): "updated",
+        (12, "eu"): "name 12",
+        (13, "us"): "name 13",
+        (13, "eu"): "wrong region",
+        (9_000, "eu"): "new",
+    }
     # Delta writes the condition into each commit: the filter is in it by name, not as its bytes.
     predicate = spark.sql(f"DESCRIBE HISTORY delta.`{filtered}` LIMIT 1").head().operationParameters["predicate"]
     assert "cdc_batch_keys_" in predicate and len(predicate) < 1_000, predicate[:300]
@@ -140,7 +153,9 @@ def test_refined_tables_compact_their_small_files(spark, tmp_path):
     assert sorted((row.id, row._change_type) for row in feed.collect()) == [(lsn, "insert") for lsn in range(200, 206)]
 
 
-def test_a_refined_table_of_an_earlier_version_gets_compaction_and_checkpoint_settings_unless_it_has_its_own(spark, tmp_path):
+def test_a_refined_table_of_an_earlier_version_gets_compaction_and_checkpoint_settings_unless_it_has_its_own(
+    spark, tmp_path
+):
     rows = changes(spark, [(1, "eu", "one", 100, "c")])
     defaults = {AUTO_COMPACT_PROPERTY: "true", **CHECKPOINT_PROPERTIES}
     for own in [{}, {AUTO_COMPACT_PROPERTY: "false", "delta.checkpointInterval": "10"}]:

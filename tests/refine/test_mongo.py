@@ -28,7 +28,10 @@ pytestmark = pytest.mark.integration
 PREFIX = "mongo"
 _JSON = {"type": "string", "optional": True, "name": "io.debezium.data.Json", "version": 1}
 _SOURCE = {
-    "type": "struct", "optional": False, "name": "io.debezium.connector.mongo.Source", "field": "source",
+    "type": "struct",
+    "optional": False,
+    "name": "io.debezium.connector.mongo.Source",
+    "field": "source",
     "fields": [
         *COMMON_SOURCE_FIELDS,
         {"type": "string", "optional": False, "field": "collection"},
@@ -37,57 +40,116 @@ _SOURCE = {
         {"type": "int64", "optional": True, "field": "txnNumber"},
         {"type": "int64", "optional": True, "field": "wallTime"},
     ],
-}  # fmt: skip
+}
 _UPDATE_DESCRIPTION = {
-    "type": "struct", "optional": True, "name": "io.debezium.connector.mongodb.changestream.updatedescription",
-    "version": 1, "field": "updateDescription",
+    "type": "struct",
+    "optional": True,
+    "name": "io.debezium.connector.mongodb.changestream.updatedescription",
+    "version": 1,
+    "field": "updateDescription",
     "fields": [
         {"type": "array", "items": {"type": "string", "optional": False}, "optional": True, "field": "removedFields"},
         {**_JSON, "field": "updatedFields"},
-        {"type": "array", "optional": True, "field": "truncatedArrays", "items": {
-            "type": "struct", "optional": False, "name": "io.debezium.connector.mongodb.changestream.truncatedarray",
-            "version": 1, "fields": [{"type": "string", "optional": False, "field": "field"},
-                                     {"type": "int32", "optional": False, "field": "size"}]}},
+        {
+            "type": "array",
+            "optional": True,
+            "field": "truncatedArrays",
+            "items": {
+                "type": "struct",
+                "optional": False,
+                "name": "io.debezium.connector.mongodb.changestream.truncatedarray",
+                "version": 1,
+                "fields": [
+                    {"type": "string", "optional": False, "field": "field"},
+                    {"type": "int32", "optional": False, "field": "size"},
+                ],
+            },
+        },
     ],
-}  # fmt: skip
+}
 _TRANSACTION = {
-    "type": "struct", "optional": True, "name": "event.block", "version": 1, "field": "transaction",
-    "fields": [{"type": "string", "optional": False, "field": "id"},
-               {"type": "int64", "optional": False, "field": "total_order"},
-               {"type": "int64", "optional": False, "field": "data_collection_order"}],
-}  # fmt: skip
+    "type": "struct",
+    "optional": True,
+    "name": "event.block",
+    "version": 1,
+    "field": "transaction",
+    "fields": [
+        {"type": "string", "optional": False, "field": "id"},
+        {"type": "int64", "optional": False, "field": "total_order"},
+        {"type": "int64", "optional": False, "field": "data_collection_order"},
+    ],
+}
 
 
 def value_schema(topic: str) -> dict:
     return {
-        "type": "struct", "optional": False, "name": f"{topic}.Envelope",
-        "fields": [{**_JSON, "field": "before"}, {**_JSON, "field": "after"}, _UPDATE_DESCRIPTION, _SOURCE,
-                   {"type": "string", "optional": True, "field": "op"},
-                   {"type": "int64", "optional": True, "field": "ts_ms"}, _TRANSACTION],
-    }  # fmt: skip
+        "type": "struct",
+        "optional": False,
+        "name": f"{topic}.Envelope",
+        "fields": [
+            {**_JSON, "field": "before"},
+            {**_JSON, "field": "after"},
+            _UPDATE_DESCRIPTION,
+            _SOURCE,
+            {"type": "string", "optional": True, "field": "op"},
+            {"type": "int64", "optional": True, "field": "ts_ms"},
+            _TRANSACTION,
+        ],
+    }
 
 
 def key(topic: str, document_id: str) -> bytes:
     """The Kafka key of a document whose ``_id`` is ``document_id`` (relaxed Extended JSON text)."""
-    schema = {"type": "struct", "optional": False, "name": f"{topic}.Key",
-              "fields": [{"type": "string", "optional": False, "field": "id"}]}  # fmt: skip
+    schema = {
+        "type": "struct",
+        "optional": False,
+        "name": f"{topic}.Key",
+        "fields": [{"type": "string", "optional": False, "field": "id"}],
+    }
     return json.dumps({"schema": schema, "payload": {"id": document_id}}).encode()
 
 
-def value(topic: str, op: str, ts_ms: int, ord: int, *, after: str | None = None, updated: str | None = None,
-          removed: list[str] | None = None, truncated: list[dict] | None = None, snapshot: str = "false") -> bytes:  # fmt: skip
+def value(
+    topic: str,
+    op: str,
+    ts_ms: int,
+    ord: int,
+    *,
+    after: str | None = None,
+    updated: str | None = None,
+    removed: list[str] | None = None,
+    truncated: list[dict] | None = None,
+    snapshot: str = "false",
+) -> bytes:
     """A change event's value; ``after`` (strict) and ``updated`` (relaxed) are Extended JSON text."""
     db, collection = topic.split(".")[-2:]
     update = None
     if updated is not None or removed or truncated:
         update = {"removedFields": removed, "updatedFields": updated or "{}", "truncatedArrays": truncated}
     payload = {
-        "before": None, "after": after, "updateDescription": update,
-        "source": {"version": "3.6.3.Final", "connector": "mongodb", "name": topic.split(".")[0], "ts_ms": ts_ms,
-                   "snapshot": snapshot, "db": db, "sequence": None, "ts_us": ts_ms * 1000, "ts_ns": ts_ms * 1000000,
-                   "collection": collection, "ord": ord, "lsid": None, "txnNumber": None, "wallTime": ts_ms},
-        "op": op, "ts_ms": ts_ms + 5, "transaction": None,
-    }  # fmt: skip
+        "before": None,
+        "after": after,
+        "updateDescription": update,
+        "source": {
+            "version": "3.6.3.Final",
+            "connector": "mongodb",
+            "name": topic.split(".")[0],
+            "ts_ms": ts_ms,
+            "snapshot": snapshot,
+            "db": db,
+            "sequence": None,
+            "ts_us": ts_ms * 1000,
+            "ts_ns": ts_ms * 1000000,
+            "collection": collection,
+            "ord": ord,
+            "lsid": None,
+            "txnNumber": None,
+            "wallTime": ts_ms,
+        },
+        "op": op,
+        "ts_ms": ts_ms + 5,
+        "transaction": None,
+    }
     return json.dumps({"schema": value_schema(topic), "payload": payload}).encode()
 
 
@@ -95,11 +157,13 @@ T0 = 1_763_700_000_000  # source.ts_ms of the snapshot
 ADA, EVE, HAL = ('{"$oid": "64b7f0c2a1b2c3d4e5f6%04x"}' % n for n in (0x718, 0x719, 0x71A))
 BOB, SEVEN, DOC, BIG, GUS = '"bob"', "7", '{"a": 1, "b": "x"}', "9007199254740993", '"gus"'
 
-ADA_DOC = ('{"_id": {"$oid": "64b7f0c2a1b2c3d4e5f60718"},"name": "%s","age": {"$numberLong": "36"},'
-           '"address": {"city": "London","zip": "N1"},"tags": ["x","y"],'
-           '"orders": [{"sku": "a","qty": 1},{"sku": "b","qty": 2}],"joined": {"$date": 1700000000000},'
-           '"balance": {"$numberDecimal": "10.50"},"score": 1.5,"avatar": {"$binary": "AQI=","$type": "00"},'
-           '"ratio": NaN}')  # fmt: skip
+ADA_DOC = (
+    '{"_id": {"$oid": "64b7f0c2a1b2c3d4e5f60718"},"name": "%s","age": {"$numberLong": "36"},'
+    '"address": {"city": "London","zip": "N1"},"tags": ["x","y"],'
+    '"orders": [{"sku": "a","qty": 1},{"sku": "b","qty": 2}],"joined": {"$date": 1700000000000},'
+    '"balance": {"$numberDecimal": "10.50"},"score": 1.5,"avatar": {"$binary": "AQI=","$type": "00"},'
+    '"ratio": NaN}'
+)
 
 
 def first_batch(topic: str) -> list[tuple[bytes, bytes | None]]:
@@ -109,13 +173,29 @@ def first_batch(topic: str) -> list[tuple[bytes, bytes | None]]:
     v = lambda *args, **kwargs: value(topic, *args, **kwargs)  # noqa: E731
     return [
         (k(ADA), v("r", T0, -1, after=ADA_DOC % "Ada", snapshot="true")),
-        (k(BOB), v("r", T0, -1, snapshot="last", after=(
-            '{"_id": "bob","name": "Bob","age": 40,"address": {"city": "Berlin","zip": "10115"},"tags": ["z"],'
-            '"orders": [{"sku": "c","qty": 3},{"sku": "d","qty": 4}],"score": 2.0,"ratio": 0.5}'))),
-        (k(SEVEN), v("c", T0 + 1000, 1, after='{"_id": 7,"name": "Seven","age": {"$numberLong": "7"},"ratio": -Infinity}')),
+        (
+            k(BOB),
+            v(
+                "r",
+                T0,
+                -1,
+                snapshot="last",
+                after=(
+                    '{"_id": "bob","name": "Bob","age": 40,"address": {"city": "Berlin","zip": "10115"},"tags": ["z"],'
+                    '"orders": [{"sku": "c","qty": 3},{"sku": "d","qty": 4}],"score": 2.0,"ratio": 0.5}'
+                ),
+            ),
+        ),
+        (
+            k(SEVEN),
+            v("c", T0 + 1000, 1, after='{"_id": 7,"name": "Seven","age": {"$numberLong": "7"},"ratio": -Infinity}'),
+        ),
         (k(DOC), v("c", T0 + 1000, 2, after='{"_id": {"a": 1,"b": "x"},"name": "Doc"}')),
         (k(ADA), v("u", T0 + 2000, 1, after=ADA_DOC % "Ada L.", updated='{"name": "Ada L."}')),
-        (k(BOB), v("u", T0 + 3000, 1, updated='{"address.city": "Paris","orders.1.qty": 5,"score": 2.5}', removed=["tags"])),
+        (
+            k(BOB),
+            v("u", T0 + 3000, 1, updated='{"address.city": "Paris","orders.1.qty": 5,"score": 2.5}', removed=["tags"]),
+        ),
         (k(BOB), v("u", T0 + 3000, 2, updated='{"address.zip": "75001","joined": {"$date": "2024-01-02T03:04:05Z"}}')),
         (k(SEVEN), v("u", T0 + 4000, 1, after='{"_id": 7,"name": "Seven v2","tags": ["q"]}')),
         (k(DOC), v("d", T0 + 5000, 1)),
@@ -126,7 +206,7 @@ def first_batch(topic: str) -> list[tuple[bytes, bytes | None]]:
         (k(BIG), v("c", T0 + 6000, 3, after='{"_id": {"$numberLong": "9007199254740993"},"name": "Big"}')),
         (k(GUS), b"{not json"),
         (k(GUS), v("c", T0 + 6000, 4, after='{"_id": "gus","name": "Gus","age": "old"}')),
-    ]  # fmt: skip
+    ]
 
 
 def second_batch(topic: str) -> list[tuple[bytes, bytes | None]]:
@@ -138,8 +218,11 @@ def second_batch(topic: str) -> list[tuple[bytes, bytes | None]]:
         (k(ADA), v("u", T0 + 7000, 1, updated='{"age": 37,"address.country": "UK","orders.2": {"sku": "e","qty": 6}}')),
         (k(BOB), v("u", T0 + 7000, 2, removed=["address.zip"], truncated=[{"field": "orders", "size": 1}])),
         (k(SEVEN), v("u", T0 + 7000, 3, updated='{"name.first": "S"}')),
-        (k(HAL), v("c", T0 + 8000, 1, after='{"_id": {"$oid": "64b7f0c2a1b2c3d4e5f6071a"},"name": "Hal","nickname": "H"}')),
-    ]  # fmt: skip
+        (
+            k(HAL),
+            v("c", T0 + 8000, 1, after='{"_id": {"$oid": "64b7f0c2a1b2c3d4e5f6071a"},"name": "Hal","nickname": "H"}'),
+        ),
+    ]
 
 
 def replayed(topic: str) -> list[tuple[bytes, bytes | None]]:
@@ -163,13 +246,36 @@ def utc(*args: int) -> datetime:
 def after_first_batch() -> list[tuple]:
     nan, ada_joined = float("nan"), utc(2023, 11, 14, 22, 13, 20)
     return [
-        (ADA, "Ada L.", "36", ("London", "N1"), ["x", "y"], [(1, "a"), (2, "b")], ada_joined, Decimal("10.50"), 1.5,
-         bytearray(b"\x01\x02"), nan),
-        (BOB, "Bob", "40", ("Paris", "75001"), None, [(3, "c"), (5, "d")], utc(2024, 1, 2, 3, 4, 5), None, 2.5, None, 0.5),
+        (
+            ADA,
+            "Ada L.",
+            "36",
+            ("London", "N1"),
+            ["x", "y"],
+            [(1, "a"), (2, "b")],
+            ada_joined,
+            Decimal("10.50"),
+            1.5,
+            bytearray(b"\x01\x02"),
+            nan,
+        ),
+        (
+            BOB,
+            "Bob",
+            "40",
+            ("Paris", "75001"),
+            None,
+            [(3, "c"), (5, "d")],
+            utc(2024, 1, 2, 3, 4, 5),
+            None,
+            2.5,
+            None,
+            0.5,
+        ),
         (SEVEN, "Seven v2", None, None, ["q"], None, None, None, None, None, None),
         (BIG, "Big", None, None, None, None, None, None, None, None, None),
         (GUS, "Gus", '"old"', None, None, None, None, None, None, None, None),  # age drifted: JSON text
-    ]  # fmt: skip
+    ]
 
 
 def after_second_batch() -> list[tuple]:
@@ -203,7 +309,9 @@ def test_mongo_documents_are_refined_to_typed_columns(spark, kafka, land_and_ref
 
     kafka.produce(topic, second_batch(topic))
     land_and_refine(warehouse, topic)
-    expected = spark.createDataFrame(after_second_batch(), COLUMNS.replace("zip: string>", "zip: string, country: string>", 1) + ", nickname string")
+    expected = spark.createDataFrame(
+        after_second_batch(), COLUMNS.replace("zip: string>", "zip: string, country: string>", 1) + ", nickname string"
+    )
     assertDataFrameEqual(refined(spark, warehouse, topic, expected.columns), expected)
     assert quarantined.where("offset = 18").head().reason == (
         "cannot apply update path name.first: name is a string, not a document or an array"
@@ -217,10 +325,16 @@ def test_mongo_documents_are_refined_to_typed_columns(spark, kafka, land_and_ref
         versions.append(DeltaTable.forPath(spark, refined_table_location(warehouse, topic)).history(1).head().version)
     assert versions[0] == versions[1]
     positions = refined(spark, warehouse, topic, ["_id", "_cdc_ts_ms", "_cdc_ord", "_cdc_offset", "_cdc_op"])
-    assert sorted(tuple(row) for row in positions.collect()) == sorted([
-        (ADA, T0 + 7000, 1, 16, "u"), (BOB, T0 + 7000, 2, 17, "u"), (SEVEN, T0 + 4000, 1, 7, "u"),
-        (BIG, T0 + 6000, 3, 13, "c"), (HAL, T0 + 8000, 1, 19, "c"), (GUS, T0 + 6000, 4, 15, "c"),
-    ])  # fmt: skip
+    assert sorted(tuple(row) for row in positions.collect()) == sorted(
+        [
+            (ADA, T0 + 7000, 1, 16, "u"),
+            (BOB, T0 + 7000, 2, 17, "u"),
+            (SEVEN, T0 + 4000, 1, 7, "u"),
+            (BIG, T0 + 6000, 3, 13, "c"),
+            (HAL, T0 + 8000, 1, 19, "c"),
+            (GUS, T0 + 6000, 4, 15, "c"),
+        ]
+    )
 
 
 def check_history_and_orders(spark, pipeline_run) -> None:
@@ -242,13 +356,16 @@ def test_a_mongo_collection_through_a_pipeline_with_expectations_history_and_a_b
         "name": "people",
         "sources": {"people": {"kind": "debezium_mongodb", "topic": topic}},
         "refined": {"people": {"source": "people", "scd": 2, "explode": ["orders"]}},
-        "business": {"people_per_city": {
-            "sql": "SELECT address.city AS city, count(*) AS people FROM people GROUP BY address.city"}},
+        "business": {
+            "people_per_city": {
+                "sql": "SELECT address.city AS city, count(*) AS people FROM people GROUP BY address.city"
+            }
+        },
         "expectations": {
             "not_big": {"table": "people", "constraint": "name <> 'Big'", "action": "drop"},
             "has_address": {"table": "people", "constraint": "address.city IS NOT NULL", "action": "warn"},
         },
-    }  # fmt: skip
+    }
     cities = spark.createDataFrame([("London", 1), ("Paris", 1), (None, 2)], "city string, people bigint")
     for _ in range(2):  # a rerun changes nothing
         assert pipeline_run(pipeline) == 0
@@ -259,11 +376,15 @@ def test_a_mongo_collection_through_a_pipeline_with_expectations_history_and_a_b
     history = pipeline_run.table("people__history")
     bob = history.where(F.col("_id") == BOB).orderBy("_cdc_ts_ms", "_cdc_ord").collect()
     assert [(row.name, tuple(row.address), row.tags, row._cdc_is_current) for row in bob] == [
-        ("Bob", ("Berlin", "10115"), ["z"], False), ("Bob", ("Paris", "10115"), None, False),
-        ("Bob", ("Paris", "75001"), None, True)]  # fmt: skip
+        ("Bob", ("Berlin", "10115"), ["z"], False),
+        ("Bob", ("Paris", "10115"), None, False),
+        ("Bob", ("Paris", "75001"), None, True),
+    ]
     doc = history.where(F.col("_id") == DOC).orderBy("_cdc_ts_ms").collect()
     assert [(row.name, row._cdc_op, row._cdc_is_deleted, row._cdc_is_current) for row in doc] == [
-        ("Doc", "c", False, False), (None, "d", True, False)]  # fmt: skip
+        ("Doc", "c", False, False),
+        (None, "d", True, False),
+    ]
     assert history.where(F.col("_id") == BIG).isEmpty()  # dropped by its expectation
     quarantined = spark.read.format("delta").load(quarantine_location(pipeline_run.warehouse))
     dropped = quarantined.where("reason LIKE 'failed expectations%'").collect()
@@ -285,11 +406,13 @@ def test_a_mongo_collection_through_a_pipeline_with_expectations_history_and_a_b
 
 def without_schemas(records: list[tuple[bytes, bytes | None]]) -> list[tuple[bytes, bytes | None]]:
     """The records as JsonConverter writes them with ``schemas.enable=false``: payloads only."""
+
     def bare(data: bytes | None) -> bytes | None:
         try:
             return None if data is None else json.dumps(json.loads(data)["payload"]).encode()
         except ValueError:
             return data  # not JSON: as it was
+
     return [(bare(k), bare(v)) for k, v in records]
 
 
@@ -305,7 +428,10 @@ def test_schemaless_mongo_documents_are_refined(spark, kafka, land_and_refine, u
     kafka.produce(topic, without_schemas(second_batch(topic)))
     for _ in range(2):  # a rerun changes nothing
         land_and_refine(warehouse, topic)
-        expected = spark.createDataFrame(after_second_batch(), COLUMNS.replace("zip: string>", "zip: string, country: string>", 1) + ", nickname string")
+        expected = spark.createDataFrame(
+            after_second_batch(),
+            COLUMNS.replace("zip: string>", "zip: string, country: string>", 1) + ", nickname string",
+        )
         assertDataFrameEqual(refined(spark, warehouse, topic, expected.columns), expected)
     quarantined = spark.read.format("delta").load(quarantine_location(warehouse))
     assert sorted((row.offset, row.reason) for row in quarantined.collect()) == [
@@ -321,39 +447,80 @@ def test_a_field_whose_type_drifts_becomes_json_text(spark, kafka, land_and_refi
     warehouse = str(tmp_path)
     k = lambda document_id: key(topic, document_id)  # noqa: E731
     v = lambda *args, **kwargs: value(topic, *args, **kwargs)  # noqa: E731
-    kafka.produce(topic, [
-        (k('"a"'), v("c", T0, 1, after='{"_id": "a","stock": {"$numberLong": "5"},"name": "A"}')),
-        (k('"b"'), v("c", T0, 2, after='{"_id": "b","stock": 7,"name": "B"}')),
-        (k('"c"'), v("c", T0, 3, after='{"_id": "c","stock": 9,"name": "C","price": 1}')),
-        (k('"c"'), v("u", T0, 4, after='{"_id": "c","stock": 9,"name": "C","price": "free"}')),  # drifts in its batch
-    ])  # fmt: skip
+    kafka.produce(
+        topic,
+        [
+            (k('"a"'), v("c", T0, 1, after='{"_id": "a","stock": {"$numberLong": "5"},"name": "A"}')),
+            (k('"b"'), v("c", T0, 2, after='{"_id": "b","stock": 7,"name": "B"}')),
+            (k('"c"'), v("c", T0, 3, after='{"_id": "c","stock": 9,"name": "C","price": 1}')),
+            (
+                k('"c"'),
+                v("u", T0, 4, after='{"_id": "c","stock": 9,"name": "C","price": "free"}'),
+            ),  # drifts in its batch
+        ],
+    )
     land_and_refine(warehouse, topic, history=True)
-    kafka.produce(topic, [
-        (k('"a"'), v("u", T0 + 1000, 1, after='{"_id": "a","stock": "discontinued","name": "A"}',
-                     updated='{"stock": "discontinued"}')),
-        (k('"b"'), v("u", T0 + 1000, 2, updated='{"stock": {"$numberLong": "8"}, "name": "B2"}')),  # change_streams
-        (k('"d"'), v("c", T0 + 1000, 3, after='{"_id": "d","stock": {"n": {"$numberLong": "1"}},"name": "D",'
-                                              '"when": {"$date": 1700000000000}}')),
-        (k('"e"'), v("c", T0 + 1000, 4, after='{"_id": "e","stock": 2.5,"name": "E"}')),
-        (k('"b"'), v("u", T0 + 1000, 5, updated='{"stock.n": 3}')),  # cannot reach into JSON text
-    ])  # fmt: skip
-    expected = spark.createDataFrame([
-        ('"a"', "A", '"discontinued"', None), ('"b"', "B2", "8", None), ('"c"', "C", "9", '"free"'),
-        ('"d"', "D", '{"n":1}', None), ('"e"', "E", "2.5", None),
-    ], "_id string, name string, stock string, price string")  # fmt: skip
+    kafka.produce(
+        topic,
+        [
+            (
+                k('"a"'),
+                v(
+                    "u",
+                    T0 + 1000,
+                    1,
+                    after='{"_id": "a","stock": "discontinued","name": "A"}',
+                    updated='{"stock": "discontinued"}',
+                ),
+            ),
+            (k('"b"'), v("u", T0 + 1000, 2, updated='{"stock": {"$numberLong": "8"}, "name": "B2"}')),  # change_streams
+            (
+                k('"d"'),
+                v(
+                    "c",
+                    T0 + 1000,
+                    3,
+                    after='{"_id": "d","stock": {"n": {"$numberLong": "1"}},"name": "D",'
+                    '"when": {"$date": 1700000000000}}',
+                ),
+            ),
+            (k('"e"'), v("c", T0 + 1000, 4, after='{"_id": "e","stock": 2.5,"name": "E"}')),
+            (k('"b"'), v("u", T0 + 1000, 5, updated='{"stock.n": 3}')),  # cannot reach into JSON text
+        ],
+    )
+    expected = spark.createDataFrame(
+        [
+            ('"a"', "A", '"discontinued"', None),
+            ('"b"', "B2", "8", None),
+            ('"c"', "C", "9", '"free"'),
+            ('"d"', "D", '{"n":1}', None),
+            ('"e"', "E", "2.5", None),
+        ],
+        "_id string, name string, stock string, price string",
+    )
     for _ in range(2):  # a rerun changes nothing
         land_and_refine(warehouse, topic, history=True)
         table = spark.read.format("delta").load(refined_table_location(warehouse, topic))
         assertDataFrameEqual(table.select(*expected.columns), expected)
     assert {f.name: f.metadata.get("comment") for f in table.schema.fields if f.name in ("stock", "price", "name")} == {
-        "stock": "MongoDB values of several types, as JSON text", "price": "MongoDB values of several types, as JSON text",
-        "name": None}  # fmt: skip
+        "stock": "MongoDB values of several types, as JSON text",
+        "price": "MongoDB values of several types, as JSON text",
+        "name": None,
+    }
     history = spark.read.format("delta").load(refined_table_location(warehouse, f"{topic}__history"))
     assert history.schema["stock"].dataType.simpleString() == "string"
     assertDataFrameEqual(history.where("_cdc_is_current").select(*expected.columns), expected)
     assert sorted(tuple(r) for r in history.where("_id = '\"a\"'").select("stock", "_cdc_is_current").collect()) == [
-        ('"discontinued"', True), ("5", False)]  # fmt: skip
+        ('"discontinued"', True),
+        ("5", False),
+    ]
     quarantined = spark.read.format("delta").load(quarantine_location(warehouse)).collect()
-    assert [(row.offset, row.reason) for row in quarantined] == [(8, (
-        "cannot apply update path stock.n: stock has held values of several types and is stored as JSON text, "
-        "which an update cannot reach into"))]  # fmt: skip
+    assert [(row.offset, row.reason) for row in quarantined] == [
+        (
+            8,
+            (
+                "cannot apply update path stock.n: stock has held values of several types and is stored as JSON text, "
+                "which an update cannot reach into"
+            ),
+        )
+    ]

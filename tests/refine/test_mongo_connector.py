@@ -56,7 +56,8 @@ def refined_documents(spark, location: str) -> dict[str, dict]:
     for row in rows:
         document = json.loads(row.document)
         documents[json.dumps(json.loads(row._id), sort_keys=True)] = {
-            name: json.loads(value) if name in texts else value for name, value in document.items()}  # fmt: skip
+            name: json.loads(value) if name in texts else value for name, value in document.items()
+        }
     return documents
 
 
@@ -73,19 +74,45 @@ def expected_documents(collection: Collection, columns: set[str]) -> dict[str, d
 def scripted_writes(collection: Collection, full_document: bool) -> None:
     """Every BSON type and _id type the model has, and each kind of write, in a fixed order."""
     ada, bob = ObjectId("64b7f0c2a1b2c3d4e5f60718"), "bob"
-    collection.insert({"_id": ada, "name": "Ada", "qty": 1, "big": Int64(2**53 + 1), "price": 2.5,
-                       "balance": Decimal128("10.50"), "joined": Date(-86_400_000), "active": True, "none": None,
-                       "avatar": Binary(b"\x01\x02"), "ref": ObjectId("64b7f0c2a1b2c3d4e5f60719"),
-                       "address": {"city": "London", "zip": "N1", "geo": {"lat": 51.5}},
-                       "tags": ["a", "b", "c", "d"], "orders": [{"sku": "x", "qty": 1}, {"sku": "y", "qty": 2}]})  # fmt: skip
+    collection.insert(
+        {
+            "_id": ada,
+            "name": "Ada",
+            "qty": 1,
+            "big": Int64(2**53 + 1),
+            "price": 2.5,
+            "balance": Decimal128("10.50"),
+            "joined": Date(-86_400_000),
+            "active": True,
+            "none": None,
+            "avatar": Binary(b"\x01\x02"),
+            "ref": ObjectId("64b7f0c2a1b2c3d4e5f60719"),
+            "address": {"city": "London", "zip": "N1", "geo": {"lat": 51.5}},
+            "tags": ["a", "b", "c", "d"],
+            "orders": [{"sku": "x", "qty": 1}, {"sku": "y", "qty": 2}],
+        }
+    )
     collection.insert({"_id": bob, "name": "Bob", "qty": 2, "tags": ["z"]})
     collection.insert({"_id": 7, "name": "Seven", "qty": 3})
     collection.insert({"_id": Int64(2**40), "name": "Big", "qty": 4})
     # Many changes to one document within one second.
-    collection.update(ada, Update([("$set", "address.city", "Paris"), ("$unset", "address.zip", ""),
-                                   ("$set", "address.geo.lat", 48.9), ("$push", "tags", "e")]), full_document)  # fmt: skip
-    collection.update(ada, Update([("$pop", "tags", 1), ("$set", "orders.1.qty", 5), ("$set", "orders.3", {"sku": "w", "qty": 9})]),
-                      full_document)  # fmt: skip
+    collection.update(
+        ada,
+        Update(
+            [
+                ("$set", "address.city", "Paris"),
+                ("$unset", "address.zip", ""),
+                ("$set", "address.geo.lat", 48.9),
+                ("$push", "tags", "e"),
+            ]
+        ),
+        full_document,
+    )
+    collection.update(
+        ada,
+        Update([("$pop", "tags", 1), ("$set", "orders.1.qty", 5), ("$set", "orders.3", {"sku": "w", "qty": 9})]),
+        full_document,
+    )
     collection.update(ada, Update([("$pull", "tags", "b"), ("$pop", "orders", -1)]), full_document)
     collection.next_second()
     collection.update(bob, Update([("$set", "qty", "many"), ("$unset", "tags", "")]), full_document)  # type drift
@@ -94,7 +121,9 @@ def scripted_writes(collection: Collection, full_document: bool) -> None:
     collection.delete(bob)
     collection.next_second()
     collection.insert({"_id": bob, "name": "Bob again", "qty": 1.5})  # re-inserted; qty a double now
-    collection.update(ada, Update([("$set", "joined", Date(1_700_000_000_123)), ("$set", "active", False)]), full_document)
+    collection.update(
+        ada, Update([("$set", "joined", Date(1_700_000_000_123)), ("$set", "active", False)]), full_document
+    )
 
 
 @pytest.mark.parametrize("mode", ["change_streams_update_full", "change_streams"])
@@ -103,12 +132,30 @@ def test_scripted_writes_refine_to_the_model_documents(spark, kafka, land_and_re
     scripted_writes(collection, full_document=mode == "change_streams_update_full")
     records = connector_records(collection.events, {"topic.prefix": unique_name, "capture.mode": mode})
     assert [json.loads(r["value"])["payload"]["op"] if r["value"] else None for r in records] == [
-        "c", "c", "c", "c", "u", "u", "u", "u", "u", "u", "d", None, "c", "u"]  # fmt: skip
+        "c",
+        "c",
+        "c",
+        "c",
+        "u",
+        "u",
+        "u",
+        "u",
+        "u",
+        "u",
+        "d",
+        None,
+        "c",
+        "u",
+    ]
     topic = kafka.create_topic(records[0]["topic"])
     warehouse = str(tmp_path)
-    kafka.produce(topic, [(r["key"].encode(), None if r["value"] is None else r["value"].encode()) for r in records[:4]])
+    kafka.produce(
+        topic, [(r["key"].encode(), None if r["value"] is None else r["value"].encode()) for r in records[:4]]
+    )
     land_and_refine(warehouse, topic)
-    kafka.produce(topic, [(r["key"].encode(), None if r["value"] is None else r["value"].encode()) for r in records[4:]])
+    kafka.produce(
+        topic, [(r["key"].encode(), None if r["value"] is None else r["value"].encode()) for r in records[4:]]
+    )
     land_and_refine(warehouse, topic)
     location = refined_table_location(warehouse, topic)
     got = refined_documents(spark, location)
@@ -117,9 +164,18 @@ def test_scripted_writes_refine_to_the_model_documents(spark, kafka, land_and_re
     assert not is_delta_table(spark, quarantine_location(warehouse))
 
 
-@pytest.mark.parametrize("mode,schemas", [("change_streams_update_full", True), ("change_streams", True),
-                                          ("change_streams_update_full", False), ("change_streams", False)])
-def test_random_writes_refine_to_the_model_documents(spark, kafka, land_and_refine, unique_name, tmp_path, mode, schemas):
+@pytest.mark.parametrize(
+    "mode,schemas",
+    [
+        ("change_streams_update_full", True),
+        ("change_streams", True),
+        ("change_streams_update_full", False),
+        ("change_streams", False),
+    ],
+)
+def test_random_writes_refine_to_the_model_documents(
+    spark, kafka, land_and_refine, unique_name, tmp_path, mode, schemas
+):
     seed = random.randrange(2**32)
     collection = Collection("shop", "things")
     random_writes(seed, collection, steps=160, full_document=mode == "change_streams_update_full")
@@ -131,7 +187,9 @@ def test_random_writes_refine_to_the_model_documents(spark, kafka, land_and_refi
     start = 0
     for cut in cuts:
         key, value = ("key", "value") if schemas else ("key_bare", "value_bare")
-        kafka.produce(topic, [(r[key].encode(), None if r[value] is None else r[value].encode()) for r in records[start:cut]])
+        kafka.produce(
+            topic, [(r[key].encode(), None if r[value] is None else r[value].encode()) for r in records[start:cut]]
+        )
         start = cut
         land_and_refine(warehouse, topic)
     location = refined_table_location(warehouse, topic)
@@ -141,8 +199,10 @@ def test_random_writes_refine_to_the_model_documents(spark, kafka, land_and_refi
         wanted = expected_documents(collection, columns)
         assert wanted, f"seed {seed}: the model holds no document"
         differing = sorted(k for k in set(got) | set(wanted) if got.get(k) != wanted.get(k))
-        assert not differing, (f"seed {seed} ({mode}): {len(differing)} documents differ, e.g. {differing[0]}: "
-                               f"refined {got.get(differing[0])} != model {wanted.get(differing[0])}")  # fmt: skip
+        assert not differing, (
+            f"seed {seed} ({mode}): {len(differing)} documents differ, e.g. {differing[0]}: "
+            f"refined {got.get(differing[0])} != model {wanted.get(differing[0])}"
+        )
         land_and_refine(warehouse, topic)
     if is_delta_table(spark, quarantine_location(warehouse)):
         reasons = [row.reason for row in spark.read.format("delta").load(quarantine_location(warehouse)).collect()]

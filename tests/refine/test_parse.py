@@ -23,9 +23,16 @@ def test_customer_changes_parse_to_the_values_postgres_holds(spark, kafka, stack
     # The workload ends with a delete and its tombstone: then every record is in Kafka.
     records = kafka.wait_for_last_value(topic, lambda value: value is None)
     ops = ["tombstone" if value is None else json.loads(value)["payload"]["op"] for *_, value, _ in records]
-    config = validate(RawJobConfig, {"topics": {"kind": "topics", "topics": [topic]}, "warehouse": str(tmp_path),
-                                     "trigger": {"kind": "available_now"},
-                                     "kafka": {"bootstrap_servers": kafka.bootstrap_servers}}, "raw job")  # fmt: skip
+    config = validate(
+        RawJobConfig,
+        {
+            "topics": {"kind": "topics", "topics": [topic]},
+            "warehouse": str(tmp_path),
+            "trigger": {"kind": "available_now"},
+            "kafka": {"bootstrap_servers": kafka.bootstrap_servers},
+        },
+        "raw job",
+    )
     run_raw_job(spark, config, say=lambda line: None)
     raw = spark.read.format("delta").load(raw_table_location(str(tmp_path), topic))
     sample = raw.where(F.col("value").isNotNull()).orderBy(F.col("offset").desc()).head()
@@ -47,8 +54,9 @@ def test_customer_changes_parse_to_the_values_postgres_holds(spark, kafka, stack
         for customer_id, after in latest.items():
             db = conn.execute(
                 "SELECT balance, credit_limit, signed_up_at, birth_date, profile::text, tags, external_id::text, "
-                "is_active, avatar FROM shop.customers WHERE id = %s", (customer_id,),
-            ).fetchone()  # fmt: skip
+                "is_active, avatar FROM shop.customers WHERE id = %s",
+                (customer_id,),
+            ).fetchone()
             if db is None:
                 continue  # deleted later in the workload
             assert after.balance == db[0]
@@ -62,32 +70,59 @@ def test_customer_changes_parse_to_the_values_postgres_holds(spark, kafka, stack
 
 
 def test_unparseable_values_are_flagged_not_dropped(spark):
-    row = {"type": "struct", "optional": True, "fields": [
-        {"type": "int64", "field": "id"},
-        {"type": "bytes", "field": "price", "optional": True, "name": "org.apache.kafka.connect.data.Decimal",
-         "parameters": {"scale": "2", "connect.decimal.precision": "4"}},
-    ]}  # fmt: skip
-    schema = ConnectSchema.model_validate({"type": "struct", "fields": [
-        {**row, "field": "before"},
-        {**row, "field": "after"},
-        {"type": "struct", "field": "source", "fields": [
-            {"type": "int64", "field": "lsn"}, {"type": "int64", "field": "txId"}, {"type": "int64", "field": "ts_ms"}]},
-        {"type": "string", "field": "op"},
-    ]})  # fmt: skip
-    raw = spark.createDataFrame(
-        [
-            ('{"payload": {"after": {"id": 1, "price": "AQ=="}, "op": "c"}}', 0, 0),
-            ("not json", 0, 1),
-            ('{"payload": {"op": "x"}}', 0, 2),
-            (None, 0, 3),
-            ('{"payload": {"after": {"id": 2, "price": "D0JA"}, "op": "u"}}', 0, 4),  # 10000.00 > decimal(4,2)
+    row = {
+        "type": "struct",
+        "optional": True,
+        "fields": [
+            {"type": "int64", "field": "id"},
+            {
+                "type": "bytes",
+                "field": "price",
+                "optional": True,
+                "name": "org.apache.kafka.connect.data.Decimal",
+                "parameters": {"scale": "2", "connect.decimal.precision": "4"},
+            },
         ],
-        "value string, partition int, offset long",
-    ).withColumn("key", F.lit(None).cast("string")).withColumn(
-        "headers", F.lit(None).cast("array<struct<key:string,value:binary>>"))
+    }
+    schema = ConnectSchema.model_validate(
+        {
+            "type": "struct",
+            "fields": [
+                {**row, "field": "before"},
+                {**row, "field": "after"},
+                {
+                    "type": "struct",
+                    "field": "source",
+                    "fields": [
+                        {"type": "int64", "field": "lsn"},
+                        {"type": "int64", "field": "txId"},
+                        {"type": "int64", "field": "ts_ms"},
+                    ],
+                },
+                {"type": "string", "field": "op"},
+            ],
+        }
+    )
+    raw = (
+        spark.createDataFrame(
+            [
+                ('{"payload": {"after": {"id": 1, "price": "AQ=="}, "op": "c"}}', 0, 0),
+                ("not json", 0, 1),
+                ('{"payload": {"op": "x"}}', 0, 2),
+                (None, 0, 3),
+                ('{"payload": {"after": {"id": 2, "price": "D0JA"}, "op": "u"}}', 0, 4),  # 10000.00 > decimal(4,2)
+            ],
+            "value string, partition int, offset long",
+        )
+        .withColumn("key", F.lit(None).cast("string"))
+        .withColumn("headers", F.lit(None).cast("array<struct<key:string,value:binary>>"))
+    )
     rows = parse_changes(raw, None, schema).orderBy("kafka_offset").collect()
     assert [(row.op, row.problem) for row in rows] == [
-        ("c", None), (None, "value is not a Debezium JSON envelope"), ("x", "unknown op x"), (TOMBSTONE, None),
+        ("c", None),
+        (None, "value is not a Debezium JSON envelope"),
+        ("x", "unknown op x"),
+        (TOMBSTONE, None),
         ("u", "field after.price: cannot decode the value as decimal(4,2)"),
     ]
     assert rows[1].raw_value == "not json"
@@ -96,14 +131,28 @@ def test_unparseable_values_are_flagged_not_dropped(spark):
 def test_wrapped_values_parse_the_same_cut_after_their_schema_as_whole(spark):
     from refine.parse import wrapped_schema, wrapper_schemas
 
-    row = {"type": "struct", "optional": True, "fields": [
-        {"type": "int64", "field": "id"}, {"type": "string", "optional": True, "field": "note"}]}
-    schema = {"type": "struct", "fields": [
-        {**row, "field": "before"}, {**row, "field": "after"},
-        {"type": "struct", "field": "source", "fields": [
-            {"type": "int64", "field": "lsn"}, {"type": "int64", "field": "txId"}, {"type": "int64", "field": "ts_ms"}]},
-        {"type": "string", "field": "op"},
-    ]}  # fmt: skip
+    row = {
+        "type": "struct",
+        "optional": True,
+        "fields": [{"type": "int64", "field": "id"}, {"type": "string", "optional": True, "field": "note"}],
+    }
+    schema = {
+        "type": "struct",
+        "fields": [
+            {**row, "field": "before"},
+            {**row, "field": "after"},
+            {
+                "type": "struct",
+                "field": "source",
+                "fields": [
+                    {"type": "int64", "field": "lsn"},
+                    {"type": "int64", "field": "txId"},
+                    {"type": "int64", "field": "ts_ms"},
+                ],
+            },
+            {"type": "string", "field": "op"},
+        ],
+    }
     schema_text = json.dumps(schema, separators=(",", ":"))
     payloads = [
         {"after": {"id": 1, "note": 'a "quoted" ,"payload": inside'}, "op": "c"},
@@ -115,17 +164,26 @@ def test_wrapped_values_parse_the_same_cut_after_their_schema_as_whole(spark):
     values.append('{"schema":' + schema_text + ',"payload":{"after":{"id":3')  # cut short: flagged
     raw = spark.createDataFrame([(v, 0, i) for i, v in enumerate(values)], "value string, partition int, offset long")
     raw = raw.withColumn("key", F.lit(None).cast("string")).withColumn(
-        "headers", F.lit(None).cast("array<struct<key:string,value:binary>>"))
+        "headers", F.lit(None).cast("array<struct<key:string,value:binary>>")
+    )
 
     texts = wrapper_schemas(raw, {"value": []})
     assert texts == {"value": [schema_text]}
     for schema_texts in (texts, None):  # cut after the known schema, and parsed whole
-        rows = parse_changes(raw, None, ConnectSchema.model_validate(schema), schema_texts=schema_texts).orderBy(
-            "kafka_offset").collect()  # fmt: skip
-        assert [(row.op, row.after.id if row.after else None, row.after.note if row.after else None) for row in rows] == [
-            ("c", 1, 'a "quoted" ,"payload": inside'), ("u", 2, "}"), ("d", None, None),
-            ("c", 1, 'a "quoted" ,"payload": inside'), (None, None, None),
-        ]  # fmt: skip
+        rows = (
+            parse_changes(raw, None, ConnectSchema.model_validate(schema), schema_texts=schema_texts)
+            .orderBy("kafka_offset")
+            .collect()
+        )
+        assert [
+            (row.op, row.after.id if row.after else None, row.after.note if row.after else None) for row in rows
+        ] == [
+            ("c", 1, 'a "quoted" ,"payload": inside'),
+            ("u", 2, "}"),
+            ("d", None, None),
+            ("c", 1, 'a "quoted" ,"payload": inside'),
+            (None, None, None),
+        ]
         assert rows[-1].problem == "value is not a Debezium JSON envelope"
     schemas = raw.select(wrapped_schema(F.col("value")).alias("s")).collect()
     assert [json.loads(row.s) if row.s else None for row in schemas] == [schema] * 4 + [None]
@@ -158,10 +216,24 @@ def test_a_parser_of_guessed_schemas_flags_the_records_of_any_other(spark):
 
     def schema(*names: str) -> dict:
         row = {"type": "struct", "optional": True, "fields": [{"type": "int64", "field": n} for n in names]}
-        source = {"type": "struct", "field": "source", "fields": [
-            {"type": "int64", "field": "lsn"}, {"type": "int64", "field": "txId"}, {"type": "int64", "field": "ts_ms"}]}
-        return {"type": "struct", "fields": [{**row, "field": "before"}, {**row, "field": "after"}, source,
-                                             {"type": "string", "field": "op"}]}  # fmt: skip
+        source = {
+            "type": "struct",
+            "field": "source",
+            "fields": [
+                {"type": "int64", "field": "lsn"},
+                {"type": "int64", "field": "txId"},
+                {"type": "int64", "field": "ts_ms"},
+            ],
+        }
+        return {
+            "type": "struct",
+            "fields": [
+                {**row, "field": "before"},
+                {**row, "field": "after"},
+                source,
+                {"type": "string", "field": "op"},
+            ],
+        }
 
     def wrapped(schema_: dict, payload: dict, separators=(",", ":")) -> str:
         return json.dumps({"schema": schema_, "payload": payload}, separators=separators)
@@ -176,18 +248,30 @@ def test_a_parser_of_guessed_schemas_flags_the_records_of_any_other(spark):
         (wrapped(first, {"after": {"id": 4}, "op": "c"}), wrapped({"type": "int64"}, 4)),
         (wrapped(first, {"after": {"id": 5}, "op": "u"}), wrapped(key_schema, {"id": 5})),
     ]
-    raw = spark.createDataFrame([(v, k, 0, i) for i, (v, k) in enumerate(records)],
-                                "value string, key string, partition int, offset long").withColumn(
-        "headers", F.lit(None).cast("array<struct<key:string,value:binary>>"))  # fmt: skip
+    raw = spark.createDataFrame(
+        [(v, k, 0, i) for i, (v, k) in enumerate(records)], "value string, key string, partition int, offset long"
+    ).withColumn("headers", F.lit(None).cast("array<struct<key:string,value:binary>>"))
 
     compact = lambda schema_: json.dumps(schema_, separators=(",", ":"))  # noqa: E731
     texts = first_wrapper_schemas(raw)
     assert texts == {"value": [compact(first)], "key": [compact(key_schema)]}
-    parsed = parse_changes(raw, ConnectSchema.model_validate(key_schema), ConnectSchema.model_validate(first),
-                           schema_texts=texts, only_schemas=True).orderBy("kafka_offset").collect()  # fmt: skip
+    parsed = (
+        parse_changes(
+            raw,
+            ConnectSchema.model_validate(key_schema),
+            ConnectSchema.model_validate(first),
+            schema_texts=texts,
+            only_schemas=True,
+        )
+        .orderBy("kafka_offset")
+        .collect()
+    )
     assert [row.problem for row in parsed] == [None, None, OTHER_SCHEMA, OTHER_SCHEMA, OTHER_SCHEMA, None]
     assert [(row.op, row.key.id if row.key else None) for row in parsed if row.problem is None] == [
-        (TOMBSTONE, 0), ("c", 1), ("u", 5)]  # fmt: skip
+        (TOMBSTONE, 0),
+        ("c", 1),
+        ("u", 5),
+    ]
 
     assert first_wrapper_schemas(raw.where("offset = 3")) is None  # with spaces: no compact wrapper
     assert first_wrapper_schemas(raw.where("offset = 0")) is None
@@ -196,8 +280,18 @@ def test_a_parser_of_guessed_schemas_flags_the_records_of_any_other(spark):
     for key in (F.lit(None), F.lit('{"id":1}')):
         unwrapped = raw.where("offset IN (1, 2)").withColumn("key", key.cast("string"))
         assert first_wrapper_schemas(unwrapped) == {"value": [compact(first)], "key": []}
-    mixed = raw.where("offset IN (1, 5)").withColumn("key", F.when(F.col("offset") == 1, F.lit('{"id":1}'))
-                                                     .otherwise(F.col("key")))  # fmt: skip
-    keyless = parse_changes(mixed, None, ConnectSchema.model_validate(first), schema_texts={"value": [compact(first)],
-                            "key": []}, only_schemas=True).orderBy("kafka_offset").collect()  # fmt: skip
+    mixed = raw.where("offset IN (1, 5)").withColumn(
+        "key", F.when(F.col("offset") == 1, F.lit('{"id":1}')).otherwise(F.col("key"))
+    )
+    keyless = (
+        parse_changes(
+            mixed,
+            None,
+            ConnectSchema.model_validate(first),
+            schema_texts={"value": [compact(first)], "key": []},
+            only_schemas=True,
+        )
+        .orderBy("kafka_offset")
+        .collect()
+    )
     assert [row.problem for row in keyless] == [None, OTHER_SCHEMA]

@@ -12,11 +12,13 @@ from refine.extended_json import to_variant
 from refine.patch import apply_patch, path_type, resolve
 
 ORDER = StructType([StructField("qty", LongType()), StructField("sku", StringType())])
-COLUMNS = StructType([
-    StructField("name", StringType()),
-    StructField("address", StructType([StructField("city", StringType()), StructField("zip", StringType())])),
-    StructField("orders", ArrayType(ORDER)),
-])  # fmt: skip
+COLUMNS = StructType(
+    [
+        StructField("name", StringType()),
+        StructField("address", StructType([StructField("city", StringType()), StructField("zip", StringType())])),
+        StructField("orders", ArrayType(ORDER)),
+    ]
+)
 
 
 def test_paths_resolve_to_fields_and_indexes():
@@ -39,13 +41,16 @@ def test_patches_apply_in_order(spark):
         F.array(F.struct(F.lit(1).cast("long").alias("qty"), F.lit("a").alias("sku"))).alias("orders"),
     ).cast(COLUMNS)
     patches = spark.createDataFrame(
-        [('{"address.city": "Paris", "orders.0.qty": 5, "orders.2": {"sku": "c", "qty": 3}}', ["address.zip"], None),
-         ('{"name": "Ada L."}', None, [("orders", 1)])],
+        [
+            ('{"address.city": "Paris", "orders.0.qty": 5, "orders.2": {"sku": "c", "qty": 3}}', ["address.zip"], None),
+            ('{"name": "Ada L."}', None, [("orders", 1)]),
+        ],
         "updated string, removed array<string>, truncated array<struct<field: string, size: int>>",
-    )  # fmt: skip
+    )
     patch = F.struct(to_variant(F.col("updated")).alias("updated"), F.col("removed"), F.col("truncated"))
-    applied = apply_patch(state, COLUMNS, patch, ["address.city", "name", "orders.0.qty", "orders.2"],
-                          ["address.zip"], ["orders"])  # fmt: skip
+    applied = apply_patch(
+        state, COLUMNS, patch, ["address.city", "name", "orders.0.qty", "orders.2"], ["address.zip"], ["orders"]
+    )
     first, second = [row.s for row in patches.select(applied.alias("s")).collect()]
     assert first.address.asDict() == {"city": "Paris", "zip": None}
     # An index past the end pads with nulls, as MongoDB does.
@@ -59,7 +64,7 @@ WIDE = StructType(
     + [StructField("address", StructType([StructField(n, StringType()) for n in ("city", "zip", "street")]))]
     + [StructField(name, ArrayType(LongType())) for name in ("tags", "scores")]
     + [StructField("orders", ArrayType(ORDER))]
-)  # fmt: skip
+)
 
 
 def _reference(document: dict, updated: dict, removed: list[str], truncated: list[tuple[str, int]]) -> dict:
@@ -91,17 +96,26 @@ def _reference(document: dict, updated: dict, removed: list[str], truncated: lis
 
 def _random_patch(rng: random.Random, document: dict) -> tuple[dict, list[str], list[tuple[str, int]]]:
     """A random update of ``document``: paths of one update never overlap (MongoDB refuses that)."""
-    candidates = [f"f{n}" for n in range(12)] + ["address", "address.city", "address.zip", "address.street", "tags",
-                  "scores", "orders"] + [f"orders.{i}" for i in range(4)] + [f"orders.{i}.qty" for i in range(4)]  # fmt: skip
+    candidates = (
+        [f"f{n}" for n in range(12)]
+        + ["address", "address.city", "address.zip", "address.street", "tags", "scores", "orders"]
+        + [f"orders.{i}" for i in range(4)]
+        + [f"orders.{i}.qty" for i in range(4)]
+    )
     if not isinstance(document.get("orders"), list):  # MongoDB would create a document {"2": ...}
         candidates = [c for c in candidates if not c.startswith("orders.")]
     chosen: list[str] = []
     for path in rng.sample(candidates, rng.randint(1, len(candidates))):
         if not any(path == c or path.startswith(c + ".") or c.startswith(path + ".") for c in chosen):
             chosen.append(path)
-    truncated = [(name, rng.randint(0, len(document[name]))) for name in ("tags", "scores", "orders")
-                 if document.get(name) and rng.random() < 0.5 and name not in chosen
-                 and not any(c.startswith(name + ".") for c in chosen)]  # fmt: skip
+    truncated = [
+        (name, rng.randint(0, len(document[name])))
+        for name in ("tags", "scores", "orders")
+        if document.get(name)
+        and rng.random() < 0.5
+        and name not in chosen
+        and not any(c.startswith(name + ".") for c in chosen)
+    ]
     updated, removed = {}, []
     for path in chosen:
         if rng.random() < 0.2:
@@ -131,10 +145,15 @@ def _random_patch(rng: random.Random, document: dict) -> tuple[dict, list[str], 
 
 def _as_row(document: dict) -> tuple:
     orders = document.get("orders")
-    return (*[document.get(f"f{n}") for n in range(12)],
-            None if document.get("address") is None else tuple(document["address"].get(n) for n in ("city", "zip", "street")),
-            document.get("tags"), document.get("scores"),
-            None if orders is None else [None if o is None else (o.get("qty"), o.get("sku")) for o in orders])  # fmt: skip
+    return (
+        *[document.get(f"f{n}") for n in range(12)],
+        None
+        if document.get("address") is None
+        else tuple(document["address"].get(n) for n in ("city", "zip", "street")),
+        document.get("tags"),
+        document.get("scores"),
+        None if orders is None else [None if o is None else (o.get("qty"), o.get("sku")) for o in orders],
+    )
 
 
 def test_many_paths_and_truncated_arrays_apply_like_mongodb(spark, request):
@@ -147,25 +166,59 @@ def test_many_paths_and_truncated_arrays_apply_like_mongodb(spark, request):
     rng = random.Random(seed)
     rows, expected = [], []
     for document_id in range(20):
-        document = {**{f"f{n}": n for n in range(12)}, "address": {"city": "London", "zip": "N1", "street": None},
-                    "tags": [1, 2, 3], "scores": [4, 5], "orders": [{"qty": 1, "sku": "a"}, {"qty": 2, "sku": "b"}]}  # fmt: skip
+        document = {
+            **{f"f{n}": n for n in range(12)},
+            "address": {"city": "London", "zip": "N1", "street": None},
+            "tags": [1, 2, 3],
+            "scores": [4, 5],
+            "orders": [{"qty": 1, "sku": "a"}, {"qty": 2, "sku": "b"}],
+        }
         start, patches = json.loads(json.dumps(document)), []
         for _ in range(rng.randint(1, 4)):
             updated, removed, truncated = _random_patch(rng, document)
             document = _reference(document, updated, removed, truncated)
-            patches.append((json.dumps(updated), removed or None, [{"field": f, "size": s} for f, s in truncated] or None))
+            patches.append(
+                (json.dumps(updated), removed or None, [{"field": f, "size": s} for f, s in truncated] or None)
+            )
         rows.append((document_id, _as_row(start), patches))
         expected.append((document_id, _as_row(document)))
-    frame = spark.createDataFrame(rows, StructType([
-        StructField("id", LongType()), StructField("state", WIDE),
-        StructField("patches", ArrayType(StructType([
-            StructField("updated", StringType()), StructField("removed", ArrayType(StringType())),
-            StructField("truncated", ArrayType(StructType([StructField("field", StringType()), StructField("size", IntegerType())])))])))]))  # fmt: skip
+    frame = spark.createDataFrame(
+        rows,
+        StructType(
+            [
+                StructField("id", LongType()),
+                StructField("state", WIDE),
+                StructField(
+                    "patches",
+                    ArrayType(
+                        StructType(
+                            [
+                                StructField("updated", StringType()),
+                                StructField("removed", ArrayType(StringType())),
+                                StructField(
+                                    "truncated",
+                                    ArrayType(
+                                        StructType(
+                                            [StructField("field", StringType()), StructField("size", IntegerType())]
+                                        )
+                                    ),
+                                ),
+                            ]
+                        )
+                    ),
+                ),
+            ]
+        ),
+    )
     updated = sorted({p for _, _, ps in rows for u, _, _ in ps for p in json.loads(u)})
     removed = sorted({p for _, _, ps in rows for _, r, _ in ps for p in r or []})
     truncated = sorted({t["field"] for _, _, ps in rows for _, _, t in ps for t in t or []})
-    patches = F.transform("patches", lambda p: F.struct(to_variant(p["updated"]).alias("updated"), p["removed"].alias("removed"),
-                                                           p["truncated"].alias("truncated")))  # fmt: skip
+    patches = F.transform(
+        "patches",
+        lambda p: F.struct(
+            to_variant(p["updated"]).alias("updated"), p["removed"].alias("removed"), p["truncated"].alias("truncated")
+        ),
+    )
     state = F.aggregate(patches, F.col("state"), lambda s, p: apply_patch(s, WIDE, p, updated, removed, truncated))
     got = {row.id: row.state for row in frame.select("id", state.cast(WIDE).alias("state")).collect()}
     wanted = spark.createDataFrame(expected, StructType([StructField("id", LongType()), StructField("state", WIDE)]))
@@ -177,10 +230,14 @@ def test_a_patch_truncating_one_of_the_batchs_arrays(spark):
     """A batch truncating two arrays, each patch only one of them: the other's size is looked up in
     an empty list (it used to raise INVALID_ARRAY_INDEX under ANSI mode)."""
     columns = StructType([StructField("tags", ArrayType(LongType())), StructField("scores", ArrayType(LongType()))])
-    state = F.struct(F.array(*[F.lit(n).cast("long") for n in (1, 2, 3)]).alias("tags"),
-                     F.array(*[F.lit(n).cast("long") for n in (4, 5)]).alias("scores"))  # fmt: skip
-    patches = spark.createDataFrame([("{}", None, [("tags", 1)]), ("{}", None, [("scores", 0)])],
-                                    "updated string, removed array<string>, truncated array<struct<field: string, size: int>>")  # fmt: skip
+    state = F.struct(
+        F.array(*[F.lit(n).cast("long") for n in (1, 2, 3)]).alias("tags"),
+        F.array(*[F.lit(n).cast("long") for n in (4, 5)]).alias("scores"),
+    )
+    patches = spark.createDataFrame(
+        [("{}", None, [("tags", 1)]), ("{}", None, [("scores", 0)])],
+        "updated string, removed array<string>, truncated array<struct<field: string, size: int>>",
+    )
     patch = F.struct(to_variant(F.col("updated")).alias("updated"), F.col("removed"), F.col("truncated"))
     applied = apply_patch(state, columns, patch, [], [], ["scores", "tags"])
     assert [tuple(row.s) for row in patches.select(applied.alias("s")).collect()] == [([1], [4, 5]), ([1, 2, 3], [])]

@@ -49,15 +49,24 @@ def message_classes(folder: Path, file_name: str) -> SimpleNamespace:
     """The messages of ``folder/file_name`` as classes, by their names (protoc run in this process)."""
     include = str(importlib.resources.files("grpc_tools") / "_proto")
     out = folder / f"{file_name}.pb"
-    code = protoc.main(["protoc", f"-I{folder}", f"-I{include}", "--include_imports", f"--descriptor_set_out={out}",
-                        str(folder / file_name)])  # fmt: skip
+    code = protoc.main(
+        [
+            "protoc",
+            f"-I{folder}",
+            f"-I{include}",
+            "--include_imports",
+            f"--descriptor_set_out={out}",
+            str(folder / file_name),
+        ]
+    )
     assert code == 0, f"protoc could not compile {folder / file_name} for the test"
     pool = descriptor_pool.DescriptorPool()
     for file in descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes()).file:
         pool.Add(file)
     own = pool.FindFileByName(file_name)
-    return SimpleNamespace(**{name: message_factory.GetMessageClass(message)
-                              for name, message in own.message_types_by_name.items()})  # fmt: skip
+    return SimpleNamespace(
+        **{name: message_factory.GetMessageClass(message) for name, message in own.message_types_by_name.items()}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +89,13 @@ def reading(fitness, device_id: str, minute: int, **fields) -> bytes:
 
 def decoding(message: str = "fitness.Reading", framed: bool = False, writers=None) -> ProtobufDecoding:
     schema = compile_schema_file(FIXTURE)
-    return ProtobufDecoding(schema=schema, message=message, framed=framed, writers=writers or {},
-                            event_schema=protobuf_event_schema(message_descriptor(schema, message)))  # fmt: skip
+    return ProtobufDecoding(
+        schema=schema,
+        message=message,
+        framed=framed,
+        writers=writers or {},
+        event_schema=protobuf_event_schema(message_descriptor(schema, message)),
+    )
 
 
 # --- the events' Spark schema ------------------------------------------------------------------
@@ -91,7 +105,8 @@ def test_the_events_spark_schema_comes_from_the_message(spark, tmp_path):
     schema = compile_schema_file(FIXTURE)
     assert protobuf_event_schema(message_descriptor(schema, None)) == StructType.fromDDL(READING_DDL)  # the first
     assert protobuf_event_schema(message_descriptor(schema, "fitness.Reading.Lap")) == StructType.fromDDL(
-        "number bigint, seconds float")
+        "number bigint, seconds float"
+    )
     (tmp_path / "scalars.proto").write_text("""
         syntax = "proto3";
         import "google/protobuf/wrappers.proto";
@@ -109,7 +124,9 @@ def test_the_events_spark_schema_comes_from_the_message(spark, tmp_path):
         StructType.fromDDL(
             "a int, b int, c int, d bigint, e bigint, f bigint, g bigint, h bigint, i decimal(20,0), "
             "j decimal(20,0), k float, l double, m boolean, n string, o binary, p bigint, q binary, r string, "
-            "s map<int, struct<t: array<double>>>"))  # fmt: skip
+            "s map<int, struct<t: array<double>>>"
+        )
+    )
 
 
 def test_a_recursive_message_is_refused_naming_the_field(tmp_path):
@@ -124,7 +141,8 @@ def test_a_recursive_message_is_refused_naming_the_field(tmp_path):
         protobuf_event_schema(message_descriptor(schema, "org.Team"))
     assert refused.value.message == (
         "field lead.reports: message org.Person contains itself; recursive Protobuf messages are not supported "
-        "(no Spark schema can hold them)")
+        "(no Spark schema can hold them)"
+    )
 
 
 def test_a_schema_that_does_not_compile_or_lacks_the_message_is_a_config_error(tmp_path):
@@ -133,14 +151,16 @@ def test_a_schema_that_does_not_compile_or_lacks_the_message_is_a_config_error(t
     with pytest.raises(ConfigError) as refused:
         compile_schema_file(broken)
     assert refused.value.message == (
-        f'the Protobuf schema file {broken} does not compile: broken.proto:2:13: "strin" is not defined.')
+        f'the Protobuf schema file {broken} does not compile: broken.proto:2:13: "strin" is not defined.'
+    )
     with pytest.raises(ConfigError, match=f"^cannot read the Protobuf schema file {tmp_path}/none.proto: no such"):
         compile_schema_file(tmp_path / "none.proto")
     with pytest.raises(ConfigError) as refused:
         message_descriptor(compile_schema_file(FIXTURE), "Reading")
     assert refused.value.message == (
         "message: the Protobuf schema has no message 'Reading' (it has fitness.Reading, fitness.Reading.Lap, "
-        "fitness.Position, fitness.Device; give the fully qualified name)")
+        "fitness.Position, fitness.Device; give the fully qualified name)"
+    )
 
 
 def test_a_value_spark_cannot_hold_is_named_by_its_field_path(tmp_path):
@@ -165,7 +185,11 @@ def test_a_value_spark_cannot_hold_is_named_by_its_field_path(tmp_path):
 
 def test_message_indexes_name_messages_by_their_path():
     assert indexed_messages(schema_file(compile_schema_file(FIXTURE))) == {
-        (0,): "fitness.Reading", (0, 0): "fitness.Reading.Lap", (1,): "fitness.Position", (2,): "fitness.Device"}
+        (0,): "fitness.Reading",
+        (0, 0): "fitness.Reading.Lap",
+        (1,): "fitness.Position",
+        (2,): "fitness.Device",
+    }
     assert message_indexes(b"\x00rest", 0) == ((0,), 1)  # the first message: a single 0
     assert message_indexes(b"\x02\x00", 0) == ((0,), 2)  # the same, spelt out
     assert message_indexes(b"\x04\x00\x00", 0) == ((0, 0), 3)
@@ -181,8 +205,13 @@ def test_message_indexes_name_messages_by_their_path():
 
 
 def test_plain_values_of_a_schema_file_decode_or_get_a_reason(spark, fitness, raw_records, problems_and_events):
-    full = fitness.Reading(device_id="w1", heart_rate=72, tags=["left", "wrist"], activity=fitness.Reading.DESCRIPTOR
-                           .fields_by_name["activity"].enum_type.values_by_name["RUN"].number, steps=2**64 - 1)  # fmt: skip
+    full = fitness.Reading(
+        device_id="w1",
+        heart_rate=72,
+        tags=["left", "wrist"],
+        activity=fitness.Reading.DESCRIPTOR.fields_by_name["activity"].enum_type.values_by_name["RUN"].number,
+        steps=2**64 - 1,
+    )
     full.time.FromDatetime(at(0))
     full.position.lat, full.position.lon = 1.5, 2.0
     full.counters["km"] = 12
@@ -199,16 +228,41 @@ def test_plain_values_of_a_schema_file_decode_or_get_a_reason(spark, fitness, ra
     ]
     problems, events = problems_and_events(decode_protobuf(raw_records(values), decoding()))
     corrupt = "the value is not a Protobuf fitness.Reading message: Wire format was corrupt"
-    assert problems == [None, None, corrupt, corrupt, "no value (a null record)",
-                        corrupt + " (it starts like Confluent's wire format, which a registry schema reads)"]  # fmt: skip
+    assert problems == [
+        None,
+        None,
+        corrupt,
+        corrupt,
+        "no value (a null record)",
+        corrupt + " (it starts like Confluent's wire format, which a registry schema reads)",
+    ]
     assert events[:2] == [
-        {"device_id": "w1", "time": at(0).replace(tzinfo=None), "heart_rate": 72,
-         "position": {"lat": 1.5, "lon": 2.0}, "tags": ["left", "wrist"], "counters": {"km": 12},
-         "activity": "RUN", "model": "fenix", "steps": Decimal(2**64 - 1), "laps": [{"number": 1, "seconds": 92.5}]},
+        {
+            "device_id": "w1",
+            "time": at(0).replace(tzinfo=None),
+            "heart_rate": 72,
+            "position": {"lat": 1.5, "lon": 2.0},
+            "tags": ["left", "wrist"],
+            "counters": {"km": 12},
+            "activity": "RUN",
+            "model": "fenix",
+            "steps": Decimal(2**64 - 1),
+            "laps": [{"number": 1, "seconds": 92.5}],
+        },
         # unset: proto3 scalars read as their defaults, fields with presence (optional, messages) as null
-        {"device_id": "w2", "time": at(1).replace(tzinfo=None), "heart_rate": None, "position": None, "tags": [],
-         "counters": {}, "activity": "ACTIVITY_UNSPECIFIED", "model": None, "steps": Decimal(0), "laps": []},
-    ]  # fmt: skip
+        {
+            "device_id": "w2",
+            "time": at(1).replace(tzinfo=None),
+            "heart_rate": None,
+            "position": None,
+            "tags": [],
+            "counters": {},
+            "activity": "ACTIVITY_UNSPECIFIED",
+            "model": None,
+            "steps": Decimal(0),
+            "laps": [],
+        },
+    ]
     decoded = decode_protobuf(raw_records(values), decoding())
     assert decoded.orderBy("kafka_offset").first().raw_value == good.hex().upper()
     assert decoded.count() == len(values)  # nothing lost
@@ -224,11 +278,16 @@ def test_a_proto2_string_that_is_not_utf8_is_a_problem_of_its_own_record(
     schema = compile_schema_file(tmp_path / "legacy.proto")
     event_schema = protobuf_event_schema(message_descriptor(schema, None))
     values = [b"\x0a\x02ok", b"\x0a\x02\xff\xfe", b"\x10\x03"]  # the parser checks neither UTF-8 nor `required`
-    decoded = decode_protobuf(raw_records(values), ProtobufDecoding(
-        schema=schema, message="Legacy", event_schema=event_schema, framed=False))  # fmt: skip
+    decoded = decode_protobuf(
+        raw_records(values), ProtobufDecoding(schema=schema, message="Legacy", event_schema=event_schema, framed=False)
+    )
     problems, events = problems_and_events(decoded)
-    assert problems == [None, "the Legacy message does not fit the events' schema: Could not convert b'\\xff\\xfe' "
-                              "with type bytes: was not a utf8 string", None]  # fmt: skip
+    assert problems == [
+        None,
+        "the Legacy message does not fit the events' schema: Could not convert b'\\xff\\xfe' "
+        "with type bytes: was not a utf8 string",
+        None,
+    ]
     # Fields with presence (proto2: all of them) are null when unset: neither `required` nor defaults apply.
     assert [events[0], events[2]] == [{"name": "ok", "size": None}, {"name": None, "size": 3}]
 
@@ -253,8 +312,11 @@ def test_framed_values_are_read_by_their_schema_id_and_message_indexes(
         framing_header((0,), 1) + late.SerializeToString(),  # a Timestamp Spark cannot hold
         None,
     ]
-    writers = {1: messages, 9: "is not a Protobuf schema of the schema registry",
-               4: "is not a Protobuf schema of the schema registry"}  # fmt: skip
+    writers = {
+        1: messages,
+        9: "is not a Protobuf schema of the schema registry",
+        4: "is not a Protobuf schema of the schema registry",
+    }
     decoded = decode_protobuf(raw_records(values), decoding(framed=True, writers=writers))
     problems, events = problems_and_events(decoded)
     assert problems == [
@@ -273,7 +335,9 @@ def test_framed_values_are_read_by_their_schema_id_and_message_indexes(
         "no value (a null record)",
     ]
     assert [(event["device_id"], event["time"], event["heart_rate"]) for event in events[:2]] == [
-        ("w1", at(0).replace(tzinfo=None), 70), ("w2", at(1).replace(tzinfo=None), None)]
+        ("w1", at(0).replace(tzinfo=None), 70),
+        ("w2", at(1).replace(tzinfo=None), None),
+    ]
 
 
 V2 = """
@@ -299,19 +363,27 @@ def test_a_registry_decoder_reads_each_writers_message_as_the_latest(
     registry = SchemaRegistry(kind="registry", url=schema_registry.url)
     decoder = ProtobufDecoder(registry, "fitness", "fitness.Reading")
     assert (decoder.message, decoder.event_schema.simpleString()) == (
-        "fitness.Reading", "struct<device_id:string,time:timestamp,heart_rate:int,model:string>")
+        "fitness.Reading",
+        "struct<device_id:string,time:timestamp,heart_rate:int,model:string>",
+    )
     newer = fitness.Reading(device_id="w2")
     newer.time.FromDatetime(at(1))
     newer = newer.SerializeToString() + b"\x5a\x05fenix"  # field 11, which v1 does not have
-    batch = raw_records([
-        framing_header((0,), v1) + reading(fitness, "w1", 0, heart_rate=70, tags=["a"]),  # tags: not in v2
-        framing_header((1,), v2) + newer,
-        framing_header((0,), v2) + reading(fitness, "w3", 2),  # a Device in v2
-        framing_header((0,), avro) + reading(fitness, "w4", 3),
-    ])  # fmt: skip
+    batch = raw_records(
+        [
+            framing_header((0,), v1) + reading(fitness, "w1", 0, heart_rate=70, tags=["a"]),  # tags: not in v2
+            framing_header((1,), v2) + newer,
+            framing_header((0,), v2) + reading(fitness, "w3", 2),  # a Device in v2
+            framing_header((0,), avro) + reading(fitness, "w4", 3),
+        ]
+    )
     problems, events = problems_and_events(decoder.decode(batch))
-    assert problems == [None, None, f"the value is a fitness.Device message (schema id {v2}), not fitness.Reading",
-                        f"schema id {avro} is not a Protobuf schema of the schema registry"]  # fmt: skip
+    assert problems == [
+        None,
+        None,
+        f"the value is a fitness.Device message (schema id {v2}), not fitness.Reading",
+        f"schema id {avro} is not a Protobuf schema of the schema registry",
+    ]
     assert events[:2] == [
         {"device_id": "w1", "time": at(0).replace(tzinfo=None), "heart_rate": 70, "model": ""},
         {"device_id": "w2", "time": at(1).replace(tzinfo=None), "heart_rate": None, "model": "fenix"},
@@ -326,7 +398,8 @@ def test_a_registry_decoder_reads_each_writers_message_as_the_latest(
         ProtobufDecoder(SchemaRegistry(kind="registry", url=schema_registry.url), "broken")
     assert refused.value.message == (
         f"the Protobuf schema of subject broken-value (id {broken}) at the schema registry {schema_registry.url} "
-        'does not compile: registered.proto:1:32: "strin" is not defined.')
+        'does not compile: registered.proto:1:32: "strin" is not defined.'
+    )
     with pytest.raises(ConfigError, match="^message: the Protobuf schema has no message 'fitness.Nope'"):
         ProtobufDecoder(SchemaFile(kind="file", path=FIXTURE), "fitness", "fitness.Nope")
 
@@ -335,51 +408,81 @@ def test_a_registry_decoder_reads_each_writers_message_as_the_latest(
 
 
 @pytest.mark.integration
-def test_protobuf_events_with_a_schema_file_and_with_a_registry(spark, fitness, kafka, pipeline_run, unique_name,
-                                                                schema_registry, tmp_path):  # fmt: skip
+def test_protobuf_events_with_a_schema_file_and_with_a_registry(
+    spark, fitness, kafka, pipeline_run, unique_name, schema_registry, tmp_path
+):
     plain, registered = kafka.create_topic(f"{unique_name}.readings"), kafka.create_topic(f"{unique_name}.devices")
     (tmp_path / "fitness.proto").write_text(FIXTURE.read_text())  # beside the pipeline file, which names it relatively
     schema_id = schema_registry.register(f"{registered}-value", FIXTURE.read_text(), "PROTOBUF")
     pipeline = {
         "name": "fitness_protobuf",
         "sources": {
-            "plain": {"kind": "events", "format": "protobuf", "topic": plain,
-                      "schema": {"kind": "file", "path": "fitness.proto"}},  # message: the first, fitness.Reading
-            "registered": {"kind": "events", "format": "protobuf", "topic": registered, "message": "fitness.Reading",
-                           "schema": {"kind": "registry", "url": schema_registry.url}},  # subject <topic>-value
+            "plain": {
+                "kind": "events",
+                "format": "protobuf",
+                "topic": plain,
+                "schema": {"kind": "file", "path": "fitness.proto"},
+            },  # message: the first, fitness.Reading
+            "registered": {
+                "kind": "events",
+                "format": "protobuf",
+                "topic": registered,
+                "message": "fitness.Reading",
+                "schema": {"kind": "registry", "url": schema_registry.url},
+            },  # subject <topic>-value
         },
         "refined": {
             "readings": {"source": "plain", "explode": ["laps"]},  # every event, appended, position flattened
             "devices": {"source": "registered", "keys": ["device_id"], "ordering": "time"},  # the latest per device
         },
         "expectations": {"plausible": {"table": "devices", "constraint": "heart_rate < 250", "action": "drop"}},
-    }  # fmt: skip
+    }
 
     def framed(message: bytes) -> bytes:
         return framing_header((0,), schema_id) + message
 
-    kafka.produce(plain, [
-        (b"w1", reading(fitness, "w1", 0, heart_rate=72, position={"lat": 1.5, "lon": 2.0},
-                        laps=[{"number": 1, "seconds": 90.0}, {"number": 2, "seconds": 95.5}])),
-        (b"w1", reading(fitness, "w1", 5, heart_rate=95)),
-        (b"w1", reading(fitness, "w1", 6, heart_rate=96, model={"value": "fenix"})[:-3]),  # truncated
-        (b"w2", reading(fitness, "w2", 1, tags=["swim"])),
-    ])  # fmt: skip
-    kafka.produce(registered, [
-        (b"w1", framed(reading(fitness, "w1", 0, heart_rate=70))),
-        (b"w1", framed(reading(fitness, "w1", 5, heart_rate=90, model={"value": "fenix"}))),
-        (b"w1", framed(reading(fitness, "w1", 2, heart_rate=80))),  # late: older than 10:05
-        (b"w2", framed(reading(fitness, "w2", 1, heart_rate=300))),  # breaks `plausible`
-        (b"w3", b"\x01" + framed(reading(fitness, "w3", 3))[1:]),  # not the magic byte
-        (b"w4", framed(reading(fitness, "w4", 3, heart_rate=60, counters={"km": 3}))),
-    ])  # fmt: skip
-    readings_schema = ("device_id string, time string, heart_rate int, position_lat double, position_lon double, "
-                       "tags array<string>, activity string, _cdc_partition int, _cdc_offset long")  # fmt: skip
-    expected_readings = spark.createDataFrame([
-        ("w1", "2026-01-01 10:00:00", 72, 1.5, 2.0, [], "ACTIVITY_UNSPECIFIED", 0, 0),
-        ("w1", "2026-01-01 10:05:00", 95, None, None, [], "ACTIVITY_UNSPECIFIED", 0, 1),
-        ("w2", "2026-01-01 10:01:00", None, None, None, ["swim"], "ACTIVITY_UNSPECIFIED", 0, 3),
-    ], readings_schema).withColumn("time", F.to_timestamp("time"))  # fmt: skip
+    kafka.produce(
+        plain,
+        [
+            (
+                b"w1",
+                reading(
+                    fitness,
+                    "w1",
+                    0,
+                    heart_rate=72,
+                    position={"lat": 1.5, "lon": 2.0},
+                    laps=[{"number": 1, "seconds": 90.0}, {"number": 2, "seconds": 95.5}],
+                ),
+            ),
+            (b"w1", reading(fitness, "w1", 5, heart_rate=95)),
+            (b"w1", reading(fitness, "w1", 6, heart_rate=96, model={"value": "fenix"})[:-3]),  # truncated
+            (b"w2", reading(fitness, "w2", 1, tags=["swim"])),
+        ],
+    )
+    kafka.produce(
+        registered,
+        [
+            (b"w1", framed(reading(fitness, "w1", 0, heart_rate=70))),
+            (b"w1", framed(reading(fitness, "w1", 5, heart_rate=90, model={"value": "fenix"}))),
+            (b"w1", framed(reading(fitness, "w1", 2, heart_rate=80))),  # late: older than 10:05
+            (b"w2", framed(reading(fitness, "w2", 1, heart_rate=300))),  # breaks `plausible`
+            (b"w3", b"\x01" + framed(reading(fitness, "w3", 3))[1:]),  # not the magic byte
+            (b"w4", framed(reading(fitness, "w4", 3, heart_rate=60, counters={"km": 3}))),
+        ],
+    )
+    readings_schema = (
+        "device_id string, time string, heart_rate int, position_lat double, position_lon double, "
+        "tags array<string>, activity string, _cdc_partition int, _cdc_offset long"
+    )
+    expected_readings = spark.createDataFrame(
+        [
+            ("w1", "2026-01-01 10:00:00", 72, 1.5, 2.0, [], "ACTIVITY_UNSPECIFIED", 0, 0),
+            ("w1", "2026-01-01 10:05:00", 95, None, None, [], "ACTIVITY_UNSPECIFIED", 0, 1),
+            ("w2", "2026-01-01 10:01:00", None, None, None, ["swim"], "ACTIVITY_UNSPECIFIED", 0, 3),
+        ],
+        readings_schema,
+    ).withColumn("time", F.to_timestamp("time"))
     for _ in range(2):  # a rerun changes nothing
         assert pipeline_run(pipeline) == 0
         readings = pipeline_run.table("readings").select(*expected_readings.columns)
@@ -387,11 +490,14 @@ def test_protobuf_events_with_a_schema_file_and_with_a_registry(spark, fitness, 
         laps = pipeline_run.table("readings__laps").select("_cdc_offset", "pos", "number", "seconds")
         assertDataFrameEqual(laps, spark.createDataFrame([(0, 0, 1, 90.0), (0, 1, 2, 95.5)], laps.schema))
         devices = pipeline_run.table("devices").select("device_id", "heart_rate", "model", "counters", "_cdc_offset")
-        assertDataFrameEqual(devices, spark.createDataFrame([("w1", 90, "fenix", {}, 1), ("w4", 60, None, {"km": 3}, 5)],
-                                                            devices.schema))  # fmt: skip
+        assertDataFrameEqual(
+            devices, spark.createDataFrame([("w1", 90, "fenix", {}, 1), ("w4", 60, None, {"km": 3}, 5)], devices.schema)
+        )
         quarantined = spark.read.format("delta").load(quarantine_location(pipeline_run.warehouse))
-        assert sorted((row.topic, row.offset, row.reason) for row in quarantined.collect()) == sorted([
-            (plain, 2, "the value is not a Protobuf fitness.Reading message: Wire format was corrupt"),
-            (registered, 3, "failed expectations: plausible"),
-            (registered, 4, "the value starts with byte 0x01, not the magic byte 0x00 of Confluent's wire format"),
-        ])  # fmt: skip
+        assert sorted((row.topic, row.offset, row.reason) for row in quarantined.collect()) == sorted(
+            [
+                (plain, 2, "the value is not a Protobuf fitness.Reading message: Wire format was corrupt"),
+                (registered, 3, "failed expectations: plausible"),
+                (registered, 4, "the value starts with byte 0x01, not the magic byte 0x00 of Confluent's wire format"),
+            ]
+        )

@@ -24,8 +24,9 @@ TRANSACTIONS = int(os.environ.get("CDC_RANDOM_TRANSACTIONS", "30"))
 
 
 @pytest.mark.timeout(2400)  # about ten refine runs: a few minutes alone, far longer on a shared, loaded machine
-def test_random_transactions_refine_equal_to_postgres(spark, kafka, stack_config, postgres_connector, tmp_path,
-                                                      unique_name, refine):  # fmt: skip
+def test_random_transactions_refine_equal_to_postgres(
+    spark, kafka, stack_config, postgres_connector, tmp_path, unique_name, refine
+):
     seed = int(os.environ.get("CDC_RANDOM_SEED") or random.randrange(2**32))
     print(f"random workload: CDC_RANDOM_SEED={seed}")
     rng = random.Random(seed)
@@ -42,15 +43,25 @@ def test_random_transactions_refine_equal_to_postgres(spark, kafka, stack_config
         nonlocal batches
         batches += 1
         wait_for_marks(kafka.bootstrap_servers, topics, workload.mark())
-        raw = {"topics": {"kind": "topics", "topics": topics}, "warehouse": warehouse,
-               "trigger": {"kind": "available_now"}, "kafka": {"bootstrap_servers": kafka.bootstrap_servers}}  # fmt: skip
+        raw = {
+            "topics": {"kind": "topics", "topics": topics},
+            "warehouse": warehouse,
+            "trigger": {"kind": "available_now"},
+            "kafka": {"bootstrap_servers": kafka.bootstrap_servers},
+        }
         run_raw_job(spark, validate(RawJobConfig, raw, "raw job"), say=lambda line: None)
         for table, topic in zip(tables.names, topics):
             refine(warehouse, topic, **settings[table])
         print(f"random workload: refine run {batches} after {workload.counts.transactions} transactions", flush=True)
-        mismatched = [result for result in compare(spark, dsn, tables, warehouse, dict(zip(tables.names, topics))) if result.mismatches]
-        assert not mismatched, (f"CDC_RANDOM_SEED={seed}, refine run {batches} after {workload.counts.transactions} "
-                                "transactions:\n" + "\n".join(result.describe() for result in mismatched))  # fmt: skip
+        mismatched = [
+            result
+            for result in compare(spark, dsn, tables, warehouse, dict(zip(tables.names, topics)))
+            if result.mismatches
+        ]
+        assert not mismatched, (
+            f"CDC_RANDOM_SEED={seed}, refine run {batches} after {workload.counts.transactions} "
+            "transactions:\n" + "\n".join(result.describe() for result in mismatched)
+        )
 
     try:
         for _ in range(TRANSACTIONS // 3):  # all in one batch

@@ -24,9 +24,24 @@ T0 = 1_763_700_000_000
 
 
 def envelope(op: str, lsn: int, before: dict | None = None, after: dict | None = None) -> dict:
-    return {"before": before, "after": after, "op": op, "ts_ms": T0 + lsn,
-            "source": {"version": "3.6.3.Final", "connector": "postgresql", "name": "demo", "ts_ms": T0 + lsn,
-                       "snapshot": "false", "db": "demo", "schema": "shop", "table": "items", "txId": lsn, "lsn": lsn}}  # fmt: skip
+    return {
+        "before": before,
+        "after": after,
+        "op": op,
+        "ts_ms": T0 + lsn,
+        "source": {
+            "version": "3.6.3.Final",
+            "connector": "postgresql",
+            "name": "demo",
+            "ts_ms": T0 + lsn,
+            "snapshot": "false",
+            "db": "demo",
+            "schema": "shop",
+            "table": "items",
+            "txId": lsn,
+            "lsn": lsn,
+        },
+    }
 
 
 def row(row_id: int, name: str, tags: list[str]) -> dict:
@@ -34,8 +49,13 @@ def row(row_id: int, name: str, tags: list[str]) -> dict:
 
 
 def produced(changes: list[tuple[dict, dict | str | None]]) -> list[tuple[bytes, bytes | None]]:
-    return [(json.dumps(key).encode(), None if value is None else (value if isinstance(value, str) else json.dumps(value)).encode())
-            for key, value in changes]  # fmt: skip
+    return [
+        (
+            json.dumps(key).encode(),
+            None if value is None else (value if isinstance(value, str) else json.dumps(value)).encode(),
+        )
+        for key, value in changes
+    ]
 
 
 FIRST = [
@@ -60,7 +80,7 @@ def contents(spark, location: str):
 
 def test_a_rebuild_replaces_wrong_tables_from_the_raw_tables_current_files(
     spark, kafka, land, refine, unique_name, tmp_path
-):  # fmt: skip
+):
     topic = kafka.create_topic(f"{unique_name}.shop.items")
     warehouse = str(tmp_path)
     settings = {"columns": COLUMNS, "key": ["id"], "history": True, "explode": ["tags"]}
@@ -92,8 +112,11 @@ def test_a_rebuild_replaces_wrong_tables_from_the_raw_tables_current_files(
     with pytest.raises(Exception):
         spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 0).load(raw).collect()
 
-    config = validate(RefineJobConfig, {"table": topic, "warehouse": warehouse, "trigger": {"kind": "available_now"},
-                                        **settings}, "refine job")  # fmt: skip
+    config = validate(
+        RefineJobConfig,
+        {"table": topic, "warehouse": warehouse, "trigger": {"kind": "available_now"}, **settings},
+        "refine job",
+    )
     for attempt in range(2):  # a rebuild run again gives the same tables
         replaced = rebuild_refined_table(spark, config, say=lambda line: None)
         assert {table.location for table in replaced} >= set(tables)
@@ -111,7 +134,9 @@ def test_a_rebuild_replaces_wrong_tables_from_the_raw_tables_current_files(
     for attempt in range(2):
         refine(warehouse, topic, **settings)
         assert sorted((r.id, r.name, r.tags) for r in contents(spark, refined).collect()) == [
-            (1, "a2", ["y"]), (3, "c2", ["v", "w"])]  # fmt: skip
+            (1, "a2", ["y"]),
+            (3, "c2", ["v", "w"]),
+        ]
         children = contents(spark, f"{refined}__tags").where("id = 3").orderBy("pos").collect()
         assert [r.value for r in children] == ["v", "w"]
         history = contents(spark, f"{refined}__history").where("id = 3").orderBy("_cdc_lsn").collect()
@@ -120,8 +145,10 @@ def test_a_rebuild_replaces_wrong_tables_from_the_raw_tables_current_files(
 
 
 def test_raw_chunks_are_whole_raw_batches_in_landing_order(spark):
-    records = spark.createDataFrame([(batch, offset) for batch in range(10) for offset in range(batch * 5, batch * 5 + 5)],
-                                    "batch_id long, offset long")  # fmt: skip
+    records = spark.createDataFrame(
+        [(batch, offset) for batch in range(10) for offset in range(batch * 5, batch * 5 + 5)],
+        "batch_id long, offset long",
+    )
     chunks = raw_chunks(records, 12)
     batches = [sorted({r.batch_id for r in chunk.collect()}) for chunk in chunks]
     assert [b for chunk in batches for b in chunk] == list(range(10))  # each batch once, in order
@@ -139,7 +166,7 @@ def _module(name: str):
 
 def test_a_pipeline_rebuild_remakes_a_mongo_collections_tables_and_refreshes_its_business_table(
     spark, kafka, pipeline_run, unique_name
-):  # fmt: skip
+):
     mongo = _module("test_mongo")  # the MongoDB connector's records, as its tests write them
     first_batch, second_batch = mongo.first_batch, mongo.second_batch
 
@@ -151,7 +178,7 @@ def test_a_pipeline_rebuild_remakes_a_mongo_collections_tables_and_refreshes_its
         "refined": {"people": {"source": "people", "scd": 2, "explode": ["orders"]}},
         "business": {"names": {"sql": "SELECT count(DISTINCT name) AS names FROM people"}},
         "expectations": {"not_big": {"table": "people", "constraint": "name <> 'Big'", "action": "drop"}},
-    }  # fmt: skip
+    }
     assert pipeline_run(pipeline) == 0
     kafka.produce(topic, second_batch(topic))
     assert pipeline_run(pipeline) == 0
@@ -174,13 +201,14 @@ def test_a_pipeline_rebuild_remakes_a_mongo_collections_tables_and_refreshes_its
 
 def test_a_rebuilt_keyless_table_goes_on_counting_its_batches(
     kafka, stack_config, postgres_connector, tmp_path, land_and_refine, postgres_table, refined_table, spark
-):  # fmt: skip
+):
     """A keyless table's MERGEs are Delta transactions numbered by its batches: after a rebuild (fewer
     batches) the next ones must not be taken by Delta for ones it has."""
     from cdc.stack.workload import run_workload
 
     dsn, warehouse = stack_config.postgres.dsn(), str(tmp_path)
     topic = f"{postgres_connector.topic_prefix}.shop.page_views"
+
     def change(seed: int) -> None:
         """The workload's changes of the table, and a last row to wait for."""
         import psycopg
@@ -193,8 +221,9 @@ def test_a_rebuilt_keyless_table_goes_on_counting_its_batches(
     for seed in (61, 62, 63):  # three batches
         change(seed)
         land_and_refine(warehouse, topic)
-    config = validate(RefineJobConfig, {"table": topic, "warehouse": warehouse, "trigger": {"kind": "available_now"}},
-                      "refine job")  # fmt: skip
+    config = validate(
+        RefineJobConfig, {"table": topic, "warehouse": warehouse, "trigger": {"kind": "available_now"}}, "refine job"
+    )
     rebuild_refined_table(spark, config, say=lambda line: None)
     assertDataFrameEqual(refined_table(warehouse, topic), postgres_table("page_views"))
     change(64)

@@ -18,14 +18,18 @@ from refine.merge import METADATA_COLUMNS
 
 pytestmark = pytest.mark.integration
 
-def test_refined_tables_equal_postgres(spark, kafka, stack_config, postgres_connector, tmp_path, land_and_refine,
-                                       postgres_table):
+
+def test_refined_tables_equal_postgres(
+    spark, kafka, stack_config, postgres_connector, tmp_path, land_and_refine, postgres_table
+):
     dsn = stack_config.postgres.dsn()
     run_workload(dsn, customers=5, seed=11)  # inserts, TOAST-preserving updates, deletes, NULLs
     with psycopg.connect(dsn) as conn:
         conn.execute("TRUNCATE shop.orders")
-        conn.execute("INSERT INTO shop.orders VALUES (1, 1, 'paid', 10.50, '2026-01-01 10:00:00.123456'), "
-                     "(1, 2, 'pending', 0.01, '2026-01-02 00:00:00')")  # fmt: skip
+        conn.execute(
+            "INSERT INTO shop.orders VALUES (1, 1, 'paid', 10.50, '2026-01-01 10:00:00.123456'), "
+            "(1, 2, 'pending', 0.01, '2026-01-02 00:00:00')"
+        )
         conn.execute("UPDATE shop.orders SET status = 'shipped' WHERE order_no = 2")
         conn.execute("UPDATE shop.customers SET full_name = 'Renamed' WHERE id = (SELECT min(id) FROM shop.customers)")
     prefix = postgres_connector.topic_prefix
@@ -53,8 +57,9 @@ def test_refined_tables_equal_postgres(spark, kafka, stack_config, postgres_conn
     assert customers.where(F.col("_cdc_op") == "u").count() > 0
 
 
-def test_refine_from_the_command_line(spark, kafka, stack_config, postgres_connector, tmp_path, monkeypatch, capsys,
-                                     postgres_table):
+def test_refine_from_the_command_line(
+    spark, kafka, stack_config, postgres_connector, tmp_path, monkeypatch, capsys, postgres_table
+):
     from cdc.cli import main
 
     run_workload(stack_config.postgres.dsn(), customers=2, seed=12)
@@ -93,16 +98,24 @@ def test_a_batch_refused_by_another_writers_commit_runs_again_and_the_job_goes_o
         merge_changes(*args, **kwargs)  # it landed: the batch's rerun must change nothing more
         if not refused:
             refused.append(True)
-            raise Py4JJavaError("", spark.sparkContext._jvm.io.delta.exceptions.ConcurrentAppendException(
-                "Files were added to the root of the table by a concurrent update"))  # fmt: skip
+            raise Py4JJavaError(
+                "",
+                spark.sparkContext._jvm.io.delta.exceptions.ConcurrentAppendException(
+                    "Files were added to the root of the table by a concurrent update"
+                ),
+            )
 
     monkeypatch.setattr(job, "merge_changes", refused_once_after_its_commit)
     printed: list[str] = []
-    config = validate(RefineJobConfig, {"table": topic, "warehouse": warehouse, "trigger": {"kind": "available_now"}},
-                      "refine job")  # fmt: skip
+    config = validate(
+        RefineJobConfig, {"table": topic, "warehouse": warehouse, "trigger": {"kind": "available_now"}}, "refine job"
+    )
     run_refine_job(spark, config, say=printed.append)
-    assert refused and any(line.startswith(f"refine {topic} batch 0: ") and line.endswith(
-        "(run again after 1 conflicting commit(s) by another writer)") for line in printed), printed  # fmt: skip
+    assert refused and any(
+        line.startswith(f"refine {topic} batch 0: ")
+        and line.endswith("(run again after 1 conflicting commit(s) by another writer)")
+        for line in printed
+    ), printed
     assertDataFrameEqual(refined_table(warehouse, topic), postgres_table("customers"))
 
 
@@ -125,7 +138,10 @@ def test_undecodable_records_go_to_quarantine_and_the_job_goes_on(
     quarantined = spark.read.format("delta").load(quarantine_location(str(tmp_path)))
     [row] = quarantined.collect()
     assert (row.topic, row.offset, row.raw_value, row.reason) == (
-        topic, bad_offset, "{not json", "value is not a Debezium JSON envelope"
+        topic,
+        bad_offset,
+        "{not json",
+        "value is not a Debezium JSON envelope",
     )
     refined = spark.read.format("delta").load(refined_table_location(str(tmp_path), topic))
     assertDataFrameEqual(refined.drop(*METADATA_COLUMNS), postgres_table("orders"))
@@ -138,7 +154,14 @@ def test_undecodable_records_go_to_quarantine_and_the_job_goes_on(
 
 
 def test_a_recreated_connectors_snapshot_leaves_the_refined_tables_equal_to_postgres(
-    spark, kafka, stack_config, postgres_connector, recreate_postgres_connector, tmp_path, land_and_refine, postgres_table,
+    spark,
+    kafka,
+    stack_config,
+    postgres_connector,
+    recreate_postgres_connector,
+    tmp_path,
+    land_and_refine,
+    postgres_table,
     refined_table,
 ):
     """A new snapshot reads each table whole again: rows deleted while no connector ran go (a keyed and a
@@ -153,15 +176,21 @@ def test_a_recreated_connectors_snapshot_leaves_the_refined_tables_equal_to_post
         changes nothing) and compare with Postgres."""
         with psycopg.connect(dsn) as conn:
             customer = conn.execute("SELECT min(id) FROM shop.customers").fetchone()[0]
-            conn.execute("INSERT INTO shop.orders (customer_id, order_no, status, amount, ordered_at) "
-                         "VALUES (%s, (SELECT coalesce(max(order_no), 0) + 1 FROM shop.orders WHERE customer_id = %s), "
-                         "'pending', 1, %s)", (customer, customer, marker))  # fmt: skip
+            conn.execute(
+                "INSERT INTO shop.orders (customer_id, order_no, status, amount, ordered_at) "
+                "VALUES (%s, (SELECT coalesce(max(order_no), 0) + 1 FROM shop.orders WHERE customer_id = %s), "
+                "'pending', 1, %s)",
+                (customer, customer, marker),
+            )
             conn.execute("INSERT INTO shop.page_views VALUES (NULL, %s, now())", (f"/marker/{marker.isoformat()}",))
         micros = int((marker - datetime(1970, 1, 1)).total_seconds()) * 1_000_000  # ordered_at: MicroTimestamp
-        kafka.wait_for_last_value(topics["orders"], lambda value: value is not None
-                                  and json.loads(value)["payload"]["after"]["ordered_at"] == micros)  # fmt: skip
-        kafka.wait_for_last_value(topics["page_views"], lambda value: value is not None
-                                  and f"/marker/{marker.isoformat()}".encode() in value)  # fmt: skip
+        kafka.wait_for_last_value(
+            topics["orders"],
+            lambda value: value is not None and json.loads(value)["payload"]["after"]["ordered_at"] == micros,
+        )
+        kafka.wait_for_last_value(
+            topics["page_views"], lambda value: value is not None and f"/marker/{marker.isoformat()}".encode() in value
+        )
         for _ in range(2):
             for table in tables:
                 land_and_refine(warehouse, topics[table], history=table == "orders")
@@ -176,7 +205,9 @@ def test_a_recreated_connectors_snapshot_leaves_the_refined_tables_equal_to_post
         with psycopg.connect(dsn) as conn:
             conn.execute("DELETE FROM shop.orders WHERE customer_id = (SELECT max(customer_id) FROM shop.orders)")
             conn.execute("UPDATE shop.orders SET status = 'shipped' WHERE order_no = 1")
-            conn.execute("DELETE FROM shop.page_views WHERE customer_id = (SELECT max(customer_id) FROM shop.page_views)")
+            conn.execute(
+                "DELETE FROM shop.page_views WHERE customer_id = (SELECT max(customer_id) FROM shop.page_views)"
+            )
 
     recreate_postgres_connector(while_away)
     refined_after_marker(datetime(2026, 4, 2))
@@ -185,9 +216,16 @@ def test_a_recreated_connectors_snapshot_leaves_the_refined_tables_equal_to_post
     assert closed.where("_cdc_op = 'r' AND _cdc_is_deleted AND NOT _cdc_is_current").count() > 0
     for table in tables:  # the new snapshot: after the first marker, its first read marked as such
         payloads = [json.loads(value)["payload"] for *_, value, _ in kafka.records(topics[table]) if value is not None]
-        first_marker = next(i for i, payload in enumerate(payloads) if payload["after"] and (
-            payload["after"].get("ordered_at") == 1_775_001_600_000_000 or payload["after"].get("url", "").startswith("/marker/")))  # fmt: skip
-        reads = [payload["source"]["snapshot"] for payload in payloads[first_marker + 1:] if payload["op"] == "r"]
+        first_marker = next(
+            i
+            for i, payload in enumerate(payloads)
+            if payload["after"]
+            and (
+                payload["after"].get("ordered_at") == 1_775_001_600_000_000
+                or payload["after"].get("url", "").startswith("/marker/")
+            )
+        )
+        reads = [payload["source"]["snapshot"] for payload in payloads[first_marker + 1 :] if payload["op"] == "r"]
         assert reads and reads[0] in ("first", "first_in_data_collection") and reads[-1].startswith("last"), reads
 
 
@@ -201,10 +239,15 @@ def end_phase(conn: psycopg.Connection, phase: int) -> None:
     """One transaction over the three tables, ending a phase with a row each that the test waits for
     (:func:`phase_markers`)."""
     with conn.transaction():
-        conn.execute("INSERT INTO shop.customers (id, email, signed_up_at) "
-                     "VALUES ((SELECT max(id) + 1 FROM shop.customers), %s, '2026-04-01Z')", (f"phase-{phase}@",))
-        conn.execute("INSERT INTO shop.orders (customer_id, order_no, amount, ordered_at) "
-                     "VALUES (%s, 1, 0.5, '2026-04-01')", (-phase,))
+        conn.execute(
+            "INSERT INTO shop.customers (id, email, signed_up_at) "
+            "VALUES ((SELECT max(id) + 1 FROM shop.customers), %s, '2026-04-01Z')",
+            (f"phase-{phase}@",),
+        )
+        conn.execute(
+            "INSERT INTO shop.orders (customer_id, order_no, amount, ordered_at) VALUES (%s, 1, 0.5, '2026-04-01')",
+            (-phase,),
+        )
         conn.execute("INSERT INTO shop.page_views VALUES (NULL, %s, '2026-04-01Z')", (f"/phase-{phase}",))
 
 
@@ -218,16 +261,24 @@ def first_phase(dsn: str) -> None:
     with psycopg.connect(dsn) as conn:
         with conn.transaction():  # a transaction over the three tables
             new = conn.execute("SELECT max(id) + 1 FROM shop.customers").fetchone()[0]
-            conn.execute("INSERT INTO shop.customers (id, email, signed_up_at, notes, avatar, tags, profile) "
-                         "VALUES (%s, 'tx@example.com', '1969-07-20 20:17:40Z', repeat('toast ', 2000), "
-                         "'\\x00ff'::bytea, ARRAY['a', 'b'], 'null'::jsonb)", (new,))  # fmt: skip
+            conn.execute(
+                "INSERT INTO shop.customers (id, email, signed_up_at, notes, avatar, tags, profile) "
+                "VALUES (%s, 'tx@example.com', '1969-07-20 20:17:40Z', repeat('toast ', 2000), "
+                "'\\x00ff'::bytea, ARRAY['a', 'b'], 'null'::jsonb)",
+                (new,),
+            )
             conn.execute("INSERT INTO shop.orders VALUES (%s, 1, 'cancelled', 0, '1999-12-31 23:59:59.999999')", (new,))
-            conn.execute("INSERT INTO shop.page_views VALUES (%s, '/tx', '2026-03-01Z'), (%s, '/tx', '2026-03-01Z')",
-                         (new, new))  # fmt: skip
-        conn.execute("UPDATE shop.customers SET email = 'touched@example.com' WHERE id = %s", (new,))  # TOAST left alone
+            conn.execute(
+                "INSERT INTO shop.page_views VALUES (%s, '/tx', '2026-03-01Z'), (%s, '/tx', '2026-03-01Z')", (new, new)
+            )
+        conn.execute(
+            "UPDATE shop.customers SET email = 'touched@example.com' WHERE id = %s", (new,)
+        )  # TOAST left alone
         conn.execute("UPDATE shop.customers SET id = id + 10000 WHERE id = %s", (new,))  # new key, TOASTed notes
         conn.execute("UPDATE shop.orders SET order_no = 2 WHERE customer_id = %s", (new,))
-        conn.execute("DELETE FROM shop.page_views WHERE ctid = (SELECT min(ctid) FROM shop.page_views WHERE url = '/tx')")
+        conn.execute(
+            "DELETE FROM shop.page_views WHERE ctid = (SELECT min(ctid) FROM shop.page_views WHERE url = '/tx')"
+        )
         conn.execute("TRUNCATE shop.orders")
         conn.execute("INSERT INTO shop.orders VALUES (%s, 3, 'paid', 12.30, '2026-03-02 10:00:00')", (new,))
         end_phase(conn, 1)
@@ -250,9 +301,17 @@ def orders_note_column(stack_config):
         conn.execute("ALTER TABLE shop.orders DROP COLUMN IF EXISTS note")
 
 
-def test_scripted_workload_refines_equal_to_postgres(spark, kafka, stack_config, postgres_connector, tmp_path,
-                                                     orders_note_column, land_and_refine, postgres_table,
-                                                     refined_table):  # fmt: skip
+def test_scripted_workload_refines_equal_to_postgres(
+    spark,
+    kafka,
+    stack_config,
+    postgres_connector,
+    tmp_path,
+    orders_note_column,
+    land_and_refine,
+    postgres_table,
+    refined_table,
+):
     dsn, warehouse, prefix = stack_config.postgres.dsn(), str(tmp_path), postgres_connector.topic_prefix
     topics = {table: f"{prefix}.shop.{table}" for table in ("customers", "orders", "page_views")}
 
@@ -271,7 +330,10 @@ def test_scripted_workload_refines_equal_to_postgres(spark, kafka, stack_config,
     with psycopg.connect(dsn) as conn:
         orders = spark.createDataFrame(conn.execute(ORDERS_WITH_NOTE[0]).fetchall(), ORDERS_WITH_NOTE[1])
     refine_and_compare(2, {"orders": orders})
-    assert refined_table(warehouse, topics["customers"]).where(F.col("notes").contains("__debezium_unavailable")).count() == 0
+    assert (
+        refined_table(warehouse, topics["customers"]).where(F.col("notes").contains("__debezium_unavailable")).count()
+        == 0
+    )
 
 
 def test_batches_are_parsed_with_the_last_schemas_or_again_when_a_record_has_another(
@@ -287,8 +349,9 @@ def test_batches_are_parsed_with_the_last_schemas_or_again_when_a_record_has_ano
 
     dsn, warehouse = stack_config.postgres.dsn(), str(tmp_path)
     topic = f"{postgres_connector.topic_prefix}.shop.orders"
-    config = validate(RefineJobConfig, {"table": topic, "warehouse": warehouse, "trigger": {"kind": "available_now"}},
-                      "refine job")  # fmt: skip
+    config = validate(
+        RefineJobConfig, {"table": topic, "warehouse": warehouse, "trigger": {"kind": "available_now"}}, "refine job"
+    )
     run_workload(dsn, customers=2, seed=15)
     with psycopg.connect(dsn) as conn:
         conn.execute("ALTER TABLE shop.orders ADD COLUMN note text")
@@ -322,7 +385,16 @@ def test_batches_are_parsed_with_the_last_schemas_or_again_when_a_record_has_ano
 
 @pytest.mark.timeout(2400)  # three Spark processes started and killed: slow on a loaded machine
 def test_refine_killed_in_the_middle_then_rerun_gives_the_same_tables(
-    kafka, stack_config, postgres_connector, tmp_path, cdc_process, wait_for, land, refine, postgres_table, refined_table
+    kafka,
+    stack_config,
+    postgres_connector,
+    tmp_path,
+    cdc_process,
+    wait_for,
+    land,
+    refine,
+    postgres_table,
+    refined_table,
 ):
     dsn, warehouse, prefix = stack_config.postgres.dsn(), str(tmp_path), postgres_connector.topic_prefix
     run_workload(dsn, customers=10, seed=71)
@@ -339,10 +411,13 @@ def test_refine_killed_in_the_middle_then_rerun_gives_the_same_tables(
     kills = [{"customers": 1, "page_views": 2}, {"customers": 2}]
     for round_ in kills:
         running = {
-            table: (cdc_process(["refine", "--table", topics[table], "--warehouse", warehouse, "--available-now"]),
-                    Path(refined_table_location(warehouse, topics[table])) / "_delta_log", commits)
+            table: (
+                cdc_process(["refine", "--table", topics[table], "--warehouse", warehouse, "--available-now"]),
+                Path(refined_table_location(warehouse, topics[table])) / "_delta_log",
+                commits,
+            )
             for table, commits in round_.items()
-        }  # fmt: skip
+        }
         pending = dict(running)
 
         def kill_those_at_their_point() -> bool:
@@ -367,8 +442,17 @@ def test_refine_killed_in_the_middle_then_rerun_gives_the_same_tables(
 
 
 def test_continuous_refine_follows_postgres_and_stops_on_sigterm(
-    spark, kafka, stack_config, postgres_connector, tmp_path, cdc_process, wait_for, land, postgres_table, refined_table,
-    stop_like_a_service_manager
+    spark,
+    kafka,
+    stack_config,
+    postgres_connector,
+    tmp_path,
+    cdc_process,
+    wait_for,
+    land,
+    postgres_table,
+    refined_table,
+    stop_like_a_service_manager,
 ):
     dsn, warehouse = stack_config.postgres.dsn(), str(tmp_path)
     topic = f"{postgres_connector.topic_prefix}.shop.customers"
@@ -379,11 +463,20 @@ def test_continuous_refine_follows_postgres_and_stops_on_sigterm(
     location = refined_table_location(warehouse, topic)
     try:
         with psycopg.connect(dsn) as conn:
-            conn.execute("UPDATE shop.customers SET full_name = 'Streamed' WHERE id = (SELECT max(id) FROM shop.customers)")
+            conn.execute(
+                "UPDATE shop.customers SET full_name = 'Streamed' WHERE id = (SELECT max(id) FROM shop.customers)"
+            )
         kafka.wait_for_last_value(topic, lambda value: value is not None and b'"Streamed"' in value)
         land(warehouse, topic)
-        wait_for(lambda: is_delta_table(spark, location) and refined_table(warehouse, topic).where(
-            "full_name = 'Streamed'").count() == 1, 600, "the change in the refined table", 1.0)  # fmt: skip
+        wait_for(
+            lambda: (
+                is_delta_table(spark, location)
+                and refined_table(warehouse, topic).where("full_name = 'Streamed'").count() == 1
+            ),
+            600,
+            "the change in the refined table",
+            1.0,
+        )
     finally:
         stop_like_a_service_manager(process)
     assertDataFrameEqual(refined_table(warehouse, topic), postgres_table("customers"))

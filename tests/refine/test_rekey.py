@@ -15,8 +15,10 @@ from refine.rekey import OLD_KEY_HEADER, chain_depth, fill_from_old_keys, old_ke
 from refine.toast import TOAST_PLACEHOLDER
 
 KEY_SCHEMA = ConnectSchema.model_validate({"type": "struct", "fields": [{"type": "int64", "field": "id"}]})
-CHANGES = ("op string, key struct<id:bigint>, after struct<id:bigint, note:string, n:int>, source_lsn bigint, "
-           "kafka_offset bigint, kafka_partition int, kafka_headers array<struct<key:string, value:binary>>")  # fmt: skip
+CHANGES = (
+    "op string, key struct<id:bigint>, after struct<id:bigint, note:string, n:int>, source_lsn bigint, "
+    "kafka_offset bigint, kafka_partition int, kafka_headers array<struct<key:string, value:binary>>"
+)
 
 
 def random_key_changes(seed: int, steps: int) -> tuple[list[tuple], dict[int, str]]:
@@ -76,19 +78,38 @@ def test_a_row_re_keyed_fifteen_times_in_one_batch_keeps_its_values(spark):
     changes = [("c", (0,), (0, "first", 0), 0, 0, 0, [])]
     for hop in range(1, 16):
         changes.append(("d", (hop - 1,), None, hop, 2 * hop - 1, 0, []))
-        changes.append(("c", (hop,), (hop, TOAST_PLACEHOLDER, hop), hop, 2 * hop, 0,
-                        [(OLD_KEY_HEADER, json.dumps({"id": hop - 1}).encode())]))  # fmt: skip
+        changes.append(
+            (
+                "c",
+                (hop,),
+                (hop, TOAST_PLACEHOLDER, hop),
+                hop,
+                2 * hop,
+                0,
+                [(OLD_KEY_HEADER, json.dumps({"id": hop - 1}).encode())],
+            )
+        )
     filled = fill_from_old_keys(spark.createDataFrame(changes, CHANGES), KEY_SCHEMA, None)
     assert {row.note for row in filled.where("after IS NOT NULL").select("after.note").collect()} == {"first"}
 
 
 def test_the_chain_depth_is_the_longest_chain_of_key_changes(spark):
     def depth(changes: list[tuple]) -> int:
-        frame = spark.createDataFrame(changes, CHANGES).withColumn("old_key", old_key(F.col("kafka_headers"), KEY_SCHEMA))
+        frame = spark.createDataFrame(changes, CHANGES).withColumn(
+            "old_key", old_key(F.col("kafka_headers"), KEY_SCHEMA)
+        )
         return chain_depth(frame, (F.col("op") == "c") & F.col("old_key").isNotNull())
 
     def rekey(offset: int, old: int, new: int) -> tuple:
-        return ("c", (new,), (new, TOAST_PLACEHOLDER, 0), offset, offset, 0, [(OLD_KEY_HEADER, json.dumps({"id": old}).encode())])
+        return (
+            "c",
+            (new,),
+            (new, TOAST_PLACEHOLDER, 0),
+            offset,
+            offset,
+            0,
+            [(OLD_KEY_HEADER, json.dumps({"id": old}).encode())],
+        )
 
     assert depth([("c", (1,), (1, "a", 0), 0, 0, 0, [])]) == 1  # no key change: one round, as before
     assert depth([rekey(i, i, 1000 + i) for i in range(1, 200)]) == 1  # a bulk re-key of independent rows
@@ -103,13 +124,16 @@ def change_primary_keys(dsn: str) -> None:
         conn.execute("UPDATE shop.customers SET id = id + 1000 WHERE id = %s", (refined_earlier,))
     run_workload(dsn, customers=2, seed=32)  # updates its first customer, leaving the TOASTed notes alone
     with psycopg.connect(dsn) as conn:
-        conn.execute("UPDATE shop.customers SET id = id + 1000 WHERE id = (SELECT min(id) FROM shop.customers "
-                     "WHERE id > %s)", (refined_earlier + 1000,))  # fmt: skip
+        conn.execute(
+            "UPDATE shop.customers SET id = id + 1000 WHERE id = (SELECT min(id) FROM shop.customers WHERE id > %s)",
+            (refined_earlier + 1000,),
+        )
 
 
 @pytest.mark.integration
-def test_new_key_takes_the_old_rows_toasted_values(kafka, stack_config, postgres_connector, tmp_path, wait_for,
-                                                    land_and_refine, postgres_table, refined_table):  # fmt: skip
+def test_new_key_takes_the_old_rows_toasted_values(
+    kafka, stack_config, postgres_connector, tmp_path, wait_for, land_and_refine, postgres_table, refined_table
+):
     dsn, warehouse = stack_config.postgres.dsn(), str(tmp_path)
     topic = f"{postgres_connector.topic_prefix}.shop.customers"
     run_workload(dsn, customers=3, seed=31)
@@ -130,8 +154,17 @@ def test_new_key_takes_the_old_rows_toasted_values(kafka, stack_config, postgres
 
 
 @pytest.mark.integration
-def test_new_key_in_the_batch_after_the_old_keys_delete(kafka, stack_config, postgres_connector, tmp_path, unique_name,
-                                                        wait_for, land_and_refine, postgres_table, refined_table):  # fmt: skip
+def test_new_key_in_the_batch_after_the_old_keys_delete(
+    kafka,
+    stack_config,
+    postgres_connector,
+    tmp_path,
+    unique_name,
+    wait_for,
+    land_and_refine,
+    postgres_table,
+    refined_table,
+):
     """Raw landing may end a batch between the delete of the old key and the create of the new one."""
     dsn, warehouse = stack_config.postgres.dsn(), str(tmp_path)
     topic = f"{postgres_connector.topic_prefix}.shop.customers"
@@ -159,30 +192,45 @@ BIG_NOTE = "(SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 
 END_MARKER = "INSERT INTO shop.{table} VALUES (100000, 0, 'end')"  # the last record, awaited in Kafka
 CHAINS = {
     "re-keyed, updated, re-keyed": [
-        ["INSERT INTO shop.{table} VALUES (1, 0, " + BIG_NOTE + ")", "UPDATE shop.{table} SET id = 2 WHERE id = 1",
-         "UPDATE shop.{table} SET n = 1 WHERE id = 2", "UPDATE shop.{table} SET id = 3 WHERE id = 2"],
+        [
+            "INSERT INTO shop.{table} VALUES (1, 0, " + BIG_NOTE + ")",
+            "UPDATE shop.{table} SET id = 2 WHERE id = 1",
+            "UPDATE shop.{table} SET n = 1 WHERE id = 2",
+            "UPDATE shop.{table} SET id = 3 WHERE id = 2",
+        ],
     ],
     "three hops": [
-        ["INSERT INTO shop.{table} VALUES (1, 0, " + BIG_NOTE + ")", "UPDATE shop.{table} SET id = 2 WHERE id = 1",
-         "UPDATE shop.{table} SET id = 3 WHERE id = 2", "UPDATE shop.{table} SET id = 4 WHERE id = 3"],
+        [
+            "INSERT INTO shop.{table} VALUES (1, 0, " + BIG_NOTE + ")",
+            "UPDATE shop.{table} SET id = 2 WHERE id = 1",
+            "UPDATE shop.{table} SET id = 3 WHERE id = 2",
+            "UPDATE shop.{table} SET id = 4 WHERE id = 3",
+        ],
     ],
     "refined, then re-keyed twice with an update between": [
         ["INSERT INTO shop.{table} VALUES (1, 0, " + BIG_NOTE + ")"],
-        ["UPDATE shop.{table} SET id = 2 WHERE id = 1", "UPDATE shop.{table} SET n = 1 WHERE id = 2",
-         "UPDATE shop.{table} SET id = 3 WHERE id = 2"],
+        [
+            "UPDATE shop.{table} SET id = 2 WHERE id = 1",
+            "UPDATE shop.{table} SET n = 1 WHERE id = 2",
+            "UPDATE shop.{table} SET id = 3 WHERE id = 2",
+        ],
     ],
     "re-keyed onto a key deleted earlier in the batch": [
-        ["INSERT INTO shop.{table} VALUES (5, 0, 'the deleted row''s note')",
-         "INSERT INTO shop.{table} VALUES (1, 0, " + BIG_NOTE + ")", "DELETE FROM shop.{table} WHERE id = 5",
-         "UPDATE shop.{table} SET id = 5 WHERE id = 1"],
+        [
+            "INSERT INTO shop.{table} VALUES (5, 0, 'the deleted row''s note')",
+            "INSERT INTO shop.{table} VALUES (1, 0, " + BIG_NOTE + ")",
+            "DELETE FROM shop.{table} WHERE id = 5",
+            "UPDATE shop.{table} SET id = 5 WHERE id = 1",
+        ],
     ],
 }
 
 
 @pytest.mark.integration
 @pytest.mark.parametrize("batches", CHAINS.values(), ids=CHAINS.keys())
-def test_chained_key_changes_keep_the_toasted_values(spark, kafka, stack_config, postgres_connector, tmp_path,
-                                                     unique_name, land_and_refine, refined_table, batches):  # fmt: skip
+def test_chained_key_changes_keep_the_toasted_values(
+    spark, kafka, stack_config, postgres_connector, tmp_path, unique_name, land_and_refine, refined_table, batches
+):
     """Each batch's statements, refined together (with history): a key change's create takes its
     TOASTed values from the old key's state even when that state is itself a key change's create."""
     dsn, warehouse, table = stack_config.postgres.dsn(), str(tmp_path), f"rekey_{unique_name}"

@@ -24,8 +24,18 @@ CHANGES = (
 PLACEHOLDER_BYTES = list(TOAST_PLACEHOLDER.encode())
 
 
-def change(lsn: int, note=None, blob=None, tags=None, op: str = "u", key: int = 1, scores=None, counts=None,
-           blobs=None, attrs=None) -> tuple:  # fmt: skip
+def change(
+    lsn: int,
+    note=None,
+    blob=None,
+    tags=None,
+    op: str = "u",
+    key: int = 1,
+    scores=None,
+    counts=None,
+    blobs=None,
+    attrs=None,
+) -> tuple:
     after = (key, note, blob, tags, 7, scores, counts, blobs, attrs)
     return (op, (key,), None if op == "d" else after, lsn, lsn, None, None, False, 0)
 
@@ -52,7 +62,9 @@ def test_placeholders_are_found_in_every_shape_debezium_sends_them(spark):
         change(16, op="d"),
     ]
     changes = spark.createDataFrame(placeholders + values, CHANGES)
-    found = changes.select("source_lsn", has_placeholder(F.col("after"), changes.schema["after"].dataType).alias("found"))
+    found = changes.select(
+        "source_lsn", has_placeholder(F.col("after"), changes.schema["after"].dataType).alias("found")
+    )
     assertDataFrameEqual(found, [(row[3], True) for row in placeholders] + [(row[3], False) for row in values])
     assert batch_facts(changes).placeholders
     assert not batch_facts(changes.where(f"source_lsn IN {tuple(row[3] for row in values)}")).placeholders
@@ -60,18 +72,29 @@ def test_placeholders_are_found_in_every_shape_debezium_sends_them(spark):
 
 def test_placeholders_of_every_shape_are_filled_from_the_keys_earlier_change(spark):
     first = dict(note="n", blob=b"b", tags=["t"], scores=[1, 2], counts=[3], blobs=[b"x"], attrs={"k": "v"})
-    unchanged = dict(note=TOAST_PLACEHOLDER, blob=TOAST_PLACEHOLDER.encode(), tags=[TOAST_PLACEHOLDER_UUID],
-                     scores=PLACEHOLDER_BYTES, counts=PLACEHOLDER_BYTES, blobs=[TOAST_PLACEHOLDER.encode()],
-                     attrs={TOAST_PLACEHOLDER: TOAST_PLACEHOLDER})  # fmt: skip
+    unchanged = dict(
+        note=TOAST_PLACEHOLDER,
+        blob=TOAST_PLACEHOLDER.encode(),
+        tags=[TOAST_PLACEHOLDER_UUID],
+        scores=PLACEHOLDER_BYTES,
+        counts=PLACEHOLDER_BYTES,
+        blobs=[TOAST_PLACEHOLDER.encode()],
+        attrs={TOAST_PLACEHOLDER: TOAST_PLACEHOLDER},
+    )
     changes = spark.createDataFrame([change(1, **first), change(2, **unchanged)], CHANGES)
     latest = latest_per_key(changes, ["id"], None).select("source_lsn", *[f"after.{name}" for name in first])
     assertDataFrameEqual(latest, [(2, *first.values())])
 
 
 def test_the_last_change_per_key_takes_placeholders_from_earlier_changes_only_when_told_they_may_be_there(spark):
-    changes = spark.createDataFrame([
-        change(1, note="first", key=1), change(2, note=TOAST_PLACEHOLDER, key=1), change(3, note="other", key=2),
-    ], CHANGES)  # fmt: skip
+    changes = spark.createDataFrame(
+        [
+            change(1, note="first", key=1),
+            change(2, note=TOAST_PLACEHOLDER, key=1),
+            change(3, note="other", key=2),
+        ],
+        CHANGES,
+    )
 
     def notes(placeholders: bool):
         return latest_per_key(changes, ["id"], None, placeholders).select("key.id", "after.note")
@@ -88,8 +111,10 @@ CREATE TABLE shop.toast_shapes (id int PRIMARY KEY, n int, note text, doc jsonb,
                                 scores int[], counts bigint[], ids uuid[], attrs hstore);
 """
 # Out of line and uncompressed, so that ~4 KB values are TOASTed whatever their content.
-EXTERNAL = ", ".join(f"ALTER COLUMN {c} SET STORAGE EXTERNAL" for c in
-                     ("note", "doc", "blob", "tags", "scores", "counts", "ids", "attrs"))  # fmt: skip
+EXTERNAL = ", ".join(
+    f"ALTER COLUMN {c} SET STORAGE EXTERNAL"
+    for c in ("note", "doc", "blob", "tags", "scores", "counts", "ids", "attrs")
+)
 BIG_ROW = """
 INSERT INTO shop.toast_shapes SELECT 1, 0, repeat('n', 4000), jsonb_build_object('k', repeat('j', 4000)),
     decode(repeat('ab', 4000), 'hex'), ARRAY(SELECT repeat('t', 40) FROM generate_series(1, 100)),
@@ -98,8 +123,10 @@ INSERT INTO shop.toast_shapes SELECT 1, 0, repeat('n', 4000), jsonb_build_object
     hstore(ARRAY(SELECT 'k' || g FROM generate_series(1, 200) g), ARRAY(SELECT repeat('v', 20) FROM generate_series(1, 200)))
 """
 SOURCE_COLUMNS = "id, n, note, doc::text, blob, tags, scores, counts, ids::text[], hstore_to_json(attrs)::text"
-REFINED_TYPES = ("id int, n int, note string, doc string, blob binary, tags array<string>, scores array<int>, "
-                 "counts array<bigint>, ids array<string>, attrs string")  # fmt: skip
+REFINED_TYPES = (
+    "id int, n int, note string, doc string, blob binary, tags array<string>, scores array<int>, "
+    "counts array<bigint>, ids array<string>, attrs string"
+)
 
 
 def comparable(rows):
@@ -114,8 +141,9 @@ def source_rows(spark, dsn: str):
 
 
 @pytest.mark.integration
-def test_every_toasted_shape_debezium_sends_keeps_the_rows_value(spark, kafka, stack_config, postgres_connector,
-                                                                tmp_path, land_and_refine, refined_table):  # fmt: skip
+def test_every_toasted_shape_debezium_sends_keeps_the_rows_value(
+    spark, kafka, stack_config, postgres_connector, tmp_path, land_and_refine, refined_table
+):
     """A real connector's updates of a row whose TOASTed columns stay unchanged: each column carries the
     placeholder in its own shape, and the refined row keeps the values, whether the row's values are
     in the same batch (the insert) or only in the refined table."""

@@ -52,121 +52,572 @@ COLUMNS = [
     Col("c_int8", "bigint", "int", ("3", "-9223372036854775808", "9223372036854775807", "0"), declared="bigint"),
     Col("c_real", "real", "float4", ("1.5", "'NaN'", "'Infinity'", "'-Infinity'"), declared="float"),
     Col("c_double", "double precision", "float", ("2.5e300", "'NaN'", "'-Infinity'", "'Infinity'"), declared="double"),
-    Col("c_num_10_2", "numeric(10,2)", "decimal", ("12.34", "-99999999.99", "99999999.99", "0.01"), declared="decimal(10,2)"),
+    Col(
+        "c_num_10_2",
+        "numeric(10,2)",
+        "decimal",
+        ("12.34", "-99999999.99", "99999999.99", "0.01"),
+        declared="decimal(10,2)",
+    ),
     Col("c_num_38_0", "numeric(38,0)", "decimal", ("1", "-" + "9" * 38, "9" * 38, "0"), declared="decimal(38,0)"),
-    Col("c_num_38_38", "numeric(38,38)", "decimal", ("0.1", "-0." + "9" * 38, "0." + "0" * 37 + "1", "0"), declared="decimal(38,38)"),
-    Col("c_num_scale_gt_precision", "numeric(2,4)", "decimal", ("0.0012", "-0.0099", "0.0099", "0"), declared="decimal(4,4)"),
+    Col(
+        "c_num_38_38",
+        "numeric(38,38)",
+        "decimal",
+        ("0.1", "-0." + "9" * 38, "0." + "0" * 37 + "1", "0"),
+        declared="decimal(38,38)",
+    ),
+    Col(
+        "c_num_scale_gt_precision",
+        "numeric(2,4)",
+        "decimal",
+        ("0.0012", "-0.0099", "0.0099", "0"),
+        declared="decimal(4,4)",
+    ),
     Col("c_num_neg_scale", "numeric(5,-2)", "decimal", ("12300", "-9999900", "9999900", "0"), declared="string"),
-    Col("c_num_60_10", "numeric(60,10)", "decimal", ("1.5", "-1234567890123456789012345678.0123456789", "0.0000000001", "0"),
-        beyond="9" * 50 + "." + "9" * 10, declared="string"),
-    Col("c_numeric", "numeric", "decimal", ("1.5", "'NaN'", "-0.000000000000000001", "123456789012345678.5"),
-        beyond="123456789012345678901234567890.123456789", declared="string"),
+    Col(
+        "c_num_60_10",
+        "numeric(60,10)",
+        "decimal",
+        ("1.5", "-1234567890123456789012345678.0123456789", "0.0000000001", "0"),
+        beyond="9" * 50 + "." + "9" * 10,
+        declared="string",
+    ),
+    Col(
+        "c_numeric",
+        "numeric",
+        "decimal",
+        ("1.5", "'NaN'", "-0.000000000000000001", "123456789012345678.5"),
+        beyond="123456789012345678901234567890.123456789",
+        declared="string",
+    ),
     Col("c_numeric_inf", "numeric", "decimal", ("'Infinity'", "'-Infinity'", "-0.5", "100"), declared="string"),
-    Col("c_money", "money", "money", ("12.34", "-92233720368547758.08", "92233720368547758.07", "0"), declared="decimal(19,2)"),
+    Col(
+        "c_money",
+        "money",
+        "money",
+        ("12.34", "-92233720368547758.08", "92233720368547758.07", "0"),
+        declared="decimal(19,2)",
+    ),
     Col("c_char", "char(5)", "text", ("'ab'", "''", "'abcde'", "' x'"), declared="string"),
     Col("c_varchar", "varchar(20)", "text", ("'hello'", "''", "'ünïcødé ✓'", "'a''quote'"), declared="string"),
-    Col("c_text", "text", "text", ("'text'", "''", "E'line\\nbreak\\ttab \"q\" \\\\'", "repeat('x', 100)"), declared="string"),
+    Col(
+        "c_text",
+        "text",
+        "text",
+        ("'text'", "''", "E'line\\nbreak\\ttab \"q\" \\\\'", "repeat('x', 100)"),
+        declared="string",
+    ),
     Col("c_citext", "citext", "text", ("'MiXeD'", "''", "'x'", "'Y'"), declared="string"),
     Col("c_bytea", "bytea", "bytes", ("'\\xdeadbeef'", "'\\x'", "'\\x00ff00'", "'\\x7f'"), declared="binary"),
     Col("c_bool", "boolean", "plain", ("true", "false", "true", "false"), declared="boolean"),
-    Col("c_date", "date", "date", ("'2026-11-27'", "'0001-01-01'", "'9999-12-31'", "'1969-12-31'"),
-        beyond="'5874897-12-31'", lossy=("'4713-01-01 BC'", 1001860), declared="date"),  # a snapshot loses BC
-    Col("c_date_inf", "date", "date", ("'2000-01-01'", "'2000-01-02'", "'2000-01-03'", "'2000-01-04'"), beyond="'infinity'", declared="date"),
-    Col("c_date_ninf", "date", "date", ("'2000-01-01'", "'2000-01-02'", "'2000-01-03'", "'2000-01-04'"), beyond="'-infinity'", declared="date"),
-    Col("c_time", "time", "time", ("'13:45:00.123456'", "'00:00:00'", "'23:59:59.999999'", "'24:00:00'"), declared="time"),
-    Col("c_time3", "time(3)", "time", ("'13:45:00.123'", "'00:00:00'", "'23:59:59.999'", "'12:00:00.5'"), declared="time(3)"),
+    Col(
+        "c_date",
+        "date",
+        "date",
+        ("'2026-11-27'", "'0001-01-01'", "'9999-12-31'", "'1969-12-31'"),
+        beyond="'5874897-12-31'",
+        lossy=("'4713-01-01 BC'", 1001860),
+        declared="date",
+    ),  # a snapshot loses BC
+    Col(
+        "c_date_inf",
+        "date",
+        "date",
+        ("'2000-01-01'", "'2000-01-02'", "'2000-01-03'", "'2000-01-04'"),
+        beyond="'infinity'",
+        declared="date",
+    ),
+    Col(
+        "c_date_ninf",
+        "date",
+        "date",
+        ("'2000-01-01'", "'2000-01-02'", "'2000-01-03'", "'2000-01-04'"),
+        beyond="'-infinity'",
+        declared="date",
+    ),
+    Col(
+        "c_time",
+        "time",
+        "time",
+        ("'13:45:00.123456'", "'00:00:00'", "'23:59:59.999999'", "'24:00:00'"),
+        declared="time",
+    ),
+    Col(
+        "c_time3",
+        "time(3)",
+        "time",
+        ("'13:45:00.123'", "'00:00:00'", "'23:59:59.999'", "'12:00:00.5'"),
+        declared="time(3)",
+    ),
     Col("c_time0", "time(0)", "time", ("'13:45:01'", "'00:00:00'", "'23:59:59'", "'24:00:00'"), declared="time(0)"),
-    Col("c_timetz", "timetz", "timetz", ("'13:45:00.123456+02'", "'00:00:00+14'", "'23:59:59.999999-12'", "'12:00:00Z'"), declared="string"),
-    Col("c_ts", "timestamp", "timestamp", ("'2026-11-27 13:45:00.123456'", "'0001-01-01 00:00:00'", "'9999-12-31 23:59:59.999999'", "'1969-12-31 23:59:59.999999'"),
-        beyond="'294276-12-31 23:59:59.999999'", declared="timestamp_ntz"),
-    Col("c_ts3", "timestamp(3)", "timestamp", ("'2026-11-27 13:45:00.123'", "'0001-01-01 00:00:00'", "'9999-12-31 23:59:59.999'", "'1969-12-31 23:59:59.999'"),
-        beyond="'4713-01-01 00:00:00 BC'", declared="timestamp_ntz(3)"),
-    Col("c_ts_inf", "timestamp", "timestamp", ("'2000-01-01'", "'2000-01-02'", "'2000-01-03'", "'2000-01-04'"), beyond="'infinity'", declared="timestamp_ntz"),
-    Col("c_ts_ninf", "timestamp", "timestamp", ("'2000-01-01'", "'2000-01-02'", "'2000-01-03'", "'2000-01-04'"), beyond="'-infinity'", declared="timestamp_ntz"),
-    Col("c_tstz", "timestamptz", "timestamptz", ("'2026-11-27 13:45:00.123456+05:30'", "'0001-01-01 00:00:00Z'", "'9999-12-31 23:59:59.999999Z'", "'1969-12-31 23:59:59.999999Z'"),
-        beyond="'10000-01-01 00:00:00Z'", declared="timestamp"),
-    Col("c_tstz_inf", "timestamptz", "timestamptz", ("'2000-01-01Z'", "'2000-01-02Z'", "'2000-01-03Z'", "'2000-01-04Z'"), beyond="'infinity'", declared="timestamp"),
-    Col("c_tstz_ninf", "timestamptz", "timestamptz", ("'2000-01-01Z'", "'2000-01-02Z'", "'2000-01-03Z'", "'2000-01-04Z'"), beyond="'-infinity'", declared="timestamp"),
-    Col("c_interval", "interval", "interval", ("'1 year 2 months 3 days 04:05:06.789'", "'-3 days'", "'0'", "'-1 mon 2 days -00:00:01'"),
-        beyond="'178000000 years'", declared="bigint"),
-    Col("c_uuid", "uuid", "text", ("'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'", "'00000000-0000-0000-0000-000000000000'", "'ffffffff-ffff-ffff-ffff-ffffffffffff'", "gen_random_uuid()"), declared="string"),
-    Col("c_json", "json", "text", ("'{\"a\": [1, 2.5, null], \"b\": \"ü\"}'", "'null'", "'[]'", "'\"s\"'"), declared="string"),
-    Col("c_jsonb", "jsonb", "text", ("'{\"a\": [1, 2.5, null], \"b\": \"ü\"}'", "'null'", "'[]'", "'{\"k\": {\"n\": 1e2}}'"), declared="string"),
-    Col("c_xml", "xml", "text", ("'<a b=\"1\">x</a>'", "'<r/>'", "'text only'", "'<a><b>ü</b></a>'"), declared="string"),
-    Col("c_inet", "inet", "text", ("'192.168.0.1/24'", "'::1'", "'10.0.0.1'", "'2001:db8::ff00:42:8329/64'"), declared="string"),
-    Col("c_cidr", "cidr", "text", ("'192.168.0.0/24'", "'::/0'", "'10.0.0.1/32'", "'2001:db8::/32'"), declared="string"),
-    Col("c_macaddr", "macaddr", "text", ("'08:00:2b:01:02:03'", "'00:00:00:00:00:00'", "'ff:ff:ff:ff:ff:ff'", "'08-00-2b-01-02-04'"), declared="string"),
-    Col("c_macaddr8", "macaddr8", "text", ("'08:00:2b:01:02:03:04:05'", "'00:00:00:00:00:00:00:00'", "'ff:ff:ff:ff:ff:ff:ff:ff'", "'08:00:2b:01:02:03'"), declared="string"),
+    Col(
+        "c_timetz",
+        "timetz",
+        "timetz",
+        ("'13:45:00.123456+02'", "'00:00:00+14'", "'23:59:59.999999-12'", "'12:00:00Z'"),
+        declared="string",
+    ),
+    Col(
+        "c_ts",
+        "timestamp",
+        "timestamp",
+        (
+            "'2026-11-27 13:45:00.123456'",
+            "'0001-01-01 00:00:00'",
+            "'9999-12-31 23:59:59.999999'",
+            "'1969-12-31 23:59:59.999999'",
+        ),
+        beyond="'294276-12-31 23:59:59.999999'",
+        declared="timestamp_ntz",
+    ),
+    Col(
+        "c_ts3",
+        "timestamp(3)",
+        "timestamp",
+        (
+            "'2026-11-27 13:45:00.123'",
+            "'0001-01-01 00:00:00'",
+            "'9999-12-31 23:59:59.999'",
+            "'1969-12-31 23:59:59.999'",
+        ),
+        beyond="'4713-01-01 00:00:00 BC'",
+        declared="timestamp_ntz(3)",
+    ),
+    Col(
+        "c_ts_inf",
+        "timestamp",
+        "timestamp",
+        ("'2000-01-01'", "'2000-01-02'", "'2000-01-03'", "'2000-01-04'"),
+        beyond="'infinity'",
+        declared="timestamp_ntz",
+    ),
+    Col(
+        "c_ts_ninf",
+        "timestamp",
+        "timestamp",
+        ("'2000-01-01'", "'2000-01-02'", "'2000-01-03'", "'2000-01-04'"),
+        beyond="'-infinity'",
+        declared="timestamp_ntz",
+    ),
+    Col(
+        "c_tstz",
+        "timestamptz",
+        "timestamptz",
+        (
+            "'2026-11-27 13:45:00.123456+05:30'",
+            "'0001-01-01 00:00:00Z'",
+            "'9999-12-31 23:59:59.999999Z'",
+            "'1969-12-31 23:59:59.999999Z'",
+        ),
+        beyond="'10000-01-01 00:00:00Z'",
+        declared="timestamp",
+    ),
+    Col(
+        "c_tstz_inf",
+        "timestamptz",
+        "timestamptz",
+        ("'2000-01-01Z'", "'2000-01-02Z'", "'2000-01-03Z'", "'2000-01-04Z'"),
+        beyond="'infinity'",
+        declared="timestamp",
+    ),
+    Col(
+        "c_tstz_ninf",
+        "timestamptz",
+        "timestamptz",
+        ("'2000-01-01Z'", "'2000-01-02Z'", "'2000-01-03Z'", "'2000-01-04Z'"),
+        beyond="'-infinity'",
+        declared="timestamp",
+    ),
+    Col(
+        "c_interval",
+        "interval",
+        "interval",
+        ("'1 year 2 months 3 days 04:05:06.789'", "'-3 days'", "'0'", "'-1 mon 2 days -00:00:01'"),
+        beyond="'178000000 years'",
+        declared="bigint",
+    ),
+    Col(
+        "c_uuid",
+        "uuid",
+        "text",
+        (
+            "'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'",
+            "'00000000-0000-0000-0000-000000000000'",
+            "'ffffffff-ffff-ffff-ffff-ffffffffffff'",
+            "gen_random_uuid()",
+        ),
+        declared="string",
+    ),
+    Col(
+        "c_json",
+        "json",
+        "text",
+        ('\'{"a": [1, 2.5, null], "b": "ü"}\'', "'null'", "'[]'", "'\"s\"'"),
+        declared="string",
+    ),
+    Col(
+        "c_jsonb",
+        "jsonb",
+        "text",
+        ('\'{"a": [1, 2.5, null], "b": "ü"}\'', "'null'", "'[]'", '\'{"k": {"n": 1e2}}\''),
+        declared="string",
+    ),
+    Col(
+        "c_xml", "xml", "text", ("'<a b=\"1\">x</a>'", "'<r/>'", "'text only'", "'<a><b>ü</b></a>'"), declared="string"
+    ),
+    Col(
+        "c_inet",
+        "inet",
+        "text",
+        ("'192.168.0.1/24'", "'::1'", "'10.0.0.1'", "'2001:db8::ff00:42:8329/64'"),
+        declared="string",
+    ),
+    Col(
+        "c_cidr", "cidr", "text", ("'192.168.0.0/24'", "'::/0'", "'10.0.0.1/32'", "'2001:db8::/32'"), declared="string"
+    ),
+    Col(
+        "c_macaddr",
+        "macaddr",
+        "text",
+        ("'08:00:2b:01:02:03'", "'00:00:00:00:00:00'", "'ff:ff:ff:ff:ff:ff'", "'08-00-2b-01-02-04'"),
+        declared="string",
+    ),
+    Col(
+        "c_macaddr8",
+        "macaddr8",
+        "text",
+        ("'08:00:2b:01:02:03:04:05'", "'00:00:00:00:00:00:00:00'", "'ff:ff:ff:ff:ff:ff:ff:ff'", "'08:00:2b:01:02:03'"),
+        declared="string",
+    ),
     Col("c_bit1", "bit(1)", "bit1", ("B'1'", "B'0'", "B'1'", "B'0'"), declared="boolean"),
     Col("c_bit12", "bit(12)", "bits", ("B'101000000001'", "B'000000000000'", "B'111111111111'", "B'000000000001'")),
     Col("c_varbit", "varbit", "varbit", ("B'101'", "B''", "B'1111111100000000111'", "B'0011'")),
     Col("c_tsvector", "tsvector", "text", ("'a fat cat sat'", "''", "'''x y'':1A'", "'b:1,2 c'"), declared="string"),
     Col("c_ltree", "ltree", "text", ("'Top.Science.Astronomy'", "''", "'a'", "'a.b_c.D1'"), declared="string"),
-    Col("c_hstore", "hstore", "hstore", ("'a=>1, b=>NULL'", "''", "'\"k e y\"=>\"v,=>\"'", "'x=>y'"), declared="string"),
-    Col("c_int4range", "int4range", "text", ("'[1,10)'", "'empty'", "'(,5]'", "'[-2147483648,2147483647)'"), declared="string"),
+    Col("c_hstore", "hstore", "hstore", ("'a=>1, b=>NULL'", "''", '\'"k e y"=>"v,=>"\'', "'x=>y'"), declared="string"),
+    Col(
+        "c_int4range",
+        "int4range",
+        "text",
+        ("'[1,10)'", "'empty'", "'(,5]'", "'[-2147483648,2147483647)'"),
+        declared="string",
+    ),
     Col("c_int8range", "int8range", "text", ("'[1,10)'", "'empty'", "'[5,)'", "'(,)'"), declared="string"),
     Col("c_numrange", "numrange", "text", ("'[1.5,2.5]'", "'empty'", "'(,0.001)'", "'[1,1]'"), declared="string"),
-    Col("c_tsrange", "tsrange", "text", ("'[2026-01-01,2026-02-01)'", "'empty'", "'(,infinity)'", "'[2026-01-01 10:00:00.5,)'"), declared="string"),
-    Col("c_tstzrange", "tstzrange", "text", ("'[2026-01-01Z,2026-02-01Z)'", "'empty'", "'[2026-01-01 10:00:00+02,)'", "'(,)'"), declared="string"),
-    Col("c_daterange", "daterange", "text", ("'[2026-01-01,2026-02-01)'", "'empty'", "'[2026-01-01,]'", "'(,)'"), declared="string"),
+    Col(
+        "c_tsrange",
+        "tsrange",
+        "text",
+        ("'[2026-01-01,2026-02-01)'", "'empty'", "'(,infinity)'", "'[2026-01-01 10:00:00.5,)'"),
+        declared="string",
+    ),
+    Col(
+        "c_tstzrange",
+        "tstzrange",
+        "text",
+        ("'[2026-01-01Z,2026-02-01Z)'", "'empty'", "'[2026-01-01 10:00:00+02,)'", "'(,)'"),
+        declared="string",
+    ),
+    Col(
+        "c_daterange",
+        "daterange",
+        "text",
+        ("'[2026-01-01,2026-02-01)'", "'empty'", "'[2026-01-01,]'", "'(,)'"),
+        declared="string",
+    ),
     Col("c_point", "point", "point", ("'(1.5,-2.25)'", "'(0,0)'", "'(1e300,-1e-300)'", "'(3,4)'")),
     Col("c_line", "line", "absent", ("'{1,-1,0}'", "'{0,1,2.5}'", "'{1,0,-3}'", "'{2,3,4}'")),
     Col("c_lseg", "lseg", "absent", ("'[(0,0),(1,1)]'", "'[(1.5,2),(3,-4)]'", "'[(0,0),(0,0)]'", "'[(1,2),(3,4)]'")),
     Col("c_box", "box", "absent", ("'(1,1),(0,0)'", "'(2.5,3),(-1,-2)'", "'(0,0),(0,0)'", "'(4,4),(1,1)'")),
-    Col("c_path", "path", "absent", ("'[(0,0),(1,1),(2,0)]'", "'((0,0),(1,1),(2,0))'", "'[(1.5,2)]'", "'((0,0),(1,0))'")),
-    Col("c_polygon", "polygon", "absent", ("'((0,0),(1,1),(2,0))'", "'((0,0))'", "'((1.5,2),(3,4),(5,-6),(0,0))'", "'((1,1),(2,2))'")),
+    Col(
+        "c_path", "path", "absent", ("'[(0,0),(1,1),(2,0)]'", "'((0,0),(1,1),(2,0))'", "'[(1.5,2)]'", "'((0,0),(1,0))'")
+    ),
+    Col(
+        "c_polygon",
+        "polygon",
+        "absent",
+        ("'((0,0),(1,1),(2,0))'", "'((0,0))'", "'((1.5,2),(3,4),(5,-6),(0,0))'", "'((1,1),(2,2))'"),
+    ),
     Col("c_circle", "circle", "absent", ("'<(1,2),3>'", "'<(0,0),0>'", "'<(-1.5,2.5),0.5>'", "'<(1,1),1>'")),
     Col("c_enum", "{mood}", "text", ("'happy'", "'sad'", "'ok'", "'sad'"), declared="string"),
     Col("c_domain_int", "{positive}", "int", ("1", "2147483647", "5", "7"), declared="int"),
     Col("c_domain_text", "{short_text}", "text", ("'abc'", "''", "'xyz'", "'q'"), declared="string"),
     # Arrays: NULL elements and empty arrays; row 7 holds two dimensions, which Debezium sends as NULLs.
-    Col("a_int2", "smallint[]", "int", ("'{1,NULL,-32768}'", "'{}'", "'{32767}'", "'{0}'"), lossy=("'{{1,2},{3,4}}'", [None, None]), declared="array<smallint>"),
-    Col("a_int4", "integer[]", "int", ("'{1,NULL,3}'", "'{}'", "'{2147483647}'", "'{0}'"), lossy=("'{{1,2},{3,4}}'", [None, None]), declared="array<int>"),
-    Col("a_int8", "bigint[]", "int", ("'{1,NULL,-9223372036854775808}'", "'{}'", "'{9223372036854775807}'", "'{0}'"), lossy=("'{{1,2},{3,4}}'", [None, None]), declared="array<bigint>"),
-    Col("a_real", "real[]", "float4", ("'{1.5,NULL,NaN}'", "'{}'", "'{Infinity,-Infinity}'", "'{0}'"), lossy=("'{{1},{2}}'", [None, None]), declared="array<float>"),
-    Col("a_double", "double precision[]", "float", ("'{2.5e300,NULL,NaN}'", "'{}'", "'{Infinity,-Infinity}'", "'{0}'"), lossy=("'{{1},{2}}'", [None, None]), declared="array<double>"),
-    Col("a_num_10_2", "numeric(10,2)[]", "decimal", ("'{12.34,NULL,-99999999.99}'", "'{}'", "'{0.01}'", "'{0}'"), lossy=("'{{1},{2}}'", [None, None]), declared="array<decimal(10,2)>"),
-    Col("a_numeric", "numeric[]", "decimal", ("'{1.5,NULL,-0.000001}'", "'{}'", "'{123456789012345678.5}'", "'{0}'"), lossy=("'{1.5,NaN}'", None), declared="array<string>"),
+    Col(
+        "a_int2",
+        "smallint[]",
+        "int",
+        ("'{1,NULL,-32768}'", "'{}'", "'{32767}'", "'{0}'"),
+        lossy=("'{{1,2},{3,4}}'", [None, None]),
+        declared="array<smallint>",
+    ),
+    Col(
+        "a_int4",
+        "integer[]",
+        "int",
+        ("'{1,NULL,3}'", "'{}'", "'{2147483647}'", "'{0}'"),
+        lossy=("'{{1,2},{3,4}}'", [None, None]),
+        declared="array<int>",
+    ),
+    Col(
+        "a_int8",
+        "bigint[]",
+        "int",
+        ("'{1,NULL,-9223372036854775808}'", "'{}'", "'{9223372036854775807}'", "'{0}'"),
+        lossy=("'{{1,2},{3,4}}'", [None, None]),
+        declared="array<bigint>",
+    ),
+    Col(
+        "a_real",
+        "real[]",
+        "float4",
+        ("'{1.5,NULL,NaN}'", "'{}'", "'{Infinity,-Infinity}'", "'{0}'"),
+        lossy=("'{{1},{2}}'", [None, None]),
+        declared="array<float>",
+    ),
+    Col(
+        "a_double",
+        "double precision[]",
+        "float",
+        ("'{2.5e300,NULL,NaN}'", "'{}'", "'{Infinity,-Infinity}'", "'{0}'"),
+        lossy=("'{{1},{2}}'", [None, None]),
+        declared="array<double>",
+    ),
+    Col(
+        "a_num_10_2",
+        "numeric(10,2)[]",
+        "decimal",
+        ("'{12.34,NULL,-99999999.99}'", "'{}'", "'{0.01}'", "'{0}'"),
+        lossy=("'{{1},{2}}'", [None, None]),
+        declared="array<decimal(10,2)>",
+    ),
+    Col(
+        "a_numeric",
+        "numeric[]",
+        "decimal",
+        ("'{1.5,NULL,-0.000001}'", "'{}'", "'{123456789012345678.5}'", "'{0}'"),
+        lossy=("'{1.5,NaN}'", None),
+        declared="array<string>",
+    ),
     Col("a_money", "money[]", "absent", ("'{12.34,NULL}'", "'{}'", "'{0}'", "'{1}'")),
-    Col("a_char", "char(3)[]", "text", ("'{ab,NULL,abc}'", "'{}'", "'{\"\"}'", "'{x}'"), lossy=("'{{a,b},{c,d}}'", [None, None]), declared="array<string>"),
-    Col("a_varchar", "varchar(10)[]", "text", ("'{hello,NULL,\"\"}'", "'{}'", "'{\"a,b\"}'", "'{x}'"), lossy=("'{{a,b},{c,d}}'", [None, None]), declared="array<string>"),
-    Col("a_text", "text[]", "text", ("'{text,NULL,\"NULL\",\"\"}'", "'{}'", "ARRAY[E'q\"\\\\,{}']", "'{x}'"), lossy=("'{{a,b},{c,d}}'", [None, None]), declared="array<string>"),
-    Col("a_citext", "citext[]", "text", ("'{MiXeD,NULL}'", "'{}'", "'{x}'", "'{Y}'"), lossy=("'{{a,b},{c,d}}'", [None, None]), declared="array<string>"),
-    Col("a_bytea", "bytea[]", "bytes", ("ARRAY['\\xdeadbeef'::bytea, NULL]", "'{}'", "ARRAY['\\x'::bytea]", "ARRAY['\\x00'::bytea]"),
-        lossy=("ARRAY[['\\x00'::bytea],['\\xff'::bytea]]", [None, None]), declared="array<binary>"),
-    Col("a_bool", "boolean[]", "plain", ("'{t,NULL,f}'", "'{}'", "'{t}'", "'{f}'"), lossy=("'{{t,f},{f,t}}'", [None, None]), declared="array<boolean>"),
-    Col("a_date", "date[]", "date", ("'{2026-11-27,NULL,1900-01-01}'", "'{}'", "'{1970-01-01}'", "'{1969-12-31}'"), lossy=("'{{2026-01-01},{2026-01-02}}'", [None, None]), declared="array<date>"),
-    Col("a_time", "time[]", "time", ("'{13:45:00.123456,NULL}'", "'{}'", "'{23:59:59.999999}'", "'{00:00:01}'"), lossy=("'{{00:00:01},{00:00:02}}'", [None, None]), declared="array<time>"),
-    Col("a_timetz", "timetz[]", "timetz", ("'{13:45:00.123456+02,NULL}'", "'{}'", "'{12:00:00-05}'", "'{00:00:01Z}'"), lossy=("'{{00:00:01Z},{00:00:02Z}}'", [None, None]), declared="array<string>"),
-    Col("a_ts", "timestamp[]", "timestamp", ("'{\"2026-11-27 13:45:00.123456\",NULL}'", "'{}'", "'{\"1969-12-31 23:59:59.999999\"}'", "'{\"2026-01-01 00:00:00\"}'"),
-        lossy=("'{{\"2026-01-01 00:00:00\"},{\"2026-01-02 00:00:00\"}}'", [None, None]), declared="array<timestamp_ntz>"),
-    Col("a_tstz", "timestamptz[]", "timestamptz", ("'{\"2026-11-27 13:45:00.123456+05:30\",NULL}'", "'{}'", "'{\"1969-12-31 23:59:59.999999Z\"}'", "'{\"2026-01-01 00:00:00Z\"}'"),
-        lossy=("'{{\"2026-01-01 00:00:00Z\"},{\"2026-01-02 00:00:00Z\"}}'", [None, None]), declared="array<timestamp>"),
+    Col(
+        "a_char",
+        "char(3)[]",
+        "text",
+        ("'{ab,NULL,abc}'", "'{}'", "'{\"\"}'", "'{x}'"),
+        lossy=("'{{a,b},{c,d}}'", [None, None]),
+        declared="array<string>",
+    ),
+    Col(
+        "a_varchar",
+        "varchar(10)[]",
+        "text",
+        ("'{hello,NULL,\"\"}'", "'{}'", "'{\"a,b\"}'", "'{x}'"),
+        lossy=("'{{a,b},{c,d}}'", [None, None]),
+        declared="array<string>",
+    ),
+    Col(
+        "a_text",
+        "text[]",
+        "text",
+        ('\'{text,NULL,"NULL",""}\'', "'{}'", "ARRAY[E'q\"\\\\,{}']", "'{x}'"),
+        lossy=("'{{a,b},{c,d}}'", [None, None]),
+        declared="array<string>",
+    ),
+    Col(
+        "a_citext",
+        "citext[]",
+        "text",
+        ("'{MiXeD,NULL}'", "'{}'", "'{x}'", "'{Y}'"),
+        lossy=("'{{a,b},{c,d}}'", [None, None]),
+        declared="array<string>",
+    ),
+    Col(
+        "a_bytea",
+        "bytea[]",
+        "bytes",
+        ("ARRAY['\\xdeadbeef'::bytea, NULL]", "'{}'", "ARRAY['\\x'::bytea]", "ARRAY['\\x00'::bytea]"),
+        lossy=("ARRAY[['\\x00'::bytea],['\\xff'::bytea]]", [None, None]),
+        declared="array<binary>",
+    ),
+    Col(
+        "a_bool",
+        "boolean[]",
+        "plain",
+        ("'{t,NULL,f}'", "'{}'", "'{t}'", "'{f}'"),
+        lossy=("'{{t,f},{f,t}}'", [None, None]),
+        declared="array<boolean>",
+    ),
+    Col(
+        "a_date",
+        "date[]",
+        "date",
+        ("'{2026-11-27,NULL,1900-01-01}'", "'{}'", "'{1970-01-01}'", "'{1969-12-31}'"),
+        lossy=("'{{2026-01-01},{2026-01-02}}'", [None, None]),
+        declared="array<date>",
+    ),
+    Col(
+        "a_time",
+        "time[]",
+        "time",
+        ("'{13:45:00.123456,NULL}'", "'{}'", "'{23:59:59.999999}'", "'{00:00:01}'"),
+        lossy=("'{{00:00:01},{00:00:02}}'", [None, None]),
+        declared="array<time>",
+    ),
+    Col(
+        "a_timetz",
+        "timetz[]",
+        "timetz",
+        ("'{13:45:00.123456+02,NULL}'", "'{}'", "'{12:00:00-05}'", "'{00:00:01Z}'"),
+        lossy=("'{{00:00:01Z},{00:00:02Z}}'", [None, None]),
+        declared="array<string>",
+    ),
+    Col(
+        "a_ts",
+        "timestamp[]",
+        "timestamp",
+        (
+            "'{\"2026-11-27 13:45:00.123456\",NULL}'",
+            "'{}'",
+            "'{\"1969-12-31 23:59:59.999999\"}'",
+            "'{\"2026-01-01 00:00:00\"}'",
+        ),
+        lossy=('\'{{"2026-01-01 00:00:00"},{"2026-01-02 00:00:00"}}\'', [None, None]),
+        declared="array<timestamp_ntz>",
+    ),
+    Col(
+        "a_tstz",
+        "timestamptz[]",
+        "timestamptz",
+        (
+            "'{\"2026-11-27 13:45:00.123456+05:30\",NULL}'",
+            "'{}'",
+            "'{\"1969-12-31 23:59:59.999999Z\"}'",
+            "'{\"2026-01-01 00:00:00Z\"}'",
+        ),
+        lossy=('\'{{"2026-01-01 00:00:00Z"},{"2026-01-02 00:00:00Z"}}\'', [None, None]),
+        declared="array<timestamp>",
+    ),
     Col("a_interval", "interval[]", "absent", ("'{\"1 year 2 months\",NULL}'", "'{}'", "'{-1 hour}'", "'{1 day}'")),
-    Col("a_uuid", "uuid[]", "text", ("'{a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11,NULL}'", "'{}'", "'{ffffffff-ffff-ffff-ffff-ffffffffffff}'", "'{00000000-0000-0000-0000-000000000000}'"),
-        lossy=("'{{a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11},{00000000-0000-0000-0000-000000000000}}'", [None, None]), declared="array<string>"),
-    Col("a_json", "json[]", "text", ("ARRAY['{\"a\": 1}'::json, NULL, 'null'::json]", "'{}'", "ARRAY['[]'::json]", "ARRAY['2'::json]"), lossy=("ARRAY[['1'::json],['2'::json]]", [None, None]), declared="array<string>"),
-    Col("a_jsonb", "jsonb[]", "text", ("ARRAY['{\"a\": 1}'::jsonb, NULL, 'null'::jsonb]", "'{}'", "ARRAY['[]'::jsonb]", "ARRAY['2'::jsonb]"), lossy=("ARRAY[['1'::jsonb],['2'::jsonb]]", [None, None]), declared="array<string>"),
+    Col(
+        "a_uuid",
+        "uuid[]",
+        "text",
+        (
+            "'{a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11,NULL}'",
+            "'{}'",
+            "'{ffffffff-ffff-ffff-ffff-ffffffffffff}'",
+            "'{00000000-0000-0000-0000-000000000000}'",
+        ),
+        lossy=("'{{a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11},{00000000-0000-0000-0000-000000000000}}'", [None, None]),
+        declared="array<string>",
+    ),
+    Col(
+        "a_json",
+        "json[]",
+        "text",
+        ("ARRAY['{\"a\": 1}'::json, NULL, 'null'::json]", "'{}'", "ARRAY['[]'::json]", "ARRAY['2'::json]"),
+        lossy=("ARRAY[['1'::json],['2'::json]]", [None, None]),
+        declared="array<string>",
+    ),
+    Col(
+        "a_jsonb",
+        "jsonb[]",
+        "text",
+        ("ARRAY['{\"a\": 1}'::jsonb, NULL, 'null'::jsonb]", "'{}'", "ARRAY['[]'::jsonb]", "ARRAY['2'::jsonb]"),
+        lossy=("ARRAY[['1'::jsonb],['2'::jsonb]]", [None, None]),
+        declared="array<string>",
+    ),
     Col("a_xml", "xml[]", "absent", ("ARRAY['<a/>'::xml, NULL]", "'{}'", "ARRAY['t'::xml]", "ARRAY['<b/>'::xml]")),
-    Col("a_inet", "inet[]", "text", ("'{192.168.0.1/24,NULL,::1}'", "'{}'", "'{0.0.0.0}'", "'{10.0.0.1}'"), lossy=("'{{10.0.0.1},{10.0.0.2}}'", [None, None]), declared="array<string>"),
-    Col("a_cidr", "cidr[]", "text", ("'{192.168.0.0/24,NULL}'", "'{}'", "'{::/0}'", "'{10.0.0.0/8}'"), lossy=("'{{10.0.0.0/8},{10.1.0.0/16}}'", [None, None]), declared="array<string>"),
-    Col("a_macaddr", "macaddr[]", "text", ("'{08:00:2b:01:02:03,NULL}'", "'{}'", "'{ff:ff:ff:ff:ff:ff}'", "'{08:00:2b:01:02:04}'"), lossy=("'{{08:00:2b:01:02:03},{08:00:2b:01:02:04}}'", [None, None]), declared="array<string>"),
-    Col("a_macaddr8", "macaddr8[]", "text", ("'{08:00:2b:01:02:03:04:05,NULL}'", "'{}'", "'{ff:ff:ff:ff:ff:ff:ff:ff}'", "'{08:00:2b:01:02:03:04:06}'"),
-        lossy=("'{{08:00:2b:01:02:03:04:05},{08:00:2b:01:02:03:04:06}}'", [None, None]), declared="array<string>"),
+    Col(
+        "a_inet",
+        "inet[]",
+        "text",
+        ("'{192.168.0.1/24,NULL,::1}'", "'{}'", "'{0.0.0.0}'", "'{10.0.0.1}'"),
+        lossy=("'{{10.0.0.1},{10.0.0.2}}'", [None, None]),
+        declared="array<string>",
+    ),
+    Col(
+        "a_cidr",
+        "cidr[]",
+        "text",
+        ("'{192.168.0.0/24,NULL}'", "'{}'", "'{::/0}'", "'{10.0.0.0/8}'"),
+        lossy=("'{{10.0.0.0/8},{10.1.0.0/16}}'", [None, None]),
+        declared="array<string>",
+    ),
+    Col(
+        "a_macaddr",
+        "macaddr[]",
+        "text",
+        ("'{08:00:2b:01:02:03,NULL}'", "'{}'", "'{ff:ff:ff:ff:ff:ff}'", "'{08:00:2b:01:02:04}'"),
+        lossy=("'{{08:00:2b:01:02:03},{08:00:2b:01:02:04}}'", [None, None]),
+        declared="array<string>",
+    ),
+    Col(
+        "a_macaddr8",
+        "macaddr8[]",
+        "text",
+        ("'{08:00:2b:01:02:03:04:05,NULL}'", "'{}'", "'{ff:ff:ff:ff:ff:ff:ff:ff}'", "'{08:00:2b:01:02:03:04:06}'"),
+        lossy=("'{{08:00:2b:01:02:03:04:05},{08:00:2b:01:02:03:04:06}}'", [None, None]),
+        declared="array<string>",
+    ),
     Col("a_bit", "bit(3)[]", "always_null", ("'{101,NULL}'", "'{}'", "'{111}'", "'{010}'")),
     Col("a_varbit", "varbit[]", "absent", ("'{101,NULL,\"\"}'", "'{}'", "'{1111111100000000111}'", "'{1}'")),
-    Col("a_tsvector", "tsvector[]", "text", ("ARRAY['a fat cat'::tsvector, NULL]", "'{}'", "ARRAY[''::tsvector]", "ARRAY['b'::tsvector]"), lossy=("ARRAY[['a'::tsvector],['b'::tsvector]]", [None, None]), declared="array<string>"),
-    Col("a_ltree", "ltree[]", "text", ("'{Top.Science,NULL}'", "'{}'", "'{\"\"}'", "'{a.b}'"), lossy=("'{{a},{b.c}}'", [None, None]), declared="array<string>"),
-    Col("a_hstore", "hstore[]", "hstore", ("ARRAY['a=>1'::hstore, NULL]", "'{}'", "ARRAY[''::hstore]", "ARRAY['b=>2'::hstore]"), lossy=("ARRAY[['a=>1'::hstore],['b=>2'::hstore]]", [None, None]), declared="array<string>"),
-    Col("a_int4range", "int4range[]", "text", ("'{\"[1,10)\",NULL,empty}'", "'{}'", "'{\"(,)\"}'", "'{\"[3,4)\"}'"), lossy=("'{{\"[1,2)\"},{\"[3,4)\"}}'", [None, None]), declared="array<string>"),
-    Col("a_tstzrange", "tstzrange[]", "text", ("'{\"[2026-01-01Z,2026-02-01Z)\",NULL}'", "'{}'", "'{\"(,)\"}'", "'{empty}'"), lossy=("'{{empty},{empty}}'", [None, None]), declared="array<string>"),
+    Col(
+        "a_tsvector",
+        "tsvector[]",
+        "text",
+        ("ARRAY['a fat cat'::tsvector, NULL]", "'{}'", "ARRAY[''::tsvector]", "ARRAY['b'::tsvector]"),
+        lossy=("ARRAY[['a'::tsvector],['b'::tsvector]]", [None, None]),
+        declared="array<string>",
+    ),
+    Col(
+        "a_ltree",
+        "ltree[]",
+        "text",
+        ("'{Top.Science,NULL}'", "'{}'", "'{\"\"}'", "'{a.b}'"),
+        lossy=("'{{a},{b.c}}'", [None, None]),
+        declared="array<string>",
+    ),
+    Col(
+        "a_hstore",
+        "hstore[]",
+        "hstore",
+        ("ARRAY['a=>1'::hstore, NULL]", "'{}'", "ARRAY[''::hstore]", "ARRAY['b=>2'::hstore]"),
+        lossy=("ARRAY[['a=>1'::hstore],['b=>2'::hstore]]", [None, None]),
+        declared="array<string>",
+    ),
+    Col(
+        "a_int4range",
+        "int4range[]",
+        "text",
+        ("'{\"[1,10)\",NULL,empty}'", "'{}'", "'{\"(,)\"}'", "'{\"[3,4)\"}'"),
+        lossy=('\'{{"[1,2)"},{"[3,4)"}}\'', [None, None]),
+        declared="array<string>",
+    ),
+    Col(
+        "a_tstzrange",
+        "tstzrange[]",
+        "text",
+        ("'{\"[2026-01-01Z,2026-02-01Z)\",NULL}'", "'{}'", "'{\"(,)\"}'", "'{empty}'"),
+        lossy=("'{{empty},{empty}}'", [None, None]),
+        declared="array<string>",
+    ),
     Col("a_point", "point[]", "absent", ("'{\"(1.5,-2.25)\",NULL}'", "'{}'", "'{\"(0,0)\"}'", "'{\"(3,4)\"}'")),
     Col("a_box", "box[]", "absent", ("'{(1,1),(0,0);(2,2),(1,1)}'", "'{}'", "'{(0,0),(0,0)}'", "'{(4,4),(1,1)}'")),
-    Col("a_enum", "{mood}[]", "text", ("'{happy,NULL,sad}'", "'{}'", "'{ok}'", "'{sad}'"), lossy=("'{{ok,sad},{happy,ok}}'", [None, None]), declared="array<string>"),
+    Col(
+        "a_enum",
+        "{mood}[]",
+        "text",
+        ("'{happy,NULL,sad}'", "'{}'", "'{ok}'", "'{sad}'"),
+        lossy=("'{{ok,sad},{happy,ok}}'", [None, None]),
+        declared="array<string>",
+    ),
     Col("a_domain_int", "{positive}[]", "absent", ("'{1,NULL,3}'", "'{}'", "'{2147483647}'", "'{4}'")),
     # Postgres 15's pgoutput does not publish generated columns: only snapshot reads carry their value.
     Col("c_generated", "integer GENERATED ALWAYS AS (c_int4 / 2) STORED", "generated", (), declared="int"),
-]  # fmt: skip
+]
 
 
 WRITABLE = [c for c in COLUMNS if c.kind != "generated"]
@@ -195,7 +646,11 @@ def _literal(col: Col, row_id: int) -> str | None:
 
 
 def type_names(table: str) -> dict[str, str]:
-    return {"mood": f"shop.{table}_mood", "positive": f"shop.{table}_positive", "short_text": f"shop.{table}_short_text"}
+    return {
+        "mood": f"shop.{table}_mood",
+        "positive": f"shop.{table}_positive",
+        "short_text": f"shop.{table}_short_text",
+    }
 
 
 def create_table(conn, table: str) -> None:
@@ -222,9 +677,12 @@ def _value(table: str, col: Col, literal: str | None) -> str:
 
 def insert_rows(conn, table: str, snapshot: bool) -> None:
     """Before the connectors (``snapshot``) rows 1-4, 6 and 7; then, streamed, the changes to 5, 4, 1 and 2."""
+
     def insert(row_id: int) -> None:
         values = ", ".join(_value(table, c, _literal(c, row_id)) for c in WRITABLE)
-        conn.execute(f"INSERT INTO shop.{table} (id, {', '.join(c.name for c in WRITABLE)}) VALUES ({row_id}, {values})")
+        conn.execute(
+            f"INSERT INTO shop.{table} (id, {', '.join(c.name for c in WRITABLE)}) VALUES ({row_id}, {values})"
+        )
 
     def update(row_id: int, like: int) -> None:
         sets = ", ".join(f"{c.name} = {_value(table, c, _literal(c, like))}" for c in WRITABLE)
@@ -254,23 +712,36 @@ CASES = {
     "binary_hex": {"binary.handling.mode": "hex"},
     "interval_string": {"interval.handling.mode": "string"},
     "hstore_map": {"hstore.handling.mode": "map"},
-    "schemaless": {"key.converter.schemas.enable": "false", "value.converter.schemas.enable": "false",
-                   "decimal.handling.mode": "string"},
-    "flattened": {"transforms": "unwrap", "transforms.unwrap.type": "io.debezium.transforms.ExtractNewRecordState",
-                  "transforms.unwrap.add.fields": "op,lsn,source.ts_ms", "transforms.unwrap.delete.handling.mode": "rewrite"},
-}  # fmt: skip
+    "schemaless": {
+        "key.converter.schemas.enable": "false",
+        "value.converter.schemas.enable": "false",
+        "decimal.handling.mode": "string",
+    },
+    "flattened": {
+        "transforms": "unwrap",
+        "transforms.unwrap.type": "io.debezium.transforms.ExtractNewRecordState",
+        "transforms.unwrap.add.fields": "op,lsn,source.ts_ms",
+        "transforms.unwrap.delete.handling.mode": "rewrite",
+    },
+}
 PRECISE_DECIMALS = set(CASES) - {"decimal_string", "decimal_double", "schemaless"}
 # The kinds of column a setting changes: its connector captures only those (column.include.list), which
 # keeps the matrix quick; defaults, schemaless and flattened capture every column.
 CASE_KINDS = {
-    "decimal_string": {"decimal", "money"}, "decimal_double": {"decimal", "money"},
+    "decimal_string": {"decimal", "money"},
+    "decimal_double": {"decimal", "money"},
     "time_adaptive_time_microseconds": {"date", "time", "timetz", "timestamp", "timestamptz"},
     "time_connect": {"date", "time", "timetz", "timestamp", "timestamptz"},
-    "binary_base64": {"bytes"}, "binary_hex": {"bytes"}, "interval_string": {"interval"}, "hstore_map": {"hstore"},
-}  # fmt: skip
+    "binary_base64": {"bytes"},
+    "binary_hex": {"bytes"},
+    "interval_string": {"interval"},
+    "hstore_map": {"hstore"},
+}
 # The rows each case quarantines: 6 holds values beyond Spark's range, 8 arrays Debezium garbles.
 QUARANTINED = {case: {6, 8} for case in ("defaults", "schemaless", "flattened")} | {
-    "time_adaptive_time_microseconds": {6}, "time_connect": {6}}  # fmt: skip
+    "time_adaptive_time_microseconds": {6},
+    "time_connect": {6},
+}
 
 
 # How each kind of column is compared: the SQL that reads an element from Postgres, the Spark SQL that
@@ -311,7 +782,9 @@ def _time_micros(value, case: str) -> int:
     """``HH:MM:SS[.ffffff][zone]`` as microseconds of the day in UTC (to the millisecond with
     time.precision.mode=connect)."""
     hours, minutes, seconds, fraction, utc, sign, zone_hours, zone_minutes = _TIME.fullmatch(value).groups()
-    micros = ((int(hours) * 60 + int(minutes)) * 60 + int(seconds)) * 1_000_000 + int((fraction or "0").ljust(6, "0")[:6])
+    micros = ((int(hours) * 60 + int(minutes)) * 60 + int(seconds)) * 1_000_000 + int(
+        (fraction or "0").ljust(6, "0")[:6]
+    )
     if sign:
         offset = (int(zone_hours) * 60 + int(zone_minutes or 0)) * 60_000_000
         micros = (micros - offset if sign == "+" else micros + offset) % _DAY_MICROS
@@ -333,7 +806,9 @@ def _interval(value, case: str):
     every part, P0Y0M-3DT0H0M0S, Postgres' iso_8601 style only those not zero, P-3D), as (months, days,
     seconds)."""
     if case == "interval_string":
-        years, months, days, hours, minutes, seconds = (Decimal(part or 0) for part in _ISO_INTERVAL.fullmatch(value).groups())
+        years, months, days, hours, minutes, seconds = (
+            Decimal(part or 0) for part in _ISO_INTERVAL.fullmatch(value).groups()
+        )
         return (years * 12 + months, days, (hours * 60 + minutes) * 60 + seconds)
     if isinstance(value, int):
         return value
@@ -377,8 +852,12 @@ KINDS = {
     "timetz": Kind("{c}::text", "{c}", _time_micros),
     "timestamp": Kind(_INSTANT_MICROS, "unix_micros(CAST({c} AS TIMESTAMP))", _instant),
     "timestamptz": Kind(_INSTANT_MICROS, "unix_micros({c})", _same),
-    "interval": Kind("json_build_array(extract(year from {c}), extract(month from {c}), extract(day from {c}), "
-                     "extract(epoch from {c} - date_trunc('day', {c})))::text", "{c}", _interval),
+    "interval": Kind(
+        "json_build_array(extract(year from {c}), extract(month from {c}), extract(day from {c}), "
+        "extract(epoch from {c} - date_trunc('day', {c})))::text",
+        "{c}",
+        _interval,
+    ),
     "bit1": Kind("{c} = B'1'", "{c}", _same),
     "bits": Kind("{c}::text", "{c}", _same),
     # Debezium sends a varbit as the bits' integer, without its length: leading zeros are lost.
@@ -386,7 +865,7 @@ KINDS = {
     "hstore": Kind("hstore_to_json({c})::text", "{c}", _hstore),
     "point": Kind("ARRAY[{c}[0], {c}[1]]", "CASE WHEN {c} IS NOT NULL THEN array({c}.x, {c}.y) END", _same),
     "always_null": Kind("{c}::text", "{c}", _same),
-}  # fmt: skip
+}
 
 
 def _postgres_sql(col: Col, case: str) -> str:
@@ -395,8 +874,10 @@ def _postgres_sql(col: Col, case: str) -> str:
         element = "{c}::text"  # the session's intervalstyle is iso_8601
     if _is_array(col):
         inner = f"CASE WHEN x IS NOT NULL THEN {element.format(c='x')} END"  # format('%s', NULL) is ''
-        return (f"CASE WHEN {col.name} IS NULL THEN NULL ELSE ARRAY(SELECT {inner} FROM unnest({col.name}) "
-                f"WITH ORDINALITY AS u(x, n) ORDER BY n) END")  # fmt: skip
+        return (
+            f"CASE WHEN {col.name} IS NULL THEN NULL ELSE ARRAY(SELECT {inner} FROM unnest({col.name}) "
+            f"WITH ORDINALITY AS u(x, n) ORDER BY n) END"
+        )
     return f"CASE WHEN {col.name} IS NULL THEN NULL ELSE {element.format(c=col.name)} END"
 
 
@@ -419,7 +900,11 @@ def compared(case: str) -> list[Col]:
     """The columns the refined table has (Debezium does not capture the ``absent`` kinds): the case's
     (CASE_KINDS); without schemas, the declared ones."""
     kinds = CASE_KINDS.get(case)
-    return [c for c in COLUMNS if c.kind != "absent" and (case != "schemaless" or c.declared) and (kinds is None or c.kind in kinds)]
+    return [
+        c
+        for c in COLUMNS
+        if c.kind != "absent" and (case != "schemaless" or c.declared) and (kinds is None or c.kind in kinds)
+    ]
 
 
 def source_cells(dsn: str, table: str, case: str) -> dict[int, dict]:
@@ -427,7 +912,9 @@ def source_cells(dsn: str, table: str, case: str) -> dict[int, dict]:
     columns = compared(case)
     with psycopg.connect(dsn) as conn:
         conn.execute("SET intervalstyle = 'iso_8601'")
-        rows = conn.execute(f"SELECT id, {', '.join(_postgres_sql(c, case) for c in columns)} FROM shop.{table}").fetchall()
+        rows = conn.execute(
+            f"SELECT id, {', '.join(_postgres_sql(c, case) for c in columns)} FROM shop.{table}"
+        ).fetchall()
     return {row[0]: {c.name: _canonical(c, value, case) for c, value in zip(columns, row[1:])} for row in rows}
 
 
@@ -438,11 +925,15 @@ NULL_WITH_A_NULL_ELEMENT = {"a_tsvector", "a_ltree", "a_enum"}
 def expected_cells(dsn: str, table: str, case: str) -> dict[int, dict]:
     """The refined rows that must be: Postgres' own, less what Debezium cannot send (listed here, each a
     documented limit), and without the rows that must be in the quarantine."""
-    expected = {row_id: row for row_id, row in source_cells(dsn, table, case).items() if row_id not in QUARANTINED.get(case, ())}
+    expected = {
+        row_id: row for row_id, row in source_cells(dsn, table, case).items() if row_id not in QUARANTINED.get(case, ())
+    }
     for col in compared(case):
         if col.lossy and not _garbled(col):
             expected[7][col.name] = col.lossy[1]  # arrays of two dimensions; a BC date read by a snapshot
-        if col.kind in ("time", "timetz") and _is_array(col):  # Debezium keeps milliseconds of time[], seconds of timetz[]
+        if col.kind in ("time", "timetz") and _is_array(
+            col
+        ):  # Debezium keeps milliseconds of time[], seconds of timetz[]
             unit = 1000 if col.kind == "time" else 1_000_000
             for row in expected.values():
                 row[col.name] = row[col.name] and [None if t is None else t - t % unit for t in row[col.name]]
@@ -501,10 +992,23 @@ def matrix(stack, stack_config, kafka):
     try:
         for case, settings in CASES.items():
             name = f"{table}_{case}"
-            columns = {"column.include.list": f"shop\\.{table}\\.(id|{'|'.join(c.name for c in compared(case))})"} if case in CASE_KINDS else {}
-            connectors[case] = ConnectorDefinition(name, {
-                **shipped.config, "topic.prefix": name, "slot.name": name, "publication.name": name,
-                "table.include.list": f"shop.{table}", **columns, **settings})  # fmt: skip
+            columns = (
+                {"column.include.list": f"shop\\.{table}\\.(id|{'|'.join(c.name for c in compared(case))})"}
+                if case in CASE_KINDS
+                else {}
+            )
+            connectors[case] = ConnectorDefinition(
+                name,
+                {
+                    **shipped.config,
+                    "topic.prefix": name,
+                    "slot.name": name,
+                    "publication.name": name,
+                    "table.include.list": f"shop.{table}",
+                    **columns,
+                    **settings,
+                },
+            )
             client.register(connectors[case])
         topics = {case: f"{connector.name}.shop.{table}" for case, connector in connectors.items()}
         for case, connector in connectors.items():
@@ -523,7 +1027,9 @@ def matrix(stack, stack_config, kafka):
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_every_cell_of_the_refined_table_equals_postgres(case, matrix, stack_config, spark, land, refine, refined_table, tmp_path):
+def test_every_cell_of_the_refined_table_equals_postgres(
+    case, matrix, stack_config, spark, land, refine, refined_table, tmp_path
+):
     """Snapshot reads and streamed changes of every column type, refined in one batch and then again
     (a rerun changes nothing): each cell equals Postgres' value, compared in the canonical form of its
     kind (KINDS); the row whose values Spark cannot hold is in the quarantine, naming such a column."""
@@ -537,14 +1043,20 @@ def test_every_cell_of_the_refined_table_equals_postgres(case, matrix, stack_con
         refine(warehouse, topic, **settings)
         refined = refined_cells(refined_table(warehouse, topic), case)
         assert sorted(refined) == sorted(expected)
-        mismatches = {(row_id, name): (value, expected[row_id][name]) for row_id, row in refined.items()
-                      for name, value in row.items() if value != expected[row_id][name]}  # fmt: skip
+        mismatches = {
+            (row_id, name): (value, expected[row_id][name])
+            for row_id, row in refined.items()
+            for name, value in row.items()
+            if value != expected[row_id][name]
+        }
         assert not mismatches, f"(row, column): (refined, expected): {mismatches}"
         absent = {c.name for c in COLUMNS if c.kind == "absent"} & set(refined_table(warehouse, topic).columns)
         assert not absent, f"columns Debezium does not capture are in the table: {absent}"
         quarantined = {}
         if QUARANTINED.get(case):
-            records = spark.read.format("delta").load(quarantine_location(warehouse)).where(f"topic = '{topic}'").collect()
+            records = (
+                spark.read.format("delta").load(quarantine_location(warehouse)).where(f"topic = '{topic}'").collect()
+            )
             quarantined = {record_id(q.raw_value): q.reason for q in records}
         assert set(quarantined) == QUARANTINED.get(case, set()), quarantined
         for row_id, reason in quarantined.items():  # the reason names a column of the row's kind

@@ -42,8 +42,11 @@ def test_the_game_events_pipeline_gives_a_table_per_game(spark, kafka, stack_con
         assert table("players__items").count() == sum(len(event.get("items") or ()) for event in latest.values())
 
         malformed = {record.value for record in events.malformed}
-        bad_offsets = {(partition, offset) for _, partition, offset, _, value, _ in kafka.records("game-events")
-                       if value in malformed}  # fmt: skip
+        bad_offsets = {
+            (partition, offset)
+            for _, partition, offset, _, value, _ in kafka.records("game-events")
+            if value in malformed
+        }
         quarantined = spark.read.format("delta").load(quarantine_location(warehouse))
         quarantined = quarantined.where(F.col("topic") == "game-events")
         assert {(row.partition, row.offset) for row in quarantined.collect()} == bad_offsets

@@ -11,7 +11,9 @@ SVG = "{http://www.w3.org/2000/svg}"
 
 def nodes_and_edges(svg: ET.Element) -> tuple[dict[str, str], set[tuple[str, str]]]:
     nodes = {group.get("id"): group.get("data-kind") for group in svg.iter(f"{SVG}g") if group.get("class") == "node"}
-    edges = {(path.get("data-from"), path.get("data-to")) for path in svg.iter(f"{SVG}path") if path.get("class") == "edge"}
+    edges = {
+        (path.get("data-from"), path.get("data-to")) for path in svg.iter(f"{SVG}path") if path.get("class") == "edge"
+    }
     return nodes, edges
 
 
@@ -21,19 +23,27 @@ def test_the_game_events_graph_as_svg(tmp_path, capsys):
     assert capsys.readouterr().out == f"wrote {output}\n"
     nodes, edges = nodes_and_edges(ET.parse(output).getroot())
     assert nodes == {
-        "topic:game-events": "topic", "raw:game-events": "raw",
-        "refined:events": "refined", "refined:players": "refined",
-        "child:events__items": "child", "child:players__items": "child",
+        "topic:game-events": "topic",
+        "raw:game-events": "raw",
+        "refined:events": "refined",
+        "refined:players": "refined",
+        "child:events__items": "child",
+        "child:players__items": "child",
         "business:player_sessions": "business",
-    }  # fmt: skip
+    }
     assert edges == {
         ("topic:game-events", "raw:game-events"),
-        ("raw:game-events", "refined:events"), ("raw:game-events", "refined:players"),
-        ("refined:events", "child:events__items"), ("refined:players", "child:players__items"),
+        ("raw:game-events", "refined:events"),
+        ("raw:game-events", "refined:players"),
+        ("refined:events", "child:events__items"),
+        ("refined:players", "child:players__items"),
         ("refined:events", "business:player_sessions"),
-    }  # fmt: skip
-    positions = {g.get("id"): float(g.find(f"{SVG}rect").get("x")) for g in ET.parse(output).getroot().iter(f"{SVG}g")
-                 if g.get("class") == "node"}  # fmt: skip
+    }
+    positions = {
+        g.get("id"): float(g.find(f"{SVG}rect").get("x"))
+        for g in ET.parse(output).getroot().iter(f"{SVG}g")
+        if g.get("class") == "node"
+    }
     for source, target in edges:  # every edge points right: a layered DAG
         assert positions[source] < positions[target]
 
@@ -44,10 +54,12 @@ def test_the_shop_graph_as_an_html_page(tmp_path):
     html = output.read_text()
     assert html.startswith("<!DOCTYPE html>")
     assert "http" not in html.replace("http://www.w3.org/2000/svg", "")  # nothing fetched from the network
-    svg = ET.fromstring(html[html.index("<svg"): html.index("</svg>") + len("</svg>")])
+    svg = ET.fromstring(html[html.index("<svg") : html.index("</svg>") + len("</svg>")])
     nodes, edges = nodes_and_edges(svg)
     assert {node for node, kind in nodes.items() if kind == "business"} == {
-        "business:customer_order_totals", "business:customers_per_tag"}  # fmt: skip
+        "business:customer_order_totals",
+        "business:customers_per_tag",
+    }
     assert ("child:customers__tags", "business:customers_per_tag") in edges
     assert ("refined:customers", "business:customer_order_totals") in edges
     assert ("refined:orders", "business:customer_order_totals") in edges

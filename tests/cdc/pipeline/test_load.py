@@ -10,8 +10,10 @@ from cdc.pipeline.config import JsonEvents, ScdType
 from cdc.pipeline.load import PipelineError, load_pipeline
 
 EXAMPLES = Path(__file__).parents[3] / "examples" / "pipelines"
-GAME_SCHEMA = ("player string, game string, event_type string, time timestamp, "
-               "device struct<os: string, model: string>, items array<struct<item_id: string, qty: int>>")  # fmt: skip
+GAME_SCHEMA = (
+    "player string, game string, event_type string, time timestamp, "
+    "device struct<os: string, model: string>, items array<struct<item_id: string, qty: int>>"
+)
 
 
 def pipeline(**parts) -> dict:
@@ -58,8 +60,20 @@ def test_a_schema_file_is_found_beside_the_pipeline_file(tmp_path, monkeypatch):
     (tmp_path / "schemas").mkdir()
     (tmp_path / "schemas" / "score.avsc").write_text('{"type": "record", "name": "Score", "fields": []}')
     file = tmp_path / "p.yaml"
-    file.write_text(yaml.safe_dump(pipeline(sources={"game_events": {
-        "kind": "events", "format": "avro", "topic": "t", "schema": {"kind": "file", "path": "schemas/score.avsc"}}})))
+    file.write_text(
+        yaml.safe_dump(
+            pipeline(
+                sources={
+                    "game_events": {
+                        "kind": "events",
+                        "format": "avro",
+                        "topic": "t",
+                        "schema": {"kind": "file", "path": "schemas/score.avsc"},
+                    }
+                }
+            )
+        )
+    )
     monkeypatch.chdir("/")  # the jobs read the file from wherever they run
     assert load_pipeline(file).sources["game_events"].schema_.path == tmp_path / "schemas" / "score.avsc"
 
@@ -67,72 +81,163 @@ def test_a_schema_file_is_found_beside_the_pipeline_file(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("document", "expected"),
     [
-        (pipeline(refined={"players": {"source": "game_events", "keys": ["player"], "ordering": "time",
-                                       "explode": ["device.nope"]}}),
-         "refined.players.explode[0]: unknown column path 'device.nope': no field 'nope' (fields: os, model)"),
-        (pipeline(refined={"players": {"source": "game_events", "keys": ["player"], "ordering": "time",
-                                       "explode": ["device"]}}),
-         "refined.players.explode[0]: column 'device' is a struct<os:string,model:string>, not an array: "
-         "it cannot be exploded"),
-        (pipeline(refined={"players": {"source": "nope"}}),
-         "refined.players.source: unknown source 'nope' (sources: game_events)"),
-        (pipeline(refined={"players": {"source": "game_events", "keys": ["player"]}}),
-         "refined.players.ordering: required with `keys`: the column that orders an entity's events"),
-        (pipeline(refined={"players": {"source": "game_events", "keys": ["items"], "ordering": "time"}}),
-         "refined.players.keys[0]: 'items' is a array<struct<item_id:string,qty:int>>: it must be a single value"),
-        (pipeline(refined={"players": {"source": "game_events", "split_by": "device.cpu"}}),
-         "refined.players.split_by: unknown column path 'device.cpu': no field 'cpu' (fields: os, model)"),
-        (pipeline(refined={"players": {"source": "game_events", "ordering": "time"}}),
-         "refined.players: `ordering` only applies together with `keys` (without keys every event is appended)"),
-        (pipeline(refined={"players": {"source": "game_events", "scd": 3}}),
-         "refined.players.scd: Input should be 1 or 2"),
-        (pipeline(refined={"players": {"source": "game_events", "scd": 2}}),
-         "refined.players.scd: SCD type 2 needs `keys` (the entity whose versions are kept)"),
-        (pipeline(refined={"players": {"source": "game_events", "keys": ["player", "player"], "ordering": "time"}}),
-         "refined.players.keys: listed more than once: player"),
-        (pipeline(refined={"bad-name": {"source": "game_events"}}),
-         "refined.bad-name: 'bad-name' is not a valid name: letters, digits and single underscores, starting with a "
-         "letter (`__` is kept for child tables)"),
-        (pipeline(refined={"players": {"source": "game_events", "colour": "red"}}),
-         "refined.players.colour: Extra inputs are not permitted"),
-        (pipeline(sources={"game_events": {"kind": "kafka", "topic": "x"}}),
-         "sources.game_events: Input tag 'kafka' found using 'kind' does not match any of the expected tags: "
-         "'debezium_postgres', 'debezium_mongodb', 'events'"),
-        (pipeline(sources={"game_events": {"kind": "events", "format": "json", "topic": "t", "schema": "a int,"}}),
-         "sources.game_events.schema: not a Spark DDL schema: the type ends early"),
-        (pipeline(sources={"game_events": {"kind": "events", "format": "avro", "topic": "t",
-                                           "schema": {"kind": "registry", "url": "ftp://r"}}}),
-         "sources.game_events.schema.url: 'ftp://r' is not an http:// or https:// URL"),
-        (pipeline(sources={"game_events": {"kind": "events", "format": "protobuf", "topic": "t",
-                                           "schema": {"kind": "file", "path": "missing.proto"}}}),
-         "sources.game_events.schema.path: no such file: {tmp}/missing.proto"),
-        (pipeline(sources={"game_events": {"kind": "events", "format": "avro", "topic": "t"}}),
-         "sources.game_events.schema: Field required"),
-        (pipeline(sources={"game_events": {"kind": "events", "format": "json", "topic": "a b"}}),
-         "sources.game_events.topic: String should match pattern '^[A-Za-z0-9._-]{1,249}$'"),
-        (pipeline(sources={"game_events": {"kind": "events", "format": "json", "topic": "t"},
-                           "again": {"kind": "debezium_postgres", "topic": "t"}}),
-         "sources.again.topic: topic 't' is already the topic of sources.game_events"),
-        (pipeline(sources={"db": {"kind": "debezium_postgres", "topic": "demo.shop.customers"}},
-                  refined={"players": {"source": "db", "keys": ["id"]}}),
-         "refined.players.keys: applies to event sources only: a Debezium table's key is its primary key and its "
-         "changes are ordered by their source position (source 'db' is debezium_postgres)"),
-        (pipeline(sources={"db": {"kind": "debezium_mongodb", "topic": "m.db.people"}},
-                  refined={"players": {"source": "db", "flatten": {"keep": ["address"]}}}),
-         "refined.players.flatten: applies to event sources only: a MongoDB table keeps nested documents as struct "
-         "columns, typed from Extended JSON"),
-        (pipeline(business={"sessions": {"sql": "SELECT * FROM players p JOIN scores s USING (player)"}}),
-         "business.sessions.sql: unknown table 'scores' (tables: players, sessions)"),
-        (pipeline(business={"a": {"sql": "SELECT * FROM b"}, "b": {"sql": "WITH x AS (SELECT 1) SELECT * FROM a, x"}}),
-         "business.a.sql: cycle: a -> b -> a"),
-        (pipeline(business={"players": {"sql": "SELECT 1"}}),
-         "business.players: the name 'players' is already used by refined.players"),
-        (pipeline(business={"sessions": {"sql": "SELECT 1", "trigger_interval_s": 0}}),
-         "business.sessions.trigger_interval_s: Input should be greater than 0"),
-        (pipeline(expectations={"hr": {"table": "nope", "constraint": "x > 0"}}),
-         "expectations.hr.table: unknown refined table 'nope' (refined tables: players)"),
-        (pipeline(expectations={"hr": {"table": "players", "constraint": "x > 0", "action": "explode"}}),
-         "expectations.hr.action: Input should be 'warn', 'drop' or 'fail'"),
+        (
+            pipeline(
+                refined={
+                    "players": {
+                        "source": "game_events",
+                        "keys": ["player"],
+                        "ordering": "time",
+                        "explode": ["device.nope"],
+                    }
+                }
+            ),
+            "refined.players.explode[0]: unknown column path 'device.nope': no field 'nope' (fields: os, model)",
+        ),
+        (
+            pipeline(
+                refined={
+                    "players": {"source": "game_events", "keys": ["player"], "ordering": "time", "explode": ["device"]}
+                }
+            ),
+            "refined.players.explode[0]: column 'device' is a struct<os:string,model:string>, not an array: "
+            "it cannot be exploded",
+        ),
+        (
+            pipeline(refined={"players": {"source": "nope"}}),
+            "refined.players.source: unknown source 'nope' (sources: game_events)",
+        ),
+        (
+            pipeline(refined={"players": {"source": "game_events", "keys": ["player"]}}),
+            "refined.players.ordering: required with `keys`: the column that orders an entity's events",
+        ),
+        (
+            pipeline(refined={"players": {"source": "game_events", "keys": ["items"], "ordering": "time"}}),
+            "refined.players.keys[0]: 'items' is a array<struct<item_id:string,qty:int>>: it must be a single value",
+        ),
+        (
+            pipeline(refined={"players": {"source": "game_events", "split_by": "device.cpu"}}),
+            "refined.players.split_by: unknown column path 'device.cpu': no field 'cpu' (fields: os, model)",
+        ),
+        (
+            pipeline(refined={"players": {"source": "game_events", "ordering": "time"}}),
+            "refined.players: `ordering` only applies together with `keys` (without keys every event is appended)",
+        ),
+        (
+            pipeline(refined={"players": {"source": "game_events", "scd": 3}}),
+            "refined.players.scd: Input should be 1 or 2",
+        ),
+        (
+            pipeline(refined={"players": {"source": "game_events", "scd": 2}}),
+            "refined.players.scd: SCD type 2 needs `keys` (the entity whose versions are kept)",
+        ),
+        (
+            pipeline(refined={"players": {"source": "game_events", "keys": ["player", "player"], "ordering": "time"}}),
+            "refined.players.keys: listed more than once: player",
+        ),
+        (
+            pipeline(refined={"bad-name": {"source": "game_events"}}),
+            "refined.bad-name: 'bad-name' is not a valid name: letters, digits and single underscores, starting with a "
+            "letter (`__` is kept for child tables)",
+        ),
+        (
+            pipeline(refined={"players": {"source": "game_events", "colour": "red"}}),
+            "refined.players.colour: Extra inputs are not permitted",
+        ),
+        (
+            pipeline(sources={"game_events": {"kind": "kafka", "topic": "x"}}),
+            "sources.game_events: Input tag 'kafka' found using 'kind' does not match any of the expected tags: "
+            "'debezium_postgres', 'debezium_mongodb', 'events'",
+        ),
+        (
+            pipeline(sources={"game_events": {"kind": "events", "format": "json", "topic": "t", "schema": "a int,"}}),
+            "sources.game_events.schema: not a Spark DDL schema: the type ends early",
+        ),
+        (
+            pipeline(
+                sources={
+                    "game_events": {
+                        "kind": "events",
+                        "format": "avro",
+                        "topic": "t",
+                        "schema": {"kind": "registry", "url": "ftp://r"},
+                    }
+                }
+            ),
+            "sources.game_events.schema.url: 'ftp://r' is not an http:// or https:// URL",
+        ),
+        (
+            pipeline(
+                sources={
+                    "game_events": {
+                        "kind": "events",
+                        "format": "protobuf",
+                        "topic": "t",
+                        "schema": {"kind": "file", "path": "missing.proto"},
+                    }
+                }
+            ),
+            "sources.game_events.schema.path: no such file: {tmp}/missing.proto",
+        ),
+        (
+            pipeline(sources={"game_events": {"kind": "events", "format": "avro", "topic": "t"}}),
+            "sources.game_events.schema: Field required",
+        ),
+        (
+            pipeline(sources={"game_events": {"kind": "events", "format": "json", "topic": "a b"}}),
+            "sources.game_events.topic: String should match pattern '^[A-Za-z0-9._-]{1,249}$'",
+        ),
+        (
+            pipeline(
+                sources={
+                    "game_events": {"kind": "events", "format": "json", "topic": "t"},
+                    "again": {"kind": "debezium_postgres", "topic": "t"},
+                }
+            ),
+            "sources.again.topic: topic 't' is already the topic of sources.game_events",
+        ),
+        (
+            pipeline(
+                sources={"db": {"kind": "debezium_postgres", "topic": "demo.shop.customers"}},
+                refined={"players": {"source": "db", "keys": ["id"]}},
+            ),
+            "refined.players.keys: applies to event sources only: a Debezium table's key is its primary key and its "
+            "changes are ordered by their source position (source 'db' is debezium_postgres)",
+        ),
+        (
+            pipeline(
+                sources={"db": {"kind": "debezium_mongodb", "topic": "m.db.people"}},
+                refined={"players": {"source": "db", "flatten": {"keep": ["address"]}}},
+            ),
+            "refined.players.flatten: applies to event sources only: a MongoDB table keeps nested documents as struct "
+            "columns, typed from Extended JSON",
+        ),
+        (
+            pipeline(business={"sessions": {"sql": "SELECT * FROM players p JOIN scores s USING (player)"}}),
+            "business.sessions.sql: unknown table 'scores' (tables: players, sessions)",
+        ),
+        (
+            pipeline(
+                business={"a": {"sql": "SELECT * FROM b"}, "b": {"sql": "WITH x AS (SELECT 1) SELECT * FROM a, x"}}
+            ),
+            "business.a.sql: cycle: a -> b -> a",
+        ),
+        (
+            pipeline(business={"players": {"sql": "SELECT 1"}}),
+            "business.players: the name 'players' is already used by refined.players",
+        ),
+        (
+            pipeline(business={"sessions": {"sql": "SELECT 1", "trigger_interval_s": 0}}),
+            "business.sessions.trigger_interval_s: Input should be greater than 0",
+        ),
+        (
+            pipeline(expectations={"hr": {"table": "nope", "constraint": "x > 0"}}),
+            "expectations.hr.table: unknown refined table 'nope' (refined tables: players)",
+        ),
+        (
+            pipeline(expectations={"hr": {"table": "players", "constraint": "x > 0", "action": "explode"}}),
+            "expectations.hr.action: Input should be 'warn', 'drop' or 'fail'",
+        ),
     ],
 )
 def test_each_problem_names_the_key_and_the_reason(tmp_path, document, expected):
@@ -141,8 +246,10 @@ def test_each_problem_names_the_key_and_the_reason(tmp_path, document, expected)
 
 def test_flattening_collisions_and_reserved_names(tmp_path):
     schema = "device struct<os: string>, device_os string, _cdc_offset long"
-    document = pipeline(sources={"game_events": {"kind": "events", "format": "json", "topic": "t", "schema": schema}},
-                        refined={"players": {"source": "game_events"}})  # fmt: skip
+    document = pipeline(
+        sources={"game_events": {"kind": "events", "format": "json", "topic": "t", "schema": schema}},
+        refined={"players": {"source": "game_events"}},
+    )
     assert problems(tmp_path, document) == [
         "refined.players.flatten: flattening gives two columns named 'device_os': 'device.os' and 'device_os'"
     ]
@@ -154,10 +261,14 @@ def test_flattening_collisions_and_reserved_names(tmp_path):
 
 
 def test_every_problem_is_reported_at_once(tmp_path):
-    document = pipeline(refined={"players": {"source": "nope"}, "other": {"source": "game_events", "explode": ["x"]}},
-                        expectations={"e": {"table": "t", "constraint": "true"}})  # fmt: skip
+    document = pipeline(
+        refined={"players": {"source": "nope"}, "other": {"source": "game_events", "explode": ["x"]}},
+        expectations={"e": {"table": "t", "constraint": "true"}},
+    )
     assert [line.split(":")[0] for line in problems(tmp_path, document)] == [
-        "refined.players.source", "refined.other.explode[0]", "expectations.e.table"
+        "refined.players.source",
+        "refined.other.explode[0]",
+        "expectations.e.table",
     ]
 
 
@@ -172,7 +283,9 @@ def test_repeated_keys_and_broken_yaml(tmp_path):
 
 def test_validate_prints_one_line_per_problem_and_exits_2(tmp_path, capsys):
     file = tmp_path / "p.yaml"
-    file.write_text(yaml.safe_dump(pipeline(refined={"players": {"source": "nope"}, "other": {"source": "x"}}), sort_keys=False))
+    file.write_text(
+        yaml.safe_dump(pipeline(refined={"players": {"source": "nope"}, "other": {"source": "x"}}), sort_keys=False)
+    )
     assert main(["validate", str(file)]) == 2
     captured = capsys.readouterr()
     assert captured.err.splitlines() == [

@@ -23,20 +23,31 @@ from refine.quarantine import quarantine_location
 
 SHOP = {
     "name": "shop",
-    "sources": {"orders": {"kind": "debezium_postgres", "topic": "demo.shop.orders"},
-                "clicks": {"kind": "events", "format": "json", "topic": "clicks", "schema": "user string, at timestamp"}},
+    "sources": {
+        "orders": {"kind": "debezium_postgres", "topic": "demo.shop.orders"},
+        "clicks": {"kind": "events", "format": "json", "topic": "clicks", "schema": "user string, at timestamp"},
+    },
     "raw": {"on_gap": "record", "max_offsets_per_trigger": 500},
-    "refined": {"shop_orders": {"source": "orders"}, "clicks": {"source": "clicks", "keys": ["user"], "ordering": "at"}},
-}  # fmt: skip
+    "refined": {
+        "shop_orders": {"source": "orders"},
+        "clicks": {"source": "clicks", "keys": ["user"], "ordering": "at"},
+    },
+}
 
 
 def test_raw_lands_every_source_with_the_file_settings_unless_overridden(tmp_path):
     pipeline = Pipeline.model_validate(SHOP)
-    options = {"warehouse": str(tmp_path), "trigger": {"kind": "available_now"}, "on_gap": None,
-               "max_offsets_per_trigger": None}  # fmt: skip
+    options = {
+        "warehouse": str(tmp_path),
+        "trigger": {"kind": "available_now"},
+        "on_gap": None,
+        "max_offsets_per_trigger": None,
+    }
     config = raw_job_config(pipeline, options)
     assert (config.topics.topics, config.on_gap, config.max_offsets_per_trigger) == (
-        ["demo.shop.orders", "clicks"], GapPolicy.RECORD, 500
+        ["demo.shop.orders", "clicks"],
+        GapPolicy.RECORD,
+        500,
     )
     assert raw_job_config(pipeline, {**options, "max_offsets_per_trigger": 10}).max_offsets_per_trigger == 10
 
@@ -45,40 +56,73 @@ def test_refine_builds_one_job_per_refined_table(tmp_path):
     jobs = refine_jobs(Pipeline.model_validate(SHOP), PipelineRefineConfig(warehouse=str(tmp_path)))
     orders, clicks = jobs
     assert isinstance(orders, RefineJobConfig) and (orders.table, orders.target) == ("demo.shop.orders", "shop_orders")
-    assert isinstance(clicks, EventsRefineJobConfig) and (clicks.topic, clicks.schema_ddl) == ("clicks", "user string, at timestamp")
+    assert isinstance(clicks, EventsRefineJobConfig) and (clicks.topic, clicks.schema_ddl) == (
+        "clicks",
+        "user string, at timestamp",
+    )
 
 
 def test_an_avro_source_is_refined_as_events_with_its_wire_schema(tmp_path):
-    document = {**SHOP, "sources": {**SHOP["sources"], "scores": {
-        "kind": "events", "format": "avro", "topic": "scores", "schema": {"kind": "registry", "url": "http://r:8081"}}},
-        "refined": {"scores": {"source": "scores", "keys": ["player"], "ordering": "at"}}}  # fmt: skip
+    document = {
+        **SHOP,
+        "sources": {
+            **SHOP["sources"],
+            "scores": {
+                "kind": "events",
+                "format": "avro",
+                "topic": "scores",
+                "schema": {"kind": "registry", "url": "http://r:8081"},
+            },
+        },
+        "refined": {"scores": {"source": "scores", "keys": ["player"], "ordering": "at"}},
+    }
     config = PipelineRefineConfig(warehouse=str(tmp_path), reinfer_schema=True)  # applies to JSON sources only
     [scores] = refine_jobs(Pipeline.model_validate(document), config)
     assert isinstance(scores, EventsRefineJobConfig)
     assert (scores.format, scores.wire_schema.url, scores.schema_ddl, scores.reinfer_schema) == (
-        "avro", "http://r:8081", None, False)
+        "avro",
+        "http://r:8081",
+        None,
+        False,
+    )
 
 
 def test_a_protobuf_source_is_refined_as_events_with_its_wire_schema_and_message(tmp_path):
-    document = {**SHOP, "sources": {**SHOP["sources"], "scores": {
-        "kind": "events", "format": "protobuf", "topic": "scores", "message": "game.Score",
-        "schema": {"kind": "registry", "url": "http://r:8081"}}},
-        "refined": {"scores": {"source": "scores", "keys": ["player"], "ordering": "at"}}}  # fmt: skip
+    document = {
+        **SHOP,
+        "sources": {
+            **SHOP["sources"],
+            "scores": {
+                "kind": "events",
+                "format": "protobuf",
+                "topic": "scores",
+                "message": "game.Score",
+                "schema": {"kind": "registry", "url": "http://r:8081"},
+            },
+        },
+        "refined": {"scores": {"source": "scores", "keys": ["player"], "ordering": "at"}},
+    }
     [scores] = refine_jobs(Pipeline.model_validate(document), PipelineRefineConfig(warehouse=str(tmp_path)))
     assert isinstance(scores, EventsRefineJobConfig)
     assert (scores.format, scores.wire_schema.url, scores.message, scores.schema_ddl) == (
-        "protobuf", "http://r:8081", "game.Score", None)
+        "protobuf",
+        "http://r:8081",
+        "game.Score",
+        None,
+    )
 
 
 def test_what_is_not_run_yet_is_refused_naming_the_key(tmp_path):
     document = {
         **SHOP,
         "sources": {**SHOP["sources"], "people": {"kind": "debezium_mongodb", "topic": "m.db.people"}},
-        "refined": {"shop_orders": {"source": "orders", "explode": ["items"], "scd": 2},
-                    "people": {"source": "people", "explode": ["tags"], "scd": 2},
-                    "clicks": {"source": "clicks", "scd": 2}},
+        "refined": {
+            "shop_orders": {"source": "orders", "explode": ["items"], "scd": 2},
+            "people": {"source": "people", "explode": ["tags"], "scd": 2},
+            "clicks": {"source": "clicks", "scd": 2},
+        },
         "expectations": {"named": {"table": "people", "constraint": "name IS NOT NULL"}},
-    }  # fmt: skip
+    }
     with pytest.raises(ConfigError) as refused:
         refine_jobs(Pipeline.model_validate(document), PipelineRefineConfig(warehouse=str(tmp_path)))
     assert refused.value.message == (
@@ -98,9 +142,13 @@ def test_an_invalid_pipeline_stops_the_commands_before_spark_starts(tmp_path, ca
     file.write_text(yaml.safe_dump({"name": "x", "sources": {}}))
     assert main(["refine", "--pipeline", str(file), "--warehouse", str(tmp_path)]) == 2
     assert main(["raw", "--pipeline", str(file), "--warehouse", str(tmp_path)]) == 2
-    assert capsys.readouterr().err.splitlines() == [
-        f"cdc: error: invalid pipeline: sources: Dictionary should have at least 1 item after validation, not 0 (file={file})"
-    ] * 2
+    assert (
+        capsys.readouterr().err.splitlines()
+        == [
+            f"cdc: error: invalid pipeline: sources: Dictionary should have at least 1 item after validation, not 0 (file={file})"
+        ]
+        * 2
+    )
     assert main(["refine", "--table", "t", "--reinfer-schema", "--warehouse", str(tmp_path)]) == 2
     assert "--reinfer-schema applies to the event sources of a --pipeline" in capsys.readouterr().err
 
@@ -113,8 +161,15 @@ def test_a_debezium_table_through_the_pipeline_equals_cdc_refine_table(
     topic = f"{postgres_connector.topic_prefix}.shop.orders"
     kafka.wait_for_last_value(topic, lambda value: value is None)  # the workload ends with a delete
     file = tmp_path / "shop.yaml"
-    file.write_text(yaml.safe_dump({"name": "shop", "sources": {"orders": {"kind": "debezium_postgres", "topic": topic}},
-                                    "refined": {"shop_orders": {"source": "orders"}}}))  # fmt: skip
+    file.write_text(
+        yaml.safe_dump(
+            {
+                "name": "shop",
+                "sources": {"orders": {"kind": "debezium_postgres", "topic": topic}},
+                "refined": {"shop_orders": {"source": "orders"}},
+            }
+        )
+    )
     monkeypatch.setenv("CDC_KAFKA__BOOTSTRAP_SERVERS", kafka.bootstrap_servers)
     warehouse = ["--warehouse", str(tmp_path / "warehouse")]
     assert main(["raw", "--pipeline", str(file), *warehouse, "--available-now"]) == 0
@@ -132,79 +187,127 @@ def test_a_debezium_table_through_the_pipeline_equals_cdc_refine_table(
 
 def produce_scores(kafka, topic: str, events: list[tuple]) -> None:
     """(player, time, score) events, keyed by player, into partition 0."""
-    kafka.produce(topic, [(player.encode(), json.dumps({"player": player, "time": time, "score": score}).encode())
-                          for player, time, score in events], partition=0)  # fmt: skip
+    kafka.produce(
+        topic,
+        [
+            (player.encode(), json.dumps({"player": player, "time": time, "score": score}).encode())
+            for player, time, score in events
+        ],
+        partition=0,
+    )
 
 
 def scores_pipeline(topic: str, expectations: dict) -> dict:
     return {
         "name": "scores",
-        "sources": {"game": {"kind": "events", "format": "json", "topic": topic,
-                             "schema": "player string, time timestamp, score int"}},
-        "refined": {"scores": {"source": "game"},  # every event
-                    "players": {"source": "game", "keys": ["player"], "ordering": "time", "scd": 2}},
+        "sources": {
+            "game": {
+                "kind": "events",
+                "format": "json",
+                "topic": topic,
+                "schema": "player string, time timestamp, score int",
+            }
+        },
+        "refined": {
+            "scores": {"source": "game"},  # every event
+            "players": {"source": "game", "keys": ["player"], "ordering": "time", "scd": 2},
+        },
         "business": {"activity": {"sql": ACTIVITY}},
         "expectations": expectations,
-    }  # fmt: skip
+    }
 
 
-ACTIVITY = "SELECT player, count(*) AS events, min(time) AS first_time, max(time) AS last_time FROM scores GROUP BY player"
+ACTIVITY = (
+    "SELECT player, count(*) AS events, min(time) AS first_time, max(time) AS last_time FROM scores GROUP BY player"
+)
 T = "2026-01-01T10:0{}:00Z".format
 
 
 @pytest.mark.integration
 def test_expectations_history_and_business_tables_of_an_events_pipeline(spark, kafka, pipeline_run, unique_name):
     topic = kafka.create_topic(f"{unique_name}.scores")
-    pipeline = scores_pipeline(topic, {
-        "score_known": {"table": "scores", "constraint": "score IS NOT NULL", "action": "warn"},
-        "no_test_players": {"table": "players", "constraint": "player <> 'test'", "action": "drop"},
-    })  # fmt: skip
-    produce_scores(kafka, topic, [("ann", T(1), 10), ("bob", T(1), 5), ("ann", T(2), None), ("ann", T(4), 40),
-                                  ("test", T(1), 1)])  # fmt: skip
+    pipeline = scores_pipeline(
+        topic,
+        {
+            "score_known": {"table": "scores", "constraint": "score IS NOT NULL", "action": "warn"},
+            "no_test_players": {"table": "players", "constraint": "player <> 'test'", "action": "drop"},
+        },
+    )
+    produce_scores(
+        kafka, topic, [("ann", T(1), 10), ("bob", T(1), 5), ("ann", T(2), None), ("ann", T(4), 40), ("test", T(1), 1)]
+    )
     history_columns = ["player", "score", "_cdc_valid_from", "_cdc_valid_to", "_cdc_is_current", "_cdc_is_deleted"]
 
     def history(rows: list[tuple]):
-        return spark.createDataFrame(rows, "player string, score int, valid_from string, valid_to string, "
-                                           "is_current boolean, is_deleted boolean").select(
-            "player", "score", F.to_timestamp("valid_from").alias("_cdc_valid_from"),
-            F.to_timestamp("valid_to").alias("_cdc_valid_to"), F.col("is_current").alias("_cdc_is_current"),
-            F.col("is_deleted").alias("_cdc_is_deleted"))  # fmt: skip
+        return spark.createDataFrame(
+            rows, "player string, score int, valid_from string, valid_to string, is_current boolean, is_deleted boolean"
+        ).select(
+            "player",
+            "score",
+            F.to_timestamp("valid_from").alias("_cdc_valid_from"),
+            F.to_timestamp("valid_to").alias("_cdc_valid_to"),
+            F.col("is_current").alias("_cdc_is_current"),
+            F.col("is_deleted").alias("_cdc_is_deleted"),
+        )
 
     for _ in range(2):  # a rerun changes nothing
         assert pipeline_run(pipeline) == 0
         players = pipeline_run.table("players").select("player", "score")
         assertDataFrameEqual(players, spark.createDataFrame([("ann", 40), ("bob", 5)], players.schema))
-        assertDataFrameEqual(pipeline_run.table("players__history").select(*history_columns), history([
-            ("ann", 10, T(1), T(2), False, False), ("ann", None, T(2), T(4), False, False),
-            ("ann", 40, T(4), None, True, False), ("bob", 5, T(1), None, True, False),
-        ]))  # fmt: skip
+        assertDataFrameEqual(
+            pipeline_run.table("players__history").select(*history_columns),
+            history(
+                [
+                    ("ann", 10, T(1), T(2), False, False),
+                    ("ann", None, T(2), T(4), False, False),
+                    ("ann", 40, T(4), None, True, False),
+                    ("bob", 5, T(1), None, True, False),
+                ]
+            ),
+        )
         assert pipeline_run.table("scores").count() == 5  # the warned row is kept
-        assertDataFrameEqual(pipeline_run.table("activity", "business"), spark.sql(ACTIVITY.replace(
-            "FROM scores", f"FROM delta.`{pipeline_run.warehouse}/refined/scores`")))  # fmt: skip
+        assertDataFrameEqual(
+            pipeline_run.table("activity", "business"),
+            spark.sql(ACTIVITY.replace("FROM scores", f"FROM delta.`{pipeline_run.warehouse}/refined/scores`")),
+        )
 
     quarantined = spark.read.format("delta").load(quarantine_location(pipeline_run.warehouse))
     assert [(row.source_table, row.offset, row.reason) for row in quarantined.collect()] == [
         ("players", 4, "failed expectations: no_test_players")
     ]
     counts = spark.read.format("delta").load(expectations_location(pipeline_run.warehouse))
-    totals = counts.groupBy("table", "expectation").agg(F.sum("passed").alias("passed"), F.sum("failed").alias("failed"))
-    assertDataFrameEqual(totals, spark.createDataFrame(
-        [("scores", "score_known", 4, 1), ("players", "no_test_players", 4, 1)], totals.schema))  # fmt: skip
+    totals = counts.groupBy("table", "expectation").agg(
+        F.sum("passed").alias("passed"), F.sum("failed").alias("failed")
+    )
+    assertDataFrameEqual(
+        totals,
+        spark.createDataFrame([("scores", "score_known", 4, 1), ("players", "no_test_players", 4, 1)], totals.schema),
+    )
 
     # A second batch: a late event lands in its place in the history; the business table follows.
     produce_scores(kafka, topic, [("ann", T(3), 30), ("carl", T(5), 7), ("ann", T(6), 60)])
     for _ in range(2):
         assert pipeline_run(pipeline) == 0
-        assertDataFrameEqual(pipeline_run.table("players__history").select(*history_columns), history([
-            ("ann", 10, T(1), T(2), False, False), ("ann", None, T(2), T(3), False, False),
-            ("ann", 30, T(3), T(4), False, False), ("ann", 40, T(4), T(6), False, False),
-            ("ann", 60, T(6), None, True, False), ("bob", 5, T(1), None, True, False),
-            ("carl", 7, T(5), None, True, False),
-        ]))  # fmt: skip
+        assertDataFrameEqual(
+            pipeline_run.table("players__history").select(*history_columns),
+            history(
+                [
+                    ("ann", 10, T(1), T(2), False, False),
+                    ("ann", None, T(2), T(3), False, False),
+                    ("ann", 30, T(3), T(4), False, False),
+                    ("ann", 40, T(4), T(6), False, False),
+                    ("ann", 60, T(6), None, True, False),
+                    ("bob", 5, T(1), None, True, False),
+                    ("carl", 7, T(5), None, True, False),
+                ]
+            ),
+        )
         activity = pipeline_run.table("activity", "business")
         assert activity.count() == 4  # ann, bob, carl, test (scores keeps every event)
-        assertDataFrameEqual(activity, spark.sql(ACTIVITY.replace(
-            "FROM scores", f"FROM delta.`{pipeline_run.warehouse}/refined/scores`")))  # fmt: skip
+        assertDataFrameEqual(
+            activity,
+            spark.sql(ACTIVITY.replace("FROM scores", f"FROM delta.`{pipeline_run.warehouse}/refined/scores`")),
+        )
 
 
 @pytest.mark.integration
@@ -217,10 +320,19 @@ def test_a_continuous_pipeline_refreshes_business_tables_on_their_interval(
     from cdc.pipeline.run import run_pipeline_refine
 
     topic = kafka.create_topic(f"{unique_name}.scores")
-    document = {"name": "live", "sources": {"game": {"kind": "events", "format": "json", "topic": topic,
-                                                     "schema": "player string, time timestamp, score int"}},
-                "refined": {"scores": {"source": "game"}},
-                "business": {"activity": {"sql": ACTIVITY, "trigger_interval_s": 0.5}}}  # fmt: skip
+    document = {
+        "name": "live",
+        "sources": {
+            "game": {
+                "kind": "events",
+                "format": "json",
+                "topic": topic,
+                "schema": "player string, time timestamp, score int",
+            }
+        },
+        "refined": {"scores": {"source": "game"}},
+        "business": {"activity": {"sql": ACTIVITY, "trigger_interval_s": 0.5}},
+    }
     pipeline_run.file.write_text(yaml.safe_dump(document))
     land = ["raw", "--pipeline", str(pipeline_run.file), "--warehouse", pipeline_run.warehouse, "--available-now"]
     produce_scores(kafka, topic, [("ann", T(1), 10), ("bob", T(2), 5)])
@@ -252,8 +364,10 @@ def test_a_continuous_pipeline_refreshes_business_tables_on_their_interval(
         stop.set()
         thread.join(120)
     assert not thread.is_alive() and not failures, failures
-    assertDataFrameEqual(pipeline_run.table("activity", "business"), spark.sql(ACTIVITY.replace(
-        "FROM scores", f"FROM delta.`{pipeline_run.warehouse}/refined/scores`")))  # fmt: skip
+    assertDataFrameEqual(
+        pipeline_run.table("activity", "business"),
+        spark.sql(ACTIVITY.replace("FROM scores", f"FROM delta.`{pipeline_run.warehouse}/refined/scores`")),
+    )
 
 
 @pytest.mark.integration
@@ -278,18 +392,24 @@ def test_business_tables_read_pipeline_tables_as_views_in_dependency_order(tmp_p
         **SHOP,
         "sources": {**SHOP["sources"], "game": {"kind": "events", "format": "json", "topic": "game"}},
         "refined": {**SHOP["refined"], "events": {"source": "game", "split_by": "game", "explode": ["items"]}},
-        "business": {"top": {"sql": "SELECT * FROM per_user ORDER BY n DESC LIMIT 3"},
-                     "per_user": {"sql": "SELECT user, count(*) AS n FROM clicks JOIN shop_orders ON true GROUP BY user"},
-                     "items": {"sql": "SELECT * FROM events__items JOIN events USING (pos)"}},
-    }  # fmt: skip
+        "business": {
+            "top": {"sql": "SELECT * FROM per_user ORDER BY n DESC LIMIT 3"},
+            "per_user": {"sql": "SELECT user, count(*) AS n FROM clicks JOIN shop_orders ON true GROUP BY user"},
+            "items": {"sql": "SELECT * FROM events__items JOIN events USING (pos)"},
+        },
+    }
     warehouse = str(tmp_path)
     tables = {table.name: table for table in business_tables(Pipeline.model_validate(document), warehouse)}
     assert list(tables) == ["per_user", "top", "items"]  # per_user before top, which reads it
     assert (tables["per_user"].views, tables["per_user"].split_views) == (
-        {"clicks": f"{warehouse}/refined/clicks", "shop_orders": f"{warehouse}/refined/shop_orders"}, {})
+        {"clicks": f"{warehouse}/refined/clicks", "shop_orders": f"{warehouse}/refined/shop_orders"},
+        {},
+    )
     assert tables["top"].views == {"per_user": f"{warehouse}/business/per_user"}
     assert (tables["items"].views, tables["items"].split_views) == (
-        {}, {"events": f"{warehouse}/refined/events", "events__items": f"{warehouse}/refined/events__items"})
+        {},
+        {"events": f"{warehouse}/refined/events", "events__items": f"{warehouse}/refined/events__items"},
+    )
     assert tables["items"].location == f"{warehouse}/business/items"
 
 
@@ -300,9 +420,12 @@ def test_an_expectation_on_a_debezium_table_drops_its_rows_but_never_its_deletes
     run_workload(stack_config.postgres.dsn(), customers=3, seed=22)
     topic = f"{postgres_connector.topic_prefix}.shop.orders"
     kafka.wait_for_last_value(topic, lambda value: value is None)  # the workload ends with a delete
-    pipeline = {"name": "shop", "sources": {"orders": {"kind": "debezium_postgres", "topic": topic}},
-                "refined": {"shop_orders": {"source": "orders"}},
-                "expectations": {"no_orders": {"table": "shop_orders", "constraint": "order_no < 0", "action": "drop"}}}
+    pipeline = {
+        "name": "shop",
+        "sources": {"orders": {"kind": "debezium_postgres", "topic": topic}},
+        "refined": {"shop_orders": {"source": "orders"}},
+        "expectations": {"no_orders": {"table": "shop_orders", "constraint": "order_no < 0", "action": "drop"}},
+    }
     for _ in range(2):  # a rerun changes nothing
         assert pipeline_run(pipeline) == 0
         assert pipeline_run.table("shop_orders").count() == 0  # every row dropped; deletes of absent keys add none
@@ -346,30 +469,41 @@ def test_a_debezium_table_with_history_and_an_exploded_array(
     topic = f"{postgres_connector.topic_prefix}.shop.customers"
     a, b, c = customers_round_one(stack_config.postgres.dsn(), random.Random(5))
     kafka.wait_for_last_value(topic, lambda value: value is not None and b'"round one"' in value)
-    pipeline = {"name": "crm", "sources": {"customers": {"kind": "debezium_postgres", "topic": topic}},
-                "refined": {"customers": {"source": "customers", "explode": ["tags"], "scd": 2}}}  # fmt: skip
+    pipeline = {
+        "name": "crm",
+        "sources": {"customers": {"kind": "debezium_postgres", "topic": topic}},
+        "refined": {"customers": {"source": "customers", "explode": ["tags"], "scd": 2}},
+    }
 
     def check_tables() -> None:
         source = postgres_table("customers")
-        assertDataFrameEqual(pipeline_run.table("customers").select(*CUSTOMER_COLUMNS), source.select(*CUSTOMER_COLUMNS))
+        assertDataFrameEqual(
+            pipeline_run.table("customers").select(*CUSTOMER_COLUMNS), source.select(*CUSTOMER_COLUMNS)
+        )
         tags = source.select("id", F.posexplode("tags").alias("pos", "value"))
         assertDataFrameEqual(pipeline_run.table("customers__tags").select("id", "pos", "value"), tags)
         history = pipeline_run.table("customers__history")
-        assertDataFrameEqual(history.where("_cdc_is_current").select(*CUSTOMER_COLUMNS), source.select(*CUSTOMER_COLUMNS))
+        assertDataFrameEqual(
+            history.where("_cdc_is_current").select(*CUSTOMER_COLUMNS), source.select(*CUSTOMER_COLUMNS)
+        )
         assert history.where("_cdc_is_deleted AND _cdc_is_current").isEmpty()
 
     for _ in range(2):  # a rerun changes nothing
         assert pipeline_run(pipeline) == 0
         check_tables()
     history = pipeline_run.table("customers__history")
-    versions = {key: history.where(F.col("id") == key).orderBy("_cdc_lsn", "_cdc_offset").collect() for key in (a, b, c)}
+    versions = {
+        key: history.where(F.col("id") == key).orderBy("_cdc_lsn", "_cdc_offset").collect() for key in (a, b, c)
+    }
     notes = versions[a][0].notes
     assert [row.tags for row in versions[a]][1:] == [["a", "b", "c"], ["a"], ["a"], ["a"]]
     assert {row.notes for row in versions[a]} == {notes} and len(notes) > 2000  # placeholders took the last value
     assert [(row._cdc_is_current, row._cdc_is_deleted) for row in versions[a]] == [(False, False)] * 4 + [(True, False)]
     assert all(row._cdc_valid_to == after._cdc_valid_from for row, after in zip(versions[a], versions[a][1:]))
     assert [(row._cdc_op, row._cdc_is_current, row._cdc_is_deleted) for row in versions[b]] == [
-        ("c", False, False), ("d", False, True)]  # fmt: skip
+        ("c", False, False),
+        ("d", False, True),
+    ]
     assert versions[b][0]._cdc_valid_to == versions[b][1]._cdc_valid_from == versions[b][1]._cdc_valid_to
     assert [(row._cdc_op, row._cdc_is_deleted) for row in versions[c]] == [("c", False), ("d", True)]
     (moved,) = history.where(F.col("id") == c + 1000000).collect()

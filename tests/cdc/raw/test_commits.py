@@ -42,7 +42,9 @@ def records(spark, first: int, count: int = 2):
 
 def run(spark, tmp_path, table) -> LandBatch:
     """The foreachBatch function of a new run of `cdc raw`."""
-    config = validate(RawJobConfig, {"topics": {"kind": "topics", "topics": [TOPIC]}, "warehouse": str(tmp_path)}, "raw")
+    config = validate(
+        RawJobConfig, {"topics": {"kind": "topics", "topics": [TOPIC]}, "warehouse": str(tmp_path)}, "raw"
+    )
     return LandBatch(config, TOPIC, table, checkpoint_location(config.warehouse, TOPIC))
 
 
@@ -94,7 +96,8 @@ def test_a_new_query_is_never_taken_for_a_replay(spark, tmp_path, raw_table):
 def test_a_table_landed_without_markers_falls_back_to_deltas_idempotent_writes(spark, tmp_path, raw_table):
     # How earlier versions of `cdc raw` landed every batch.
     raw_rows(records(spark, 0), 0).write.format("delta").mode("append").option("txnAppId", "cdc-raw-query-1").option(
-        "txnVersion", 0).save(raw_table)  # fmt: skip
+        "txnVersion", 0
+    ).save(raw_table)
     assert last_landed_batch(spark, raw_table, "query-1") is None
     with streaming_query(spark, "query-1"):
         replay = run(spark, tmp_path, raw_table)

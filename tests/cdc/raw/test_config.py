@@ -6,7 +6,9 @@ from cdc.raw.config import AvailableNow, Continuous, GapPolicy, RawJobConfig, To
 
 
 def config(**fields):
-    return validate(RawJobConfig, {"topics": {"kind": "topics", "topics": ["a.b"]}, "warehouse": "wh", **fields}, "raw job settings")
+    return validate(
+        RawJobConfig, {"topics": {"kind": "topics", "topics": ["a.b"]}, "warehouse": "wh", **fields}, "raw job settings"
+    )
 
 
 def test_defaults():
@@ -32,10 +34,19 @@ def test_variants_by_kind():
         ({"topics": {"kind": "topics", "topics": ["bad topic"]}}, "topics.topics.0: String should match pattern"),
         ({"topics": {"kind": "topics", "topics": [".."]}}, "'..' is not a valid topic name"),
         ({"topics": {"kind": "topics", "topics": []}}, "topics.topics: List should have at least 1 item"),
-        ({"topics": {"kind": "pattern", "pattern": "demo.("}}, "topics.pattern.pattern: Value error, not a valid regular expression"),
-        ({"trigger": {"kind": "continuous", "interval_s": 0}}, "trigger.continuous.interval_s: Input should be greater than 0"),
+        (
+            {"topics": {"kind": "pattern", "pattern": "demo.("}},
+            "topics.pattern.pattern: Value error, not a valid regular expression",
+        ),
+        (
+            {"trigger": {"kind": "continuous", "interval_s": 0}},
+            "trigger.continuous.interval_s: Input should be greater than 0",
+        ),
         ({"force_destroy_raw_data": True}, "force_destroy_raw_data only applies together with reset"),
-        ({"kafka": {"security_protocol": "SASL_SSL"}}, "SASL_SSL needs sasl_mechanism, sasl_username and sasl_password"),
+        (
+            {"kafka": {"security_protocol": "SASL_SSL"}},
+            "SASL_SSL needs sasl_mechanism, sasl_username and sasl_password",
+        ),
     ],
 )
 def test_invalid_settings_name_key_and_reason(fields, message):

@@ -62,10 +62,21 @@ def test_invalid_option_names_the_setting(cli, tmp_path):
 
 def test_secrets_are_never_echoed(cli, tmp_path, monkeypatch):
     secrets = tmp_path / "kafka.yaml"
-    secrets.write_text("bootstrap_servers: 127.0.0.1:1\nsecurity_protocol: SASL_SSL\nsasl_mechanism: PLAIN\n"
-                       "sasl_username: user\nsasl_password: hunter2-secret\n")  # fmt: skip
-    code, out, err = cli("--debug", "raw", "--topic", "t", "--warehouse", str(tmp_path), "--kafka-secrets-file",
-                         str(secrets), "--available-now")  # fmt: skip
+    secrets.write_text(
+        "bootstrap_servers: 127.0.0.1:1\nsecurity_protocol: SASL_SSL\nsasl_mechanism: PLAIN\n"
+        "sasl_username: user\nsasl_password: hunter2-secret\n"
+    )
+    code, out, err = cli(
+        "--debug",
+        "raw",
+        "--topic",
+        "t",
+        "--warehouse",
+        str(tmp_path),
+        "--kafka-secrets-file",
+        str(secrets),
+        "--available-now",
+    )
     assert code == 6
     assert "hunter2-secret" not in out + err
 
@@ -81,4 +92,7 @@ def test_status_reports_versions_rows_and_lag(cli, kafka, tmp_path, unique_name)
     [table] = json.loads(out)["raw_tables"]
     assert (table["topic"], table["rows"], table["recorded_gaps"], table["quarantined"]) == (topic, 5, 0, 0)
     assert table["version"] >= 1
-    assert [(p["partition"], p["consumed"], p["end"], p["lag"]) for p in table["partitions"]] == [(0, 5, 5, 0), (1, 0, 3, 3)]
+    assert [(p["partition"], p["consumed"], p["end"], p["lag"]) for p in table["partitions"]] == [
+        (0, 5, 5, 0),
+        (1, 0, 3, 3),
+    ]

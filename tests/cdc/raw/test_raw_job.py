@@ -45,29 +45,36 @@ def landed(spark, warehouse: Path, topic: str) -> DataFrame:
     """The raw table as Kafka records: original key and value bytes, headers ([] when there are none)."""
     table = spark.read.format("delta").load(raw_table_location(str(warehouse), topic))
     return table.select(
-        "topic", "partition", "offset",
+        "topic",
+        "partition",
+        "offset",
         original_bytes("key", "key_bytes").alias("key"),
         original_bytes("value", "value_bytes").alias("value"),
         F.coalesce("headers", F.array().cast("array<struct<key:string,value:binary>>")).alias("headers"),
-    )  # fmt: skip
+    )
 
 
 def on_kafka(spark, kafka, topic: str) -> DataFrame:
     return spark.createDataFrame(kafka.records(topic), RECORD_SCHEMA)
 
 
-def test_debezium_and_event_topics_land_byte_for_byte(spark, kafka, stack_config, postgres_connector, tmp_path, unique_name):
+def test_debezium_and_event_topics_land_byte_for_byte(
+    spark, kafka, stack_config, postgres_connector, tmp_path, unique_name
+):
     run_workload(stack_config.postgres.dsn(), customers=3, seed=3)  # deletes bring tombstones (null values)
     debezium_topics = [f"{postgres_connector.topic_prefix}.shop.{table}" for table in TABLES]
     read_events(kafka.bootstrap_servers, {topic: 1 for topic in debezium_topics})  # the topics exist
     events = kafka.create_topic(f"{unique_name}.events", partitions=3)
-    kafka.produce(events, [
-        (b"watch-1", b'{"time":"2026-01-01T10:00:00Z","model":"fenix","heart_rate":72}', [("source", b"band")]),
-        (None, b'{"time":"2026-01-01T10:00:01Z","model":"fenix","heart_rate":75}'),
-        (b"\xc3\x28", b"\xff\xfe not utf-8", [("h", b"\x00\x01"), ("h", b"again")]),
-        (b"watch-2", b""),
-        (b"watch-2", None),
-    ])  # fmt: skip
+    kafka.produce(
+        events,
+        [
+            (b"watch-1", b'{"time":"2026-01-01T10:00:00Z","model":"fenix","heart_rate":72}', [("source", b"band")]),
+            (None, b'{"time":"2026-01-01T10:00:01Z","model":"fenix","heart_rate":75}'),
+            (b"\xc3\x28", b"\xff\xfe not utf-8", [("h", b"\x00\x01"), ("h", b"again")]),
+            (b"watch-2", b""),
+            (b"watch-2", None),
+        ],
+    )
     time.sleep(1)  # let Debezium finish writing the workload's events: compared below offset by offset
     topics = [*debezium_topics, events]
     config = raw_job(tmp_path, topics, kafka.bootstrap_servers)
@@ -79,7 +86,9 @@ def test_debezium_and_event_topics_land_byte_for_byte(spark, kafka, stack_config
     assert tombstones > 0
 
     # A rerun lands nothing twice; new records land once.
-    versions = {t: DeltaTable.forPath(spark, raw_table_location(str(tmp_path), t)).history(1).head().version for t in topics}
+    versions = {
+        t: DeltaTable.forPath(spark, raw_table_location(str(tmp_path), t)).history(1).head().version for t in topics
+    }
     kafka.produce(events, [(b"watch-3", b'{"heart_rate":80}')])
     run_raw_job(spark, config, say=lambda line: None)
     assertDataFrameEqual(landed(spark, tmp_path, events), on_kafka(spark, kafka, events))
@@ -103,7 +112,16 @@ def test_kill_9_at_any_moment_loses_and_duplicates_nothing(spark, kafka, tmp_pat
     topic = kafka.create_topic(unique_name, partitions=3)
     kafka.produce(topic, [(f"k{i}".encode(), f"value {i} ".encode() * 20) for i in range(30_000)])
     table = Path(raw_table_location(str(tmp_path), topic))
-    args = ["raw", "--topic", topic, "--warehouse", str(tmp_path), "--available-now", "--max-offsets-per-trigger", "3000"]
+    args = [
+        "raw",
+        "--topic",
+        topic,
+        "--warehouse",
+        str(tmp_path),
+        "--available-now",
+        "--max-offsets-per-trigger",
+        "3000",
+    ]
 
     def commits() -> int:
         return len(list((table / "_delta_log").glob("*.json")))
@@ -152,24 +170,35 @@ def test_kill_9_at_any_moment_loses_and_duplicates_nothing(spark, kafka, tmp_pat
         process.wait()
 
     # The rerun after the last kill: in this process (a fifth JVM start would test nothing more).
-    run_raw_job(spark, raw_job(tmp_path, [topic], kafka.bootstrap_servers, max_offsets_per_trigger=3000),
-                say=lambda line: None)  # fmt: skip
+    run_raw_job(
+        spark, raw_job(tmp_path, [topic], kafka.bootstrap_servers, max_offsets_per_trigger=3000), say=lambda line: None
+    )
     assertDataFrameEqual(landed(spark, tmp_path, topic), on_kafka(spark, kafka, topic))
 
 
-def test_continuous_run_lands_as_records_arrive_and_stops_on_sigterm(spark, kafka, tmp_path, unique_name, cdc_process,
-                                                                     wait_for):
+def test_continuous_run_lands_as_records_arrive_and_stops_on_sigterm(
+    spark, kafka, tmp_path, unique_name, cdc_process, wait_for
+):
     topic = kafka.create_topic(unique_name)
     process = cdc_process(["raw", "--topic", topic, "--warehouse", str(tmp_path), "--trigger-interval", "0.5"])
     table = raw_table_location(str(tmp_path), topic)
     try:
         for round_ in range(1, 3):
             kafka.produce(topic, [(b"k", f"round {round_} record {i}".encode()) for i in range(100)])
-            wait_for(lambda: is_delta_table(spark, table) and spark.read.format("delta").load(table).count() == 100 * round_,
-                     120, f"round {round_} to land", 0.5)  # fmt: skip
+            wait_for(
+                lambda: is_delta_table(spark, table) and spark.read.format("delta").load(table).count() == 100 * round_,
+                120,
+                f"round {round_} to land",
+                0.5,
+            )
             # A batch's Delta commit is visible before the job's progress report of it: wait for the
             # report, as the job's summary counts what was reported.
-            wait_for(lambda: reported_rows(process.printed, topic) == 100 * round_, 60, f"the progress line of round {round_}", 0.1)
+            wait_for(
+                lambda: reported_rows(process.printed, topic) == 100 * round_,
+                60,
+                f"the progress line of round {round_}",
+                0.1,
+            )
         assert "-XX:+UseParallelGC" in jvm_command_line(process.pid)  # `cdc raw`'s own collector
     finally:
         # As a service manager stops a job: SIGTERM to its whole process group, so to the JVM too.
@@ -211,8 +240,12 @@ def test_retention_gap_stops_the_job_unless_allowed_and_then_is_recorded(spark, 
 
     with pytest.raises(OffsetGapError) as raised:
         run_raw_job(spark, raw_job(tmp_path, [topic], kafka.bootstrap_servers), say=lambda line: None)
-    assert raised.value.context == {"topic": topic, "partition": 0, "missing": "100-149",
-                                    "table": raw_table_location(str(tmp_path), topic)}  # fmt: skip
+    assert raised.value.context == {
+        "topic": topic,
+        "partition": 0,
+        "missing": "100-149",
+        "table": raw_table_location(str(tmp_path), topic),
+    }
 
     allowing = raw_job(tmp_path, [topic], kafka.bootstrap_servers, on_gap="record")
     for _ in range(2):  # the rerun records the gap once

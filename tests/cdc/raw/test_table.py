@@ -20,14 +20,23 @@ from cdc.raw.table import (
     raw_table_topic,
 )
 
+
 def append_records(kafka_records, table: str, first_offset: int, count: int) -> None:
     """``count`` records whose keys and values repeat (Parquet would keep them in a dictionary), one
     invalid UTF-8 value among them (so value_bytes is written too)."""
     records = [
-        (f"k{offset % 3}".encode(), b"\xff" if offset == first_offset else f"v{offset % 3}".encode(), "t", 0, offset,
-         datetime(2026, 1, 1), 0, None)
+        (
+            f"k{offset % 3}".encode(),
+            b"\xff" if offset == first_offset else f"v{offset % 3}".encode(),
+            "t",
+            0,
+            offset,
+            datetime(2026, 1, 1),
+            0,
+            None,
+        )
         for offset in range(first_offset, first_offset + count)
-    ]  # fmt: skip
+    ]
     raw_rows(kafka_records(records), first_offset).write.format("delta").mode("append").save(table)
 
 
@@ -65,7 +74,9 @@ def test_a_new_raw_table_is_append_only_with_a_change_feed_and_a_checkpoint_ever
     assert (properties["cdc.kind"], properties["cdc.topic"], properties["cdc.reset.allowed"]) == ("raw", "t", "false")
 
 
-def test_a_raw_table_of_an_earlier_version_gets_the_settings_and_its_change_feed_reads_on(spark, kafka_records, tmp_path):
+def test_a_raw_table_of_an_earlier_version_gets_the_settings_and_its_change_feed_reads_on(
+    spark, kafka_records, tmp_path
+):
     table, copy = str(tmp_path / "raw" / "t"), str(tmp_path / "copy")
     create_raw_table(spark, table, "t")
     settings = PARQUET_PROPERTIES | CHECKPOINT_PROPERTIES
@@ -74,9 +85,18 @@ def test_a_raw_table_of_an_earlier_version_gets_the_settings_and_its_change_feed
     append_records(kafka_records, table, 0, 5)
 
     def copy_change_feed() -> None:  # as refine reads it: a stream with a checkpoint
-        (spark.readStream.format("delta").option("readChangeFeed", "true").option("startingVersion", 0).load(table)
-         .select("offset").writeStream.format("delta").option("checkpointLocation", f"{copy}/_checkpoint")
-         .trigger(availableNow=True).start(copy).awaitTermination())  # fmt: skip
+        (
+            spark.readStream.format("delta")
+            .option("readChangeFeed", "true")
+            .option("startingVersion", 0)
+            .load(table)
+            .select("offset")
+            .writeStream.format("delta")
+            .option("checkpointLocation", f"{copy}/_checkpoint")
+            .trigger(availableNow=True)
+            .start(copy)
+            .awaitTermination()
+        )
 
     copy_change_feed()
     create_raw_table(spark, table, "t")  # a later run: adds the settings
