@@ -35,14 +35,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import psycopg  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
-from cdc.config import Settings, load_settings  # noqa: E402
-from cdc.spark import build_spark_session  # noqa: E402
+from cdc.core.config import Settings, load_settings  # noqa: E402
+from cdc.core.session import build_spark_session  # noqa: E402
 from cdc.stack.local import LocalStack  # noqa: E402
 from connectors import definitions  # noqa: E402
 from connectors.client import ConnectClient  # noqa: E402
 from connectors.definitions import ConnectorDefinition  # noqa: E402
-from cdc.raw.table import raw_table_location  # noqa: E402
-from cdc.source import KafkaTopics  # noqa: E402
+from cdc.core.tables import raw_table_location  # noqa: E402
+from cdc.core.source import KafkaTopics  # noqa: E402
 from refine.job import refined_table_location  # noqa: E402
 
 

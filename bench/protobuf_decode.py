@@ -9,8 +9,8 @@ measures what that costs against the two paths Spark decodes in the JVM, on the 
 - EVENTS page-view events (~1 KB as Protobuf: ids, a Timestamp, an enum, nested structs, a repeated
   message, a map, strings) are built once and written as three raw-like Delta tables (value / value_bytes,
   partition, offset, as `cdc raw` lands them): Protobuf, JSON text, Avro binary;
-- each path decodes its whole table (refine.protobuf_events.decode_protobuf, refine.events.decode_json
-  with from_json, refine.avro_events.decode_avro) into Spark's no-op sink, after a first pass counting
+- each path decodes its whole table (cdc.pipeline.events.protobuf.decode_protobuf, cdc.pipeline.events.job.decode_json
+  with from_json, cdc.pipeline.events.avro.decode_avro) into Spark's no-op sink, after a first pass counting
   the values that did not decode (a warm-up, and a check: it should be 0), ROUNDS times; the best
   round gives events/s. Reading the table alone is timed too (the floor every path pays).
 
@@ -35,12 +35,12 @@ import fastavro  # noqa: E402
 from google.protobuf import message_factory  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 
-from cdc.config import SparkConfig  # noqa: E402
+from cdc.core.config import SparkConfig  # noqa: E402
 from cdc.pipeline.config import SchemaFile  # noqa: E402
-from cdc.spark import build_spark_session  # noqa: E402
-from refine.avro_events import AvroDecoding, avro_event_schema, decode_avro  # noqa: E402
-from refine.events import decode_json  # noqa: E402
-from refine.protobuf_events import ProtobufDecoder, compile_schema_file, message_descriptor  # noqa: E402
+from cdc.core.session import build_spark_session  # noqa: E402
+from cdc.pipeline.events.avro import AvroDecoding, avro_event_schema, decode_avro  # noqa: E402
+from cdc.pipeline.events.job import decode_json  # noqa: E402
+from cdc.pipeline.events.protobuf import ProtobufDecoder, compile_schema_file, message_descriptor  # noqa: E402
 
 PROTO = """
 syntax = "proto3";

@@ -30,8 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cdc.config import load_settings  # noqa: E402
-from cdc.spark import build_spark_session, job_spark_config  # noqa: E402
+from cdc.core.config import load_settings  # noqa: E402
+from cdc.core.session import build_spark_session, job_spark_config  # noqa: E402
 
 VARIANTS = ("cdc raw", "plain stream")
 
@@ -66,7 +66,7 @@ def produce(spark, bootstrap: str, topic: str, messages: int, size: int, partiti
 def land(spark, variant: str, topic: str, bootstrap: str, warehouse: str) -> int:
     """Land all of ``topic`` into a new table under ``warehouse`` with ``variant``; return the rows landed."""
     if variant == "cdc raw":
-        from cdc.config import validate
+        from cdc.core.config import validate
         from cdc.raw.config import RawJobConfig
         from cdc.raw.job import run_raw_job
 

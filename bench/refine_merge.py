@@ -40,10 +40,11 @@ from delta.tables import DeltaTable  # noqa: E402
 from pyspark.sql import DataFrame, SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
-from cdc.config import load_settings  # noqa: E402
+from cdc.core.config import load_settings  # noqa: E402
 from cdc.raw.rows import raw_rows  # noqa: E402
-from cdc.raw.table import create_raw_table, raw_table_location  # noqa: E402
-from cdc.spark import build_spark_session, job_spark_config  # noqa: E402
+from cdc.raw.table import create_raw_table
+from cdc.core.tables import raw_table_location  # noqa: E402
+from cdc.core.session import build_spark_session, job_spark_config  # noqa: E402
 from refine.envelope import COMMON_SOURCE_FIELDS, ConnectSchema  # noqa: E402
 from refine.job import RefineJobConfig, refined_table_location, run_refine_job  # noqa: E402
 from refine.latest import latest_per_key  # noqa: E402

@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
-from cdc.config import load_settings  # noqa: E402
-from cdc.spark import build_spark_session  # noqa: E402
+from cdc.core.config import load_settings  # noqa: E402
+from cdc.core.session import build_spark_session  # noqa: E402
 from refine.merge import AUTO_COMPACT_PROPERTY, LSN, merge_changes  # noqa: E402
 from refine_merge import refined_snapshot  # noqa: E402
 

@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg  # noqa: E402
 
-from cdc.config import load_settings  # noqa: E402
-from cdc.spark import build_spark_session  # noqa: E402
+from cdc.core.config import load_settings  # noqa: E402
+from cdc.core.session import build_spark_session  # noqa: E402
 from cdc.stack.local import LocalStack  # noqa: E402
 from cdc.stack.random_workload import SCHEMA, RandomTables, RandomWorkload, compare, wait_for_marks  # noqa: E402
 from connectors import definitions  # noqa: E402

@@ -15,10 +15,10 @@ from delta.tables import DeltaTable
 from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
 
-from cdc.errors import ConfigError, TableError
-from cdc.raw.table import KIND_PROPERTY, RAW_KIND, delta_properties, is_delta_table
-from cdc.shared_tables import retrying_conflicts
-from cdc.storage import normalize_location
+from cdc.core.errors import ConfigError, TableError
+from cdc.core.tables import KIND_PROPERTY, RAW_KIND, delta_properties, is_delta_table
+from cdc.core.shared_tables import retrying_conflicts
+from cdc.core.storage import normalize_location
 
 SAFE_RETENTION_HOURS = 168.0
 OVERRIDE_FLAG = "--i-know-vacuum-below-retention-loses-time-travel"
@@ -44,6 +44,7 @@ def resolve_table(spark: SparkSession, table: str, warehouse: str) -> str:
 
 @dataclass(frozen=True)
 class OptimizeResult:
+    location: str
     files_removed: int
     files_added: int
 
@@ -66,7 +67,7 @@ def optimize_table(spark: SparkSession, location: str, zorder_by: list[str] | No
         metrics = retrying_conflicts(lambda: table.optimize().executeZOrderBy(*zorder_by).head().metrics)
     else:
         metrics = retrying_conflicts(lambda: table.optimize().executeCompaction().head().metrics)
-    return OptimizeResult(metrics.numFilesRemoved, metrics.numFilesAdded)
+    return OptimizeResult(location, metrics.numFilesRemoved, metrics.numFilesAdded)
 
 
 def vacuum_table(

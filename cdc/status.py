@@ -8,18 +8,18 @@ from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from cdc.config import KafkaConnection
-from cdc.errors import SourceError
+from cdc.core.config import KafkaConnection
+from cdc.core.errors import SourceError
 from cdc.raw.checkpoint import committed_offsets
-from cdc.raw.table import (
+from cdc.core.tables import (
     checkpoint_location,
     gaps_table_location,
     is_delta_table,
     raw_table_location,
     raw_table_topic,
 )
-from cdc.source import KafkaTopics
-from cdc.storage import Storage
+from cdc.core.source import KafkaTopics
+from cdc.core.storage import Storage
 from refine.expectations import expectations_location
 from refine.quarantine import quarantine_location
 
@@ -119,3 +119,28 @@ def _counts_by(spark: SparkSession, table: str, column: str) -> dict[str, int]:
         return {}
     counts = spark.read.format("delta").load(table).groupBy(column).agg(F.count("*").alias("rows"))
     return {row[column]: row["rows"] for row in counts.collect()}  # one row per raw table
+
+
+@dataclass(frozen=True)
+class WarehouseStatus:
+    """What :func:`warehouse_status` found: each raw table with its lag, and the expectation totals.
+
+    Example::
+
+        status = Lakehouse("/data/warehouse").status()
+        behind = {table.topic: sum(p.lag or 0 for p in table.partitions) for table in status.raw_tables}
+    """
+
+    raw_tables: list[RawTableStatus]
+    expectations: list[ExpectationTotal]
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "raw_tables": [table.as_dict() for table in self.raw_tables],
+            "expectations": [total.as_dict() for total in self.expectations],
+        }
+
+
+def warehouse_status(spark: SparkSession, warehouse: str, kafka: KafkaConnection) -> WarehouseStatus:
+    """The status of every raw table of ``warehouse`` (Kafka gives the end offsets) and the expectation totals."""
+    return WarehouseStatus(raw_table_statuses(spark, warehouse, kafka), expectation_totals(spark, warehouse))

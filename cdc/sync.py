@@ -20,13 +20,14 @@ from typing import Annotated, Literal, Union
 from pydantic import Field, model_validator
 from pyspark.sql import SparkSession
 
-from cdc.config import _Strict
+from cdc.core.config import _Strict
 from cdc.pipeline.config import JsonEvents, Pipeline
 from cdc.pipeline.run import PipelineRefineConfig, run_pipeline_refine
-from cdc.raw.config import AvailableNow, RawJobConfig, TopicList
+from cdc.core.config import AvailableNow
+from cdc.raw.config import RawJobConfig, TopicList
 from cdc.raw.job import TopicSummary, run_raw_job
-from cdc.raw.table import has_landed_data, is_delta_table, raw_table_location
-from cdc.streaming import JobThreads
+from cdc.core.tables import has_landed_data, is_delta_table, raw_table_location
+from cdc.core.streaming import JobThreads
 from refine.job import RefineJobConfig, run_refine_job
 from refine.schemas import infers_schema
 

@@ -8,7 +8,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from cdc.errors import ConnectorError
+from cdc.core.errors import ConnectorError
 from connectors.definitions import ConnectorDefinition
 
 

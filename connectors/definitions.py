@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from importlib import resources
 
-from cdc.errors import ConfigError
+from cdc.core.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from cdc.spark import DEBEZIUM_DECIMAL_FUNCTION, registered_helpers
+from cdc.core.functions import DEBEZIUM_DECIMAL_FUNCTION, registered_helpers
 from refine.envelope import ConnectSchema, ConnectType
 
 DECIMAL = "org.apache.kafka.connect.data.Decimal"

@@ -33,7 +33,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
-from cdc.raw.table import delta_properties, is_delta_table
+from cdc.core.tables import delta_properties, is_delta_table
 from refine.envelope import Op
 from refine.latest import at_or_after
 from refine.merge import LSN, OFFSET, OP, ensure_refined_table

@@ -6,7 +6,7 @@ A row passes an expectation when its condition is true; false or null fails it (
 - ``warn``: the row is kept and counted;
 - ``drop``: the row goes to the quarantine table (:mod:`refine.quarantine`) with the reason
   ``failed expectations: <names>``, by its Kafka partition and offset, and the job goes on;
-- ``fail``: nothing of the batch is written; the job stops with :class:`cdc.errors.ExpectationError`
+- ``fail``: nothing of the batch is written; the job stops with :class:`cdc.core.errors.ExpectationError`
   naming the table, the expectation and the key of an offending row.
 
 Every condition is analysed against the table's schema before any row is read: unknown columns,
@@ -31,9 +31,9 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType, TimestampType
 from pydantic import Field, field_validator
 
-from cdc.config import _Strict
-from cdc.errors import ConfigError, ExpectationError
-from cdc.shared_tables import merge_into_shared_table
+from cdc.core.config import _Strict
+from cdc.core.errors import ConfigError, ExpectationError
+from cdc.core.shared_tables import merge_into_shared_table
 from refine.quarantine import quarantine, quarantine_location
 
 FAILED = "_cdc_failed_expectations"  # on violations: the names of the expectations a row failed

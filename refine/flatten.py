@@ -18,7 +18,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, DataType, StructType
 
-from cdc.errors import ConfigError
+from cdc.core.errors import ConfigError
 
 SEPARATOR = "_"
 CHILD_SEPARATOR = "__"

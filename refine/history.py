@@ -33,8 +33,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, StructField, StructType
 from pydantic import Field, model_validator
 
-from cdc.config import _Strict
-from cdc.errors import ConfigError
+from cdc.core.config import _Strict
+from cdc.core.errors import ConfigError
 from refine.envelope import Op
 from refine.latest import at_or_after
 from refine.merge import COMMITTED_AT, OP, ensure_refined_table

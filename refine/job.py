@@ -29,13 +29,13 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
 
-from cdc.config import _Strict
-from cdc.errors import CdcError, ConfigError, StreamError, TableError
-from cdc.raw.config import TOPIC_NAME, Continuous, Trigger
-from cdc.raw.table import delta_properties, is_delta_table, raw_table_location, raw_table_topic
-from cdc.shared_tables import retrying_conflicts
-from cdc.storage import Storage, normalize_location
-from cdc.streaming import ProgressReports, batch_error, ending_on_request, failure, stop_queries, with_trigger
+from cdc.core.config import _Strict
+from cdc.core.errors import CdcError, ConfigError, StreamError, TableError
+from cdc.core.config import TOPIC_NAME, Continuous, Trigger
+from cdc.core.tables import delta_properties, is_delta_table, raw_table_location, raw_table_topic
+from cdc.core.shared_tables import retrying_conflicts
+from cdc.core.storage import Storage, normalize_location
+from cdc.core.streaming import ProgressReports, batch_error, ending_on_request, failure, stop_queries, with_trigger
 from refine.columns import connect_type, declared_schemas, declared_types
 from refine.deleted import (
     deleted_location,
@@ -65,14 +65,7 @@ from refine.latest import (
     resets_table,
 )
 from refine.flatten import array_element, child_table_name
-from refine.history import (
-    CHANGE,
-    ChangeOp,
-    apply_history,
-    closing_versions,
-    debezium_history_spec,
-    debezium_versions,
-)
+from refine.history import CHANGE, ChangeOp, apply_history, closing_versions, debezium_history_spec, debezium_versions
 from refine.merge import COMMITTED_AT, OP, REFINED_AT, SOURCE_POSITION, merge_changes, refined_rows, refresh_children
 from refine.toast import has_placeholder, placeholder_test
 from refine.mongo import has_bare_mongo_envelopes, is_mongo, refine_mongo_batch

@@ -34,7 +34,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
-from cdc.raw.table import is_delta_table
+from cdc.core.tables import is_delta_table
 from refine.envelope import Op
 from refine.latest import SnapshotStart, at_or_after, from_snapshot_start, last_snapshot_start
 from refine.merge import COMMITTED_AT, LSN, OFFSET, OP, REFINED_AT, ensure_refined_table

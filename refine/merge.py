@@ -24,16 +24,16 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, StructField, StructType
 
-from cdc.errors import TableError
-from cdc.raw.table import (
+from cdc.core.errors import TableError
+from cdc.core.tables import (
     CHECKPOINT_PROPERTIES,
     KIND_PROPERTY,
     add_missing_properties,
     clear_interrupted_creation,
     is_delta_table,
 )
-from cdc.spark import helpers_available
-from cdc.storage import Storage
+from cdc.core.functions import helpers_available
+from cdc.core.storage import Storage
 from refine.envelope import Op
 from refine.flatten import POSITION, child_rows
 from refine.latest import at_or_after

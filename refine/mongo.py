@@ -51,7 +51,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from cdc.raw.table import is_delta_table
+from cdc.core.tables import is_delta_table
 from refine.envelope import TOMBSTONE, ConnectSchema, Op
 from refine.extended_json import (
     JSON_TEXT_METADATA,

@@ -10,7 +10,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
-from cdc.shared_tables import merge_into_shared_table
+from cdc.core.shared_tables import merge_into_shared_table
 
 QUARANTINE_SCHEMA = StructType(
     [

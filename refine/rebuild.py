@@ -35,9 +35,9 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from cdc.errors import TableError
-from cdc.raw.table import delta_properties, is_delta_table, raw_table_location, raw_table_topic
-from cdc.storage import Storage
+from cdc.core.errors import TableError
+from cdc.core.tables import delta_properties, is_delta_table, raw_table_location, raw_table_topic
+from cdc.core.storage import Storage
 from refine.deleted import deleted_location
 from refine.job import REBUILT_FROM_PROPERTY, RefineBatch, RefineJobConfig, refined_table_location
 from refine.keyless import applied_location, read_applied, write_applied
@@ -53,7 +53,13 @@ _PROTOCOL_PROPERTIES = ("delta.minReaderVersion", "delta.minWriterVersion", "del
 
 @dataclass(frozen=True)
 class RebuiltTable:
-    """One live table a rebuild replaced: its Delta versions before (None: it did not exist) and after."""
+    """One live table a rebuild replaced: its Delta versions before (None: it did not exist) and after.
+
+    Example::
+
+        for table in Lakehouse("/data/warehouse").rebuild("demo.shop.customers"):
+            print(f"{table.location}: version {table.version_before} -> {table.version_after}")
+    """
 
     location: str
     version_before: int | None

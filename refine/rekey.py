@@ -17,7 +17,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from cdc.raw.table import is_delta_table
+from cdc.core.tables import is_delta_table
 from refine.decode import decode, json_type
 from refine.envelope import ConnectSchema, Op
 from refine.latest import POSITION_COLUMNS, at_or_after

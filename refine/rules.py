@@ -19,8 +19,8 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pydantic import Field
 
-from cdc.config import _Strict
-from cdc.errors import ConfigError
+from cdc.core.config import _Strict
+from cdc.core.errors import ConfigError
 from refine.expectations import (
     Expectation,
     ExpectationsConfig,

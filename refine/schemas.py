@@ -15,10 +15,10 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from cdc.errors import TableError
-from cdc.pipeline.ddl import inferred_schema
-from cdc.raw.table import raw_table_location
-from cdc.storage import Storage
+from cdc.core.errors import TableError
+from cdc.core.ddl import inferred_schema
+from cdc.core.tables import raw_table_location
+from cdc.core.storage import Storage
 
 
 def schema_location(warehouse: str, topic: str) -> str:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from cdc.config import ConnectConfig, KafkaConfig, PostgresConfig, SparkConfig, StackConfig
+from cdc.core.config import ConnectConfig, KafkaConfig, PostgresConfig, SparkConfig, StackConfig
 from cdc.stack.base import Stack
 
 _PORT_OFFSET = int(os.environ.get("CDC_TEST_PORT_OFFSET", "0"))
@@ -30,7 +30,7 @@ TEST_STACK_PORTS = {
 
 @pytest.fixture(scope="session")
 def spark():
-    from cdc.spark import build_spark_session
+    from cdc.core.session import build_spark_session
 
     session = build_spark_session(SparkConfig(app_name="cdc-tests", shuffle_partitions=2, driver_memory="2g"))
     yield session

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cdc.config import Settings
+from cdc.core.config import Settings
 from cdc.demo.show import Say
-from cdc.errors import ConfigError
+from cdc.core.errors import ConfigError
 from cdc.pipeline.load import load_pipeline
 from cdc.stack.local import LocalStack
 
@@ -24,7 +24,7 @@ def run_demo(settings: Settings, example: str, output_dir: Path, say: Say = prin
     """Bring the local stack up, then run the ``example`` demo (``shop`` or ``games``)."""
     from cdc.demo.games import games_demo
     from cdc.demo.shop import shop_demo
-    from cdc.spark import build_spark_session
+    from cdc.core.session import build_spark_session
 
     file = PIPELINES[example]
     if not file.is_file():

@@ -12,11 +12,11 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from cdc.config import KafkaConnection, Settings
+from cdc.core.config import KafkaConnection, Settings
 from cdc.demo.show import Say, land_and_refine, preview, show_business_tables, write_pipeline_graph
 from cdc.pipeline.config import DebeziumPostgresSource, Pipeline
-from cdc.source import KafkaTopics
-from cdc.storage import normalize_location
+from cdc.core.source import KafkaTopics
+from cdc.core.storage import normalize_location
 from cdc.stack.events import ChangeEvent, read_events
 from cdc.stack.workload import TABLES, run_workload
 from connectors import definitions

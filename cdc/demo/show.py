@@ -13,12 +13,12 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from cdc.config import Settings, validate
+from cdc.core.config import Settings, validate
 from cdc.pipeline.config import BusinessTable, Pipeline
 from cdc.pipeline.graph import write_graph
 from cdc.pipeline.run import PipelineRefineConfig, business_location, raw_job_config, run_pipeline_refine
 from cdc.raw.job import run_raw_job
-from cdc.raw.table import is_delta_table
+from cdc.core.tables import is_delta_table
 
 Say = Callable[[str], None]
 CELL = 24  # characters a cell shows at most (an ISO time with milliseconds)

@@ -16,9 +16,10 @@ from typing import Annotated, Literal, Union
 from pyspark.sql.types import StructType
 from pydantic import AfterValidator, ConfigDict, Field, field_validator, model_validator
 
-from cdc.config import _Strict
-from cdc.pipeline.ddl import DdlError, parse_schema
-from cdc.raw.config import TOPIC_NAME, GapPolicy, _kafka_topic_name
+from cdc.core.config import _Strict
+from cdc.core.ddl import DdlError, parse_schema
+from cdc.core.config import TOPIC_NAME, _kafka_topic_name
+from cdc.raw.config import GapPolicy
 
 NAME_RULE = "letters, digits and single underscores, starting with a letter (`__` is kept for child tables)"
 
@@ -117,7 +118,7 @@ class JsonEvents(_Model):
 
 
 class AvroEvents(_Model):
-    """Avro-encoded events, each value one record (decoded by :mod:`refine.avro_events`)."""
+    """Avro-encoded events, each value one record (decoded by :mod:`cdc.pipeline.events.avro`)."""
 
     kind: Literal["events"] = Field(description="Plain events.")
     format: Literal["avro"] = Field(
@@ -133,7 +134,7 @@ class AvroEvents(_Model):
 
 class ProtobufEvents(_Model):
     """Protobuf-encoded events, each value one message (decoded in Spark's Python workers by
-    :mod:`refine.protobuf_events`: Spark's spark-protobuf module is not on Maven Central as this
+    :mod:`cdc.pipeline.events.protobuf`: Spark's spark-protobuf module is not on Maven Central as this
     project's machines reach it)."""
 
     kind: Literal["events"] = Field(description="Plain events.")
@@ -269,7 +270,16 @@ class Expectation(_Model):
 
 
 class Pipeline(_Model):
-    """One pipeline file."""
+    """One pipeline file: its sources, refined tables, expectations and business tables.
+
+    Example::
+
+        from cdc import Lakehouse, load_pipeline
+
+        pipeline = load_pipeline("examples/pipelines/shop.yaml")
+        print(sorted(pipeline.sources))
+        Lakehouse("/data/warehouse").sync(pipeline=pipeline)
+    """
 
     name: Name = Field(description="The pipeline's name.")
     description: str | None = Field(default=None, description="What the pipeline is for.")

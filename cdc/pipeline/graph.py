@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
-from cdc.errors import ConfigError
+from cdc.core.errors import ConfigError
 from cdc.pipeline.checks import sql_tables, table_names
 from cdc.pipeline.config import Pipeline
 from refine.flatten import child_table_name

@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from cdc.errors import ConfigError
+from cdc.core.errors import ConfigError
 from cdc.pipeline.checks import Problem, pipeline_problems
 from cdc.pipeline.config import Pipeline, SchemaFile
 
@@ -84,7 +84,14 @@ def _document_path(document: Any, loc: tuple[Any, ...]) -> str:
 
 
 def load_pipeline(file: Path | str) -> Pipeline:
-    """The pipeline of ``file``, fully checked; a PipelineError lists every problem."""
+    """The pipeline of ``file``, fully checked; a PipelineError lists every problem.
+
+    Example::
+
+        from cdc import load_pipeline
+
+        pipeline = load_pipeline("examples/pipelines/shop.yaml")  # as `cdc validate` checks it
+    """
     file = Path(file)
     document = read_document(file)
     try:

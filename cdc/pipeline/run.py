@@ -2,9 +2,9 @@
 
 Refined tables of Debezium Postgres and MongoDB sources go through :mod:`refine.job` (which tells
 MongoDB topics by the envelope), those of JSON, Avro and Protobuf event sources through
-:mod:`refine.events` (Avro decoded by :mod:`refine.avro_events`, Protobuf by
-:mod:`refine.protobuf_events`), each with its expectations, exploded child tables and history
-(:mod:`refine.rules`). Business tables (:mod:`refine.business`) are refreshed after the refined
+:mod:`cdc.pipeline.events.job` (Avro decoded by :mod:`cdc.pipeline.events.avro`, Protobuf by
+:mod:`cdc.pipeline.events.protobuf`), each with its expectations, exploded child tables and history
+(:mod:`refine.rules`). Business tables (:mod:`cdc.pipeline.business`) are refreshed after the refined
 tables when run once, on their own interval when run continuously. A declaration that cannot be run
 (``scd: 2`` on an event table without ``keys``) is refused up front, named by its key.
 """
@@ -20,8 +20,8 @@ from pyspark.sql.streaming import StreamingQuery
 
 from pydantic import Field
 
-from cdc.config import validate
-from cdc.errors import ConfigError
+from cdc.core.config import validate
+from cdc.core.errors import ConfigError
 from cdc.pipeline.config import (
     AvroEvents,
     DebeziumMongoSource,
@@ -32,11 +32,12 @@ from cdc.pipeline.config import (
     ScdType,
     Source,
 )
-from cdc.raw.config import AvailableNow, Continuous, RawJobConfig
-from cdc.streaming import JobThreads, stop_queries
+from cdc.core.config import AvailableNow, Continuous
+from cdc.raw.config import RawJobConfig
+from cdc.core.streaming import JobThreads, stop_queries
 from cdc.pipeline.checks import sql_tables, table_names
-from refine.business import BusinessTableConfig, run_business_tables
-from refine.events import EventsBatch, EventsRefineJobConfig, events_batch, history_spec
+from cdc.pipeline.business import BusinessTableConfig, run_business_tables
+from cdc.pipeline.events.job import EventsBatch, EventsRefineJobConfig, events_batch, history_spec
 from refine.expectations import Expectation
 from refine.rules import TableRules
 from refine.rebuild import rebuild_refined_table

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from cdc.storage import Storage
+from cdc.core.storage import Storage
 
 Offsets = dict[tuple[str, int], int]  # (topic, partition) -> the next offset to read
 

@@ -8,17 +8,8 @@ from typing import Annotated, Literal, Union
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from cdc.config import KafkaConnection, _Strict
-from cdc.storage import normalize_location
-
-# Kafka's own rule for topic names (it also refuses "." and "..").
-TOPIC_NAME = r"^[A-Za-z0-9._-]{1,249}$"
-
-
-def _kafka_topic_name(topic: str) -> str:
-    if topic in (".", ".."):
-        raise ValueError(f"{topic!r} is not a valid topic name")
-    return topic
+from cdc.core.config import TOPIC_NAME, Continuous, KafkaConnection, Trigger, _kafka_topic_name, _Strict
+from cdc.core.storage import normalize_location
 
 
 class TopicList(_Strict):
@@ -49,22 +40,6 @@ class TopicPattern(_Strict):
 TopicSelection = Annotated[Union[TopicList, TopicPattern], Field(discriminator="kind")]
 
 
-class AvailableNow(_Strict):
-    """Land what is in Kafka now, then stop (for scheduled runs)."""
-
-    kind: Literal["available_now"] = "available_now"
-
-
-class Continuous(_Strict):
-    """Run until stopped, starting a micro-batch every ``interval_s`` seconds when there is data."""
-
-    kind: Literal["continuous"] = "continuous"
-    interval_s: float = Field(default=2.0, gt=0, description="Seconds between micro-batches.")
-
-
-Trigger = Annotated[Union[AvailableNow, Continuous], Field(discriminator="kind")]
-
-
 class GapPolicy(str, Enum):
     """What to do when Kafka has deleted offsets the raw table has not landed yet."""
 
@@ -73,7 +48,19 @@ class GapPolicy(str, Enum):
 
 
 class RawJobConfig(_Strict):
-    """One `cdc raw` run: which topics, where their tables go, and how to read Kafka."""
+    """One `cdc raw` run: which topics, where their tables go, and how to read Kafka.
+
+    Example::
+
+        from cdc import RawJobConfig, run_raw_job
+
+        config = RawJobConfig(
+            topics={"kind": "pattern", "pattern": r"demo\\.shop\\..*"},
+            warehouse="/data/warehouse",
+            trigger={"kind": "available_now"},
+        )
+        run_raw_job(spark, config)
+    """
 
     topics: TopicSelection = Field(description="The topics to land, by name or by pattern.")
     warehouse: str = Field(description="Root of the tables: a local path or an object-store URI.")

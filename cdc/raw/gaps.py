@@ -14,8 +14,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
 from cdc.raw.checkpoint import Offsets
-from cdc.shared_tables import merge_into_shared_table
-from cdc.source import PartitionOffsets
+from cdc.core.shared_tables import merge_into_shared_table
+from cdc.core.source import PartitionOffsets
 
 GAPS_SCHEMA = StructType(
     [

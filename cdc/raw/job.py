@@ -17,24 +17,25 @@ from dataclasses import dataclass, field
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from cdc.errors import OffsetGapError, SourceError, StreamError, TableError
+from cdc.core.errors import OffsetGapError, SourceError, StreamError, TableError
 from cdc.raw.checkpoint import batch_end_offsets, committed_offsets
 from cdc.raw.commits import batch_marker, last_landed_batch
-from cdc.raw.config import Continuous, GapPolicy, RawJobConfig, TopicList
+from cdc.core.config import Continuous
+from cdc.raw.config import GapPolicy, RawJobConfig, TopicList
 from cdc.raw.gaps import find_gaps, record_gaps
 from cdc.raw.rows import raw_rows
-from cdc.raw.table import (
+from cdc.core.tables import (
     RESET_ALLOWED_PROPERTY,
     checkpoint_location,
-    create_raw_table,
     gaps_table_location,
     has_landed_data,
     raw_table_location,
     raw_table_topic,
 )
-from cdc.source import KafkaTopics
-from cdc.storage import Storage
-from cdc.streaming import ProgressReports, ending_on_request, failure, stop_queries, with_trigger
+from cdc.raw.table import create_raw_table
+from cdc.core.source import KafkaTopics
+from cdc.core.storage import Storage
+from cdc.core.streaming import ProgressReports, ending_on_request, failure, stop_queries, with_trigger
 
 # With a pattern, a continuous run looks for new matching topics this often.
 TOPIC_RESCAN_S = 30.0
@@ -57,6 +58,14 @@ class TopicRun:
 
 @dataclass(frozen=True)
 class TopicSummary:
+    """What one run landed of one topic: its raw table, the records appended and the micro-batches.
+
+    Example::
+
+        for summary in run_raw_job(spark, config):  # or Lakehouse(...).land([...])
+            print(f"{summary.topic}: {summary.rows} records in {summary.batches} batches -> {summary.table}")
+    """
+
     topic: str
     table: str
     rows: int
@@ -224,6 +233,11 @@ def run_raw_job(
 
     A continuous run goes on until ``stop`` is set (the CLI sets it on SIGINT and SIGTERM); then
     the queries stop, and a micro-batch cut short is replayed by the next run.
+
+    Example (:class:`cdc.Lakehouse`'s ``land`` builds the config and calls this)::
+
+        config = RawJobConfig(topics={"topics": ["demo.shop.orders"]}, warehouse="/data/warehouse")
+        run_raw_job(spark, config, stop=stop_event)  # continuous until stop_event is set
     """
     stop = stop or threading.Event()
     kafka = KafkaTopics(config.kafka)

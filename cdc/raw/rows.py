@@ -5,16 +5,8 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from cdc.core.functions import is_utf8
 from cdc.raw.table import PARTITION_COLUMN, RAW_SCHEMA
-from cdc.spark import IS_UTF8_FUNCTION, registered_helpers
-
-
-def is_utf8(binary: Column) -> Column:
-    """Whether a binary column holds valid UTF-8: the project's JVM function when the session has
-    it (landing 1M records of ~1 KB: ~0.1 task CPU s against ~0.8 for Spark's), else Spark's own."""
-    if IS_UTF8_FUNCTION in registered_helpers:
-        return F.call_function(IS_UTF8_FUNCTION, binary)
-    return F.is_valid_utf8(binary.cast("string"))
 
 
 def _text_and_bytes(column: str) -> tuple[Column, Column]:
@@ -53,8 +45,3 @@ def raw_rows(kafka_records: DataFrame, batch_id: int) -> DataFrame:
         PARTITION_COLUMN: F.to_date(ingested_at),
     }
     return kafka_records.select(*[columns[field.name].alias(field.name) for field in RAW_SCHEMA.fields])
-
-
-def original_bytes(text: str, raw: str) -> Column:
-    """The bytes as received in Kafka, from a (text, bytes) column pair such as key/key_bytes."""
-    return F.coalesce(F.col(raw), F.encode(F.col(text), "UTF-8"))

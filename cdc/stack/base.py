@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Protocol
 
-from cdc.config import StackConfig
+from cdc.core.config import StackConfig
 
 # Component names, in start order; `down` stops them in reverse.
 POSTGRES = "postgres"

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from cdc.config import StackConfig
-from cdc.errors import StackError
+from cdc.core.config import StackConfig
+from cdc.core.errors import StackError
 from cdc.stack.base import ComponentStatus
 from cdc.stack.process import ManagedProcess, port_open
 

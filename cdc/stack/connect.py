@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import shutil
 
-from cdc import jars
-from cdc.config import StackConfig
+from cdc.core import jars
+from cdc.core.config import StackConfig
 from cdc.stack.base import CONNECT
 from cdc.stack.component import Component
 from cdc.stack.jvm import java_command, properties_text

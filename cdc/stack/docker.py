@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import yaml
 
-from cdc.config import StackConfig
-from cdc.errors import ConfigError, DependencyError, StackError
+from cdc.core.config import StackConfig
+from cdc.core.errors import ConfigError, DependencyError, StackError
 from cdc.stack.base import CONNECT, KAFKA, POSTGRES, ComponentStatus
 from cdc.stack.process import port_open
 

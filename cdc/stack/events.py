@@ -9,7 +9,7 @@ from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
 
-from cdc.errors import StackError
+from cdc.core.errors import StackError
 from cdc.stack.base import KAFKA
 from refine.envelope import TOMBSTONE, Op
 

@@ -1,11 +1,11 @@
-"""Running a Java main class of the local stack on a classpath resolved by :mod:`cdc.jars`."""
+"""Running a Java main class of the local stack on a classpath resolved by :mod:`cdc.core.jars`."""
 
 from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
 
-from cdc import jars
+from cdc.core import jars
 
 
 def properties_text(settings: dict[str, object]) -> str:

@@ -9,8 +9,8 @@ import uuid
 from kafka import KafkaAdminClient
 from kafka.errors import KafkaError
 
-from cdc.config import StackConfig
-from cdc.errors import StackError
+from cdc.core.config import StackConfig
+from cdc.core.errors import StackError
 from cdc.stack.base import KAFKA
 from cdc.stack.component import Component
 from cdc.stack.jvm import java_command, properties_text

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cdc.config import StackConfig
+from cdc.core.config import StackConfig
 from cdc.stack.base import ComponentStatus
 from cdc.stack.component import Component
 from cdc.stack.connect import ConnectWorker

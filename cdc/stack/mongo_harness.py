@@ -19,8 +19,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from cdc import jars
-from cdc.errors import DependencyError
+from cdc.core import jars
+from cdc.core.errors import DependencyError
 
 SOURCES = Path(__file__).parent / "mongo"
 MAIN_CLASS = "cdc.stack.mongo.MongoChangeEvents"

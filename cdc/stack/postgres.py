@@ -12,8 +12,8 @@ from pathlib import Path
 
 import psycopg
 
-from cdc.config import StackConfig
-from cdc.errors import DependencyError, StackError
+from cdc.core.config import StackConfig
+from cdc.core.errors import DependencyError, StackError
 from cdc.stack.base import POSTGRES
 from cdc.stack.component import Component
 from cdc.stack.process import account_kwargs

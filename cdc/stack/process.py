@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cdc.errors import StackError
+from cdc.core.errors import StackError
 
 
 def port_open(port: int, host: str = "127.0.0.1", timeout_s: float = 0.5) -> bool:

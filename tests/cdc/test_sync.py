@@ -10,12 +10,12 @@ from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from cdc.cli import main
-from cdc.config import validate
-from cdc.errors import ConfigError, SourceError, TableError
+from cdc.core.config import validate
+from cdc.core.errors import ConfigError, SourceError, TableError
 from cdc.pipeline.config import Pipeline
 from cdc.pipeline.run import PipelineRefineConfig
 from cdc.raw.config import RawJobConfig
-from cdc.raw.table import is_delta_table
+from cdc.core.tables import is_delta_table
 from cdc.stack.workload import run_workload
 from cdc.sync import SyncJobConfig, run_sync_job
 from refine.job import RefineJobConfig, refined_table_location

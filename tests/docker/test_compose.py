@@ -21,9 +21,9 @@ import pytest
 import yaml
 
 import connectors
-from cdc import jars
-from cdc.config import StackConfig
-from cdc.errors import ConfigError, DependencyError
+from cdc.core import jars
+from cdc.core.config import StackConfig
+from cdc.core.errors import ConfigError, DependencyError
 from cdc.stack.connect import CONFIG_TOPIC, GROUP_ID, OFFSET_TOPIC, STATUS_TOPIC, ConnectWorker
 from cdc.stack.docker import COMPOSE_FILE, CONNECT_INIT, DockerComposeStack, PublishedPort, published_ports
 from cdc.stack.kafka import KafkaServer

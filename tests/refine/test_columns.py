@@ -9,8 +9,8 @@ from decimal import Decimal
 import pytest
 from pyspark.testing import assertDataFrameEqual
 
-from cdc.config import validate
-from cdc.errors import ConfigError, TableError
+from cdc.core.config import validate
+from cdc.core.errors import ConfigError, TableError
 from refine.job import RefineJobConfig, refined_table_location
 from refine.quarantine import quarantine_location
 

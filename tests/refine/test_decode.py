@@ -40,7 +40,7 @@ DECIMAL_12_2 = {
 def decimals_decoded_by(request, monkeypatch):
     """Each decimal test runs on both paths: the helpers jar's function, and the expressions a
     session without the jar uses."""
-    from cdc.spark import DEBEZIUM_DECIMAL_FUNCTION, registered_helpers
+    from cdc.core.functions import DEBEZIUM_DECIMAL_FUNCTION, registered_helpers
 
     if request.param.startswith("project"):
         assert DEBEZIUM_DECIMAL_FUNCTION in registered_helpers, "the test session lacks the helpers jar"

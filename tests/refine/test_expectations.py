@@ -6,7 +6,7 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from cdc.errors import ConfigError, ExpectationError
+from cdc.core.errors import ConfigError, ExpectationError
 from refine.expectations import (
     FAILED,
     ExpectationsConfig,

@@ -3,7 +3,7 @@
 import pytest
 from pyspark.testing import assertDataFrameEqual
 
-from cdc.errors import ConfigError
+from cdc.core.errors import ConfigError
 from refine.flatten import child_rows, child_table_name, flat_columns, flatten
 from refine.merge import replace_children
 

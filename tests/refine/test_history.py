@@ -7,7 +7,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from cdc.errors import ConfigError
+from cdc.core.errors import ConfigError
 from refine.history import HistorySpec, apply_history, closing_versions, op_of_debezium
 
 SPEC = HistorySpec(key_columns=["id"], position_columns=["seq"], valid_from_column="changed_at")

@@ -9,7 +9,7 @@ from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 import refine.merge
-from cdc.raw.table import CHECKPOINT_PROPERTIES
+from cdc.core.tables import CHECKPOINT_PROPERTIES
 from refine.merge import (
     AUTO_COMPACT_PROPERTY,
     COMMITTED_AT,

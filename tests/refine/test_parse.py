@@ -6,10 +6,10 @@ import psycopg
 import pytest
 from pyspark.sql import functions as F
 
-from cdc.config import validate
+from cdc.core.config import validate
 from cdc.raw.config import RawJobConfig
 from cdc.raw.job import run_raw_job
-from cdc.raw.table import raw_table_location
+from cdc.core.tables import raw_table_location
 from cdc.stack.workload import run_workload
 from refine.envelope import ConnectSchema
 from refine.parse import TOMBSTONE, parse_changes

@@ -13,7 +13,7 @@ import random
 import psycopg
 import pytest
 
-from cdc.config import validate
+from cdc.core.config import validate
 from cdc.raw.config import RawJobConfig
 from cdc.raw.job import run_raw_job
 from cdc.stack.random_workload import RandomTables, RandomWorkload, compare, wait_for_marks

@@ -11,7 +11,7 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from cdc.raw.table import is_delta_table
+from cdc.core.tables import is_delta_table
 from cdc.stack.workload import run_workload
 from refine.job import refined_table_location
 from refine.merge import METADATA_COLUMNS
@@ -83,7 +83,7 @@ def test_a_batch_refused_by_another_writers_commit_runs_again_and_the_job_goes_o
     the two commits second (a real such conflict: tests/cdc/test_shared_tables.py). The batch runs again."""
     from py4j.protocol import Py4JJavaError
 
-    from cdc.config import validate
+    from cdc.core.config import validate
     from refine import job
     from refine.job import RefineJobConfig, run_refine_job
 
@@ -343,8 +343,8 @@ def test_batches_are_parsed_with_the_last_schemas_or_again_when_a_record_has_ano
     of the raw table's first record); a batch holding another is parsed again from its records, and
     its changes are still counted once."""
     import refine.job
-    from cdc.config import validate
-    from cdc.raw.table import raw_table_location
+    from cdc.core.config import validate
+    from cdc.core.tables import raw_table_location
     from refine.job import RefineBatch, RefineJobConfig, run_refine_job
 
     dsn, warehouse = stack_config.postgres.dsn(), str(tmp_path)

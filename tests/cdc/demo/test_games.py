@@ -5,7 +5,7 @@ out-of-order delivery, and exactly the malformed records quarantined; a rerun ch
 import pytest
 from pyspark.sql import functions as F
 
-from cdc.config import Settings
+from cdc.core.config import Settings
 from cdc.demo import PIPELINES
 from cdc.demo.games import games_demo
 from cdc.pipeline.load import load_pipeline

@@ -4,7 +4,7 @@ to Postgres, run twice (the rerun adds a workload and lands and refines only its
 import pytest
 from pyspark.testing import assertDataFrameEqual
 
-from cdc.config import Settings
+from cdc.core.config import Settings
 from cdc.demo import PIPELINES
 from cdc.demo.shop import shop_demo
 from cdc.pipeline.load import load_pipeline

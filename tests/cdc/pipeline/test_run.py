@@ -9,13 +9,13 @@ from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from cdc.cli import main
-from cdc.errors import ConfigError, ExpectationError
+from cdc.core.errors import ConfigError, ExpectationError
 from cdc.pipeline.config import Pipeline
 from cdc.pipeline.run import PipelineRefineConfig, business_tables, raw_job_config, refine_jobs
 from cdc.raw.config import GapPolicy
-from cdc.raw.table import is_delta_table
+from cdc.core.tables import is_delta_table
 from cdc.stack.workload import run_workload
-from refine.events import EventsRefineJobConfig
+from cdc.pipeline.events.job import EventsRefineJobConfig
 from refine.job import RefineJobConfig, refined_table_location
 from refine.expectations import expectations_location
 from refine.merge import METADATA_COLUMNS
@@ -316,7 +316,7 @@ def test_a_continuous_pipeline_refreshes_business_tables_on_their_interval(
 ):
     import threading
 
-    from cdc.raw.config import Continuous
+    from cdc.core.config import Continuous
     from cdc.pipeline.run import run_pipeline_refine
 
     topic = kafka.create_topic(f"{unique_name}.scores")

@@ -1,8 +1,9 @@
 import pytest
 
-from cdc.config import validate
-from cdc.errors import ConfigError
-from cdc.raw.config import AvailableNow, Continuous, GapPolicy, RawJobConfig, TopicPattern
+from cdc.core.config import validate
+from cdc.core.errors import ConfigError
+from cdc.core.config import AvailableNow, Continuous
+from cdc.raw.config import GapPolicy, RawJobConfig, TopicPattern
 
 
 def config(**fields):

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from cdc.cli import main
-from cdc.raw.table import raw_table_location
+from cdc.core.tables import raw_table_location
 
 pytestmark = pytest.mark.integration
 

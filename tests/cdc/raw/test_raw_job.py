@@ -14,12 +14,12 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from cdc.config import validate
-from cdc.errors import OffsetGapError, TableError
+from cdc.core.config import validate
+from cdc.core.errors import OffsetGapError, TableError
 from cdc.raw.config import RawJobConfig
 from cdc.raw.job import run_raw_job
-from cdc.raw.rows import original_bytes
-from cdc.raw.table import checkpoint_location, gaps_table_location, is_delta_table, raw_table_location
+from cdc.core.functions import original_bytes
+from cdc.core.tables import checkpoint_location, gaps_table_location, is_delta_table, raw_table_location
 from cdc.stack.events import read_events
 from cdc.stack.workload import TABLES, run_workload
 

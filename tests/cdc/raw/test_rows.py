@@ -5,9 +5,10 @@ from pyspark.sql import Row
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from cdc.raw.rows import is_utf8, original_bytes, raw_rows
+from cdc.core.functions import is_utf8, original_bytes
+from cdc.raw.rows import raw_rows
 from cdc.raw.table import RAW_SCHEMA
-from cdc.spark import IS_UTF8_FUNCTION, registered_helpers
+from cdc.core.functions import IS_UTF8_FUNCTION, registered_helpers
 
 
 def test_text_when_utf8_and_bytes_when_not(spark, kafka_records):
@@ -109,6 +110,6 @@ def test_sessions_have_the_fast_utf8_check(spark):
 def test_without_the_helpers_jar_spark_checks_utf8_with_the_same_rows(spark, kafka_records, monkeypatch):
     records = kafka_records([(b"k\xff", "é".encode(), "t", 0, 0, datetime(2026, 1, 1), 0, None)])
     expected = raw_rows(records, 0).drop("ingested_at", "ingest_date").collect()
-    monkeypatch.setattr("cdc.raw.rows.registered_helpers", set())  # as a session built without the jar
+    monkeypatch.setattr("cdc.core.functions.registered_helpers", set())  # as a session built without the jar
     assert "is_valid_utf8" in str(is_utf8(F.col("value")))
     assertDataFrameEqual(raw_rows(records, 0).drop("ingested_at", "ingest_date"), expected)

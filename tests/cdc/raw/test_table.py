@@ -9,16 +9,10 @@ import pyarrow.parquet as pq
 import pytest
 from delta.tables import DeltaTable
 
-from cdc.errors import TableError
+from cdc.core.errors import TableError
 from cdc.raw.rows import raw_rows
-from cdc.raw.table import (
-    CHECKPOINT_PROPERTIES,
-    PARQUET_PROPERTIES,
-    PAYLOAD_COLUMNS,
-    create_raw_table,
-    is_delta_table,
-    raw_table_topic,
-)
+from cdc.core.tables import CHECKPOINT_PROPERTIES, is_delta_table, raw_table_topic
+from cdc.raw.table import PARQUET_PROPERTIES, PAYLOAD_COLUMNS, create_raw_table
 
 
 def append_records(kafka_records, table: str, first_offset: int, count: int) -> None:

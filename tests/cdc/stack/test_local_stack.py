@@ -7,8 +7,8 @@ import psycopg
 import pytest
 
 from cdc.cli import main
-from cdc.config import KafkaConfig, StackConfig
-from cdc.errors import StackError
+from cdc.core.config import KafkaConfig, StackConfig
+from cdc.core.errors import StackError
 from cdc.stack.kafka import KafkaServer
 
 pytestmark = pytest.mark.integration

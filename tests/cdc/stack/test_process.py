@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from cdc.errors import StackError
+from cdc.core.errors import StackError
 from cdc.stack.process import ManagedProcess, port_open, tail
 
 

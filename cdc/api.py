@@ -1,0 +1,323 @@
+"""The Python API: one :class:`Lakehouse` per warehouse, whose methods run what the ``cdc`` commands run.
+
+The CLI builds a :class:`Lakehouse` from its options and calls it; a notebook or a scheduled job calls it
+the same way, on the SparkSession it already has::
+
+    from cdc import Lakehouse
+
+    lake = Lakehouse("s3a://bucket/warehouse", spark=spark, kafka={"bootstrap_servers": "broker:9092"})
+    lake.land(["shop.public.customers"])  # `cdc raw --topic shop.public.customers --available-now`
+    lake.refine("shop.public.customers")  # `cdc refine --table shop.public.customers --available-now`
+    lake.refined_table("shop.public.customers").toDF().show()
+
+Every method validates its settings before Spark does anything and raises a
+:class:`~cdc.core.errors.CdcError` (with the exit code the CLI would use) for what it refuses. Jobs run
+once over what is there (``available_now``) unless ``continuous=True``; a continuous job runs until
+``stop`` is set.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from delta.tables import DeltaTable
+from pyspark.sql import SparkSession
+
+from cdc.core.config import KafkaConnection, Settings, load_settings, validate
+from cdc.core.errors import ConfigError
+from cdc.core.session import build_spark_session, job_spark_config
+from cdc.core.source import load_secrets_file
+from cdc.core.storage import normalize_location
+from cdc.maintenance import OptimizeResult, optimize_table, resolve_table, vacuum_table
+from cdc.pipeline.config import Pipeline
+from cdc.pipeline.load import load_pipeline
+from cdc.pipeline.run import PipelineRefineConfig, raw_job_config, run_pipeline_refine
+from cdc.raw.config import RawJobConfig
+from cdc.raw.job import TopicSummary, run_raw_job
+from cdc.status import WarehouseStatus, warehouse_status
+from cdc.sync import SyncJobConfig, run_sync_job
+from refine.job import RefineJobConfig, refined_table_location, run_refine_job
+from refine.rebuild import RebuiltTable, rebuild_refined_table
+
+Say = Callable[[str], None]
+PipelineSource = Pipeline | str | Path
+
+
+class Lakehouse:
+    """The tables of one warehouse, and the jobs that fill them.
+
+    ``warehouse``: the root of the Delta tables, a path or an object-store URI (default: ``CDC_WAREHOUSE``,
+    else ``./warehouse``). ``spark``: the session to run on (a notebook's, a Databricks job's); without one,
+    the first job builds the project's own (local by default; ``CDC_SPARK__*`` settings). ``kafka``: the
+    Kafka connection's fields (:class:`~cdc.core.config.KafkaConnection`) over ``CDC_KAFKA__*`` and the
+    secrets file. ``settings``: all of these at once, instead of the environment. ``say``: where progress
+    lines go (``print``; pass ``lambda line: None`` for silence).
+
+    Example::
+
+        lake = Lakehouse("/tmp/warehouse", kafka={"bootstrap_servers": "127.0.0.1:9092"})
+        lake.sync(["shop.public.orders"])  # land and refine in one go
+    """
+
+    def __init__(
+        self,
+        warehouse: str | None = None,
+        *,
+        spark: SparkSession | None = None,
+        kafka: Mapping[str, Any] | KafkaConnection | None = None,
+        settings: Settings | None = None,
+        say: Say = print,
+    ) -> None:
+        self.settings = settings or load_settings()
+        self.warehouse = normalize_location(warehouse or self.settings.warehouse)
+        self._kafka = kafka
+        self._spark = spark
+        self.say = say
+
+    @property
+    def kafka(self) -> dict[str, Any]:
+        """The Kafka connection's settings: ``CDC_KAFKA__*``, the secrets file's over them, ``kafka`` over both."""
+        document = self.settings.kafka.model_dump()
+        if self.settings.kafka_secrets_file:
+            document |= load_secrets_file(self.settings.kafka_secrets_file)
+        given = self._kafka.model_dump() if isinstance(self._kafka, KafkaConnection) else dict(self._kafka or {})
+        return document | given
+
+    def spark(self, *, refines_continuously: bool = False) -> SparkSession:
+        """The session jobs run on: the one given, else the project's own, built on the first call.
+
+        Example::
+
+            Lakehouse("/tmp/warehouse").spark().read.format("delta").load("/tmp/warehouse/raw/t").count()
+        """
+        if self._spark is None:
+            config = job_spark_config(self.settings.spark, refines_continuously=refines_continuously)
+            self._spark = build_spark_session(config)
+        return self._spark
+
+    def land(
+        self,
+        topics: Sequence[str] | None = None,
+        *,
+        pattern: str | None = None,
+        pipeline: PipelineSource | None = None,
+        continuous: bool = False,
+        interval_s: float = 2.0,
+        max_offsets_per_trigger: int | None = None,
+        allow_gaps: bool = False,
+        reset: bool = False,
+        force_destroy_raw_data: bool = False,
+        stop: threading.Event | None = None,
+    ) -> list[TopicSummary]:
+        """Land Kafka topics as-is in raw Delta tables, exactly once (``cdc raw``).
+
+        Name the topics, a ``pattern`` (a regular expression matched against whole topic names) or a
+        ``pipeline`` (a file, or a loaded :class:`~cdc.pipeline.config.Pipeline`) whose sources name them.
+        ``allow_gaps``: go on when Kafka deleted offsets not landed yet, recording the gap (else stop).
+        ``reset``: delete the table and checkpoint and land from the start (raw tables only with
+        ``force_destroy_raw_data``). Returns what each topic's table received.
+
+        Example::
+
+            for summary in lake.land(pattern=r"shop\\.public\\..*"):
+                print(summary.topic, summary.rows)
+        """
+        options: dict[str, Any] = {
+            "warehouse": self.warehouse,
+            "trigger": _trigger(continuous, interval_s),
+            "kafka": self.kafka,
+            "on_gap": "record" if allow_gaps else None,
+            "max_offsets_per_trigger": max_offsets_per_trigger,
+            "reset": reset,
+            "force_destroy_raw_data": force_destroy_raw_data,
+        }
+        if sum(choice is not None for choice in (topics, pattern, pipeline)) != 1:
+            raise _config_error("land needs exactly one of topics, pattern and pipeline")
+        if pipeline is not None:
+            config = raw_job_config(_pipeline(pipeline), options)
+        else:
+            selection = (
+                {"kind": "topics", "topics": list(topics)} if topics else {"kind": "pattern", "pattern": pattern}
+            )
+            config = validate(
+                RawJobConfig,
+                {**options, "topics": selection, "on_gap": options["on_gap"] or "fail"},
+                "raw job settings",
+            )
+        return run_raw_job(self.spark(), config, say=self.say, stop=stop)
+
+    def refine(
+        self,
+        table: str | None = None,
+        *,
+        pipeline: PipelineSource | None = None,
+        columns: Mapping[str, str] | None = None,
+        key: Sequence[str] | None = None,
+        continuous: bool = False,
+        interval_s: float = 2.0,
+        rebuild: bool = False,
+        reinfer_schema: bool = False,
+        stop: threading.Event | None = None,
+    ) -> int | dict[str, int]:
+        """Decode a raw table and MERGE it into its refined table (``cdc refine``): the raw table of topic
+        ``table``, or every refined table of a ``pipeline`` with its business tables.
+
+        ``columns`` (name -> Spark type) and ``key`` describe a topic written without schemas, or
+        override decoded types. ``rebuild``: first make the refined table(s) again from the raw table's
+        current contents (:meth:`rebuild`). ``reinfer_schema``: infer the kept schemas of a pipeline's
+        event sources again. Returns the changes read: a count, or a count per table for a pipeline.
+
+        Example::
+
+            changes = lake.refine("shop.public.customers")
+            lake.refine(pipeline="examples/pipelines/shop.yaml")
+        """
+        if (table is None) == (pipeline is None):
+            raise _config_error("refine needs exactly one of table and pipeline")
+        trigger = _trigger(continuous, interval_s)
+        # Every setting is checked before Spark starts.
+        if pipeline is not None:
+            loaded = _pipeline(pipeline)
+            run = {
+                "warehouse": self.warehouse,
+                "trigger": trigger,
+                "reinfer_schema": reinfer_schema,
+                "rebuild": rebuild,
+            }
+            config = validate(PipelineRefineConfig, run, "refine job settings")
+            spark = self.spark(refines_continuously=continuous)
+            return run_pipeline_refine(spark, loaded, config, say=self.say, stop=stop)
+        if reinfer_schema:
+            raise _config_error("reinfer_schema applies to the event sources of a pipeline")
+        job = self._refine_config(table, columns, key, trigger)
+        spark = self.spark(refines_continuously=continuous)
+        if rebuild:
+            rebuild_refined_table(spark, job, say=self.say)
+        return run_refine_job(spark, job, say=self.say, stop=stop)
+
+    def rebuild(
+        self, table: str, *, columns: Mapping[str, str] | None = None, key: Sequence[str] | None = None
+    ) -> list[RebuiltTable]:
+        """Make the refined table of topic ``table`` (with its history and child tables) again from its
+        raw table's current contents, each replaced in one commit; the old version stays for time travel.
+        A refine afterwards goes on from where the rebuild stopped. Stop the table's running refine first.
+
+        Example::
+
+            for rebuilt in lake.rebuild("shop.public.customers"):
+                print(rebuilt.location, rebuilt.version_before, "->", rebuilt.version_after)
+        """
+        config = self._refine_config(table, columns, key, _trigger(False, 2.0))
+        return rebuild_refined_table(self.spark(), config, say=self.say)
+
+    def sync(
+        self,
+        topics: Sequence[str] | None = None,
+        *,
+        pipeline: PipelineSource | None = None,
+        continuous: bool = False,
+        interval_s: float = 2.0,
+        max_offsets_per_trigger: int | None = None,
+        allow_gaps: bool = False,
+        stop: threading.Event | None = None,
+    ) -> list[TopicSummary]:
+        """Land topics and refine them in one Spark application (``cdc sync``): Debezium ``topics`` by
+        name, or a ``pipeline``'s sources and tables.
+
+        Example::
+
+            lake.sync(pipeline="examples/pipelines/shop.yaml", continuous=True, stop=stop_event)
+        """
+        if (topics is None) == (pipeline is None):
+            raise _config_error("sync needs exactly one of topics and pipeline")
+        run = {"warehouse": self.warehouse, "trigger": _trigger(continuous, interval_s)}
+        raw = {
+            **run,
+            "kafka": self.kafka,
+            "max_offsets_per_trigger": max_offsets_per_trigger,
+            "on_gap": "record" if allow_gaps else None,
+        }
+        if pipeline is not None:
+            loaded = _pipeline(pipeline)
+            document: dict[str, Any] = {
+                "raw": raw_job_config(loaded, raw),
+                "refine": {"kind": "pipeline", "pipeline": loaded, "run": run},
+            }
+        else:
+            document = {
+                "raw": {**raw, "topics": {"kind": "topics", "topics": list(topics)}, "on_gap": raw["on_gap"] or "fail"},
+                "refine": {"kind": "topics", "jobs": [{**run, "table": topic} for topic in topics]},
+            }
+        config = validate(SyncJobConfig, document, "sync job settings")
+        return run_sync_job(self.spark(refines_continuously=continuous), config, say=self.say, stop=stop)
+
+    def status(self) -> WarehouseStatus:
+        """Each raw table's Delta version, rows, recorded gaps, quarantined records and lag behind its
+        topic (consumed against Kafka's end offsets), and the expectation totals (``cdc status``).
+
+        Example::
+
+            for table in lake.status().raw_tables:
+                print(table.topic, [p.lag for p in table.partitions])
+        """
+        kafka = validate(KafkaConnection, self.kafka, "Kafka settings")
+        return warehouse_status(self.spark(), self.warehouse, kafka)
+
+    def refined_table(self, topic: str) -> DeltaTable:
+        """The refined table of ``topic``, as Delta's own :class:`~delta.tables.DeltaTable`.
+
+        Example::
+
+            lake.refined_table("shop.public.customers").toDF().where("id = 7").show()
+        """
+        return DeltaTable.forPath(self.spark(), refined_table_location(self.warehouse, topic))
+
+    def optimize(self, table: str, *, zorder_by: Sequence[str] = ()) -> OptimizeResult:
+        """Compact a Delta table's small files, optionally Z-ordered (``cdc optimize``). ``table``: a path
+        or URI, a path under the warehouse (``refined/TOPIC``), or a catalog table's name.
+
+        Example::
+
+            result = lake.optimize("refined/shop.public.orders", zorder_by=["customer_id"])
+        """
+        location = resolve_table(self.spark(), table, self.warehouse)
+        return optimize_table(self.spark(), location, list(zorder_by))
+
+    def vacuum(self, table: str, *, retain_hours: float | None = None, below_safe_minimum: bool = False) -> str:
+        """Delete the files older versions of a Delta table no longer need (``cdc vacuum``); returns its
+        location. Below 168 hours only with ``below_safe_minimum``, and never on raw tables.
+
+        Example::
+
+            lake.vacuum("refined/shop.public.orders", retain_hours=240)
+        """
+        location = resolve_table(self.spark(), table, self.warehouse)
+        vacuum_table(self.spark(), location, retain_hours, below_safe_minimum)
+        return location
+
+    def _refine_config(
+        self, table: str, columns: Mapping[str, str] | None, key: Sequence[str] | None, trigger: dict[str, Any]
+    ) -> RefineJobConfig:
+        document = {
+            "table": table,
+            "warehouse": self.warehouse,
+            "columns": dict(columns) if columns else None,
+            "key": list(key) if key else None,
+            "trigger": trigger,
+        }
+        return validate(RefineJobConfig, document, "refine job settings")
+
+
+def _trigger(continuous: bool, interval_s: float) -> dict[str, Any]:
+    return {"kind": "continuous", "interval_s": interval_s} if continuous else {"kind": "available_now"}
+
+
+def _pipeline(pipeline: PipelineSource) -> Pipeline:
+    return pipeline if isinstance(pipeline, Pipeline) else load_pipeline(pipeline)
+
+
+def _config_error(message: str) -> ConfigError:
+    return ConfigError(message)

@@ -1,0 +1,101 @@
+"""``cdc status``, ``cdc optimize`` and ``cdc vacuum``: the warehouse's tables, read and kept."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from cdc.cli.common import Commands, Options, add_command, lakehouse
+from cdc.core.config import Settings
+
+
+def status(args: argparse.Namespace, settings: Settings) -> int:
+    found = lakehouse(settings).status()
+    if args.json:
+        print(json.dumps(found.as_dict(), indent=2))
+        return 0
+    print(
+        f"{'raw table':<32} {'version':>7} {'rows':>12} {'gaps':>4} {'quarantined':>11}  partitions (consumed/end, lag)"
+    )
+    for table in found.raw_tables:
+        partitions = " ".join(
+            f"p{p.partition} {p.consumed}/{'?' if p.end is None else p.end} lag {'?' if p.lag is None else p.lag}"
+            for p in table.partitions
+        )
+        print(
+            f"{table.topic:<32} {table.version:>7} {table.rows:>12,} {table.recorded_gaps:>4} {table.quarantined:>11,}  "
+            f"{partitions}"
+        )
+    if found.expectations:
+        print(f"\n{'table':<40} {'expectation':<24} {'action':<6} {'batches':>7} {'passed':>12} {'failed':>10}")
+    for total in found.expectations:
+        print(
+            f"{total.table:<40} {total.expectation:<24} {total.action:<6} {total.batches:>7} {total.passed:>12,} "
+            f"{total.failed:>10,}"
+        )
+    return 0
+
+
+def optimize(args: argparse.Namespace, settings: Settings) -> int:
+    zorder_by = [column.strip() for column in (args.zorder_by or "").split(",") if column.strip()]
+    lake = lakehouse(settings)
+    result = lake.optimize(args.table, zorder_by=zorder_by)
+    print(
+        f"optimized {result.location}: {result.files_removed} files compacted into {result.files_added}"
+        + (f", Z-ordered by {', '.join(zorder_by)}" if zorder_by else "")
+    )
+    return 0
+
+
+def vacuum(args: argparse.Namespace, settings: Settings) -> int:
+    location = lakehouse(settings).vacuum(
+        args.table,
+        retain_hours=args.retain_hours,
+        below_safe_minimum=args.i_know_vacuum_below_retention_loses_time_travel,
+    )
+    print(f"vacuumed {location}" + ("" if args.retain_hours is None else f" (retained {args.retain_hours:g} hours)"))
+    return 0
+
+
+def add_commands(commands: Commands, options: Options) -> None:
+    add_command(
+        commands,
+        "status",
+        status,
+        "list raw tables (Delta version, rows, consumed vs end offsets: lag) and expectation totals",
+        [options.warehouse, options.as_json],
+    )
+    table = argparse.ArgumentParser(add_help=False)
+    table.add_argument(
+        "--table",
+        required=True,
+        metavar="PATH_OR_NAME",
+        help="a Delta table's path or URI, a path under the warehouse (refined/TOPIC), or a catalog name",
+    )
+    compact = add_command(
+        commands,
+        "optimize",
+        optimize,
+        "compact a Delta table's small files, optionally Z-ordered",
+        [options.warehouse, table],
+    )
+    compact.add_argument("--zorder-by", metavar="COLUMN,...", help="cluster the rows by these columns (Z-order)")
+    clean = add_command(
+        commands,
+        "vacuum",
+        vacuum,
+        "delete files older versions of a Delta table no longer need",
+        [options.warehouse, table],
+    )
+    clean.add_argument(
+        "--retain-hours",
+        type=float,
+        metavar="N",
+        help="keep the files that versions of the last N hours need "
+        "(default: the table's retention, 168); below 168 is refused unless overridden",
+    )
+    clean.add_argument(
+        "--i-know-vacuum-below-retention-loses-time-travel",
+        action="store_true",
+        help="allow a retention below 168 hours (never on raw tables)",
+    )

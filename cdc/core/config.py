@@ -1,0 +1,381 @@
+"""Configuration models, validated up front.
+
+Settings come from (highest first) command-line options, environment variables prefixed ``CDC_``
+(nested keys joined by ``__``: ``CDC_SPARK__MASTER=spark://host:7077``,
+``CDC_STACK__POSTGRES__PORT=5433``), then the defaults documented on each field. An invalid value
+raises :class:`cdc.core.errors.ConfigError` naming the key and the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeVar, Union
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from cdc.core.errors import ConfigError
+
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class MavenJars(_Strict):
+    """Fetch the Delta and Kafka connector jars from Maven Central once, then reuse the cached copy."""
+
+    kind: Literal["maven"] = "maven"
+    cache_dir: Path | None = Field(
+        default=None,
+        description="Where resolved jars are kept; default $CDC_JARS_CACHE or ~/.cache/cdc-lakehouse/jars.",
+    )
+
+
+class LocalJars(_Strict):
+    """Use the jars of a local folder as they are (air-gapped machines, pre-baked cluster images)."""
+
+    kind: Literal["local"] = "local"
+    folder: Path = Field(description="Folder holding delta-spark, spark-sql-kafka and their dependencies.")
+
+    @field_validator("folder")
+    @classmethod
+    def _has_jars(cls, folder: Path) -> Path:
+        if not folder.is_dir() or not any(folder.glob("*.jar")):
+            raise ValueError(f"{folder} is not a folder holding .jar files")
+        return folder
+
+
+class ProvidedJars(_Strict):
+    """The cluster already puts Delta and the Kafka source on the classpath: add nothing."""
+
+    kind: Literal["provided"] = "provided"
+
+
+JarsSource = Annotated[Union[MavenJars, LocalJars, ProvidedJars], Field(discriminator="kind")]
+
+
+class GarbageCollector(str, Enum):
+    """The local driver JVM's garbage collector."""
+
+    G1 = "g1"  # the JVM's default: short pauses, for jobs that refine
+    PARALLEL = "parallel"  # less CPU per record, with stop-the-world collections: for landing
+
+    @property
+    def jvm_option(self) -> str:
+        return {GarbageCollector.G1: "-XX:+UseG1GC", GarbageCollector.PARALLEL: "-XX:+UseParallelGC"}[self]
+
+
+class SparkConfig(_Strict):
+    """How the SparkSession is built (see :func:`cdc.core.session.build_spark_session`).
+
+    Example::
+
+        from cdc import SparkConfig, build_spark_session
+
+        spark = build_spark_session(SparkConfig(master="local[2]", driver_memory="4g"))
+    """
+
+    master: str = Field(
+        default="local[*]",
+        description="Spark master URL; any master works (local[N], spark://, yarn, k8s://).",
+    )
+    app_name: str = Field(default="cdc-lakehouse", description="Application name shown in the Spark UI.")
+    shuffle_partitions: int = Field(
+        default=4,
+        ge=1,
+        description="spark.sql.shuffle.partitions: a few per core; the default suits a 2-core machine.",
+    )
+    driver_memory: str = Field(
+        default="4g",
+        pattern=r"^\d+[kmgt]$",
+        description="spark.driver.memory, applied when this process starts the JVM (e.g. 4g).",
+    )
+    ui_enabled: bool = Field(default=False, description="Start the Spark web UI (on 127.0.0.1 locally).")
+    jars: JarsSource = Field(default_factory=MavenJars, description="Where the Delta and Kafka jars come from.")
+    class_archive: bool = Field(
+        default=True,
+        description=(
+            "With a local master, start the driver's JVM from the class archive `cdc jars fetch` built for this JDK "
+            "and these jars, when there is one (cdc/class_archive.py): seconds less of every fresh JVM's start."
+        ),
+    )
+    garbage_collector: GarbageCollector | None = Field(
+        default=None,
+        description=(
+            "With a local master, the driver JVM's garbage collector, applied when this process starts the JVM. "
+            "None: the job's choice (parallel, except for a continuous `cdc refine` or `cdc sync` and the other "
+            "commands, which keep the JVM's default, G1)."
+        ),
+    )
+    conf: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra Spark settings, applied last (object-store credentials, cluster tuning).",
+    )
+
+    @property
+    def is_local(self) -> bool:
+        return self.master.startswith("local")
+
+
+class PostgresConfig(_Strict):
+    """The local stack's PostgreSQL server."""
+
+    port: int = Field(default=5432, gt=0, lt=65536, description="TCP port on 127.0.0.1.")
+    user: str = Field(default="postgres", description="Superuser created by initdb; Debezium connects as it.")
+    password: str = Field(default="postgres", description="Password of that user (a local demo secret).")
+    database: str = Field(default="demo", description="Database holding the sample schema.")
+
+    def dsn(self, database: str | None = None) -> str:
+        """A libpq connection string to ``database`` (default: the demo database) on 127.0.0.1."""
+        return (
+            f"host=127.0.0.1 port={self.port} user={self.user} password={self.password} "
+            f"dbname={database or self.database}"
+        )
+
+
+class KafkaConfig(_Strict):
+    """The local stack's single-node KRaft Kafka."""
+
+    port: int = Field(default=9092, gt=0, lt=65536, description="Client listener on 127.0.0.1.")
+    controller_port: int = Field(default=9093, gt=0, lt=65536, description="KRaft controller listener.")
+    heap: str = Field(default="768m", pattern=r"^\d+[kmg]$", description="JVM heap (-Xmx) of the broker.")
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+class ConnectConfig(_Strict):
+    """The local stack's Kafka Connect worker (distributed mode) with Debezium's connectors."""
+
+    port: int = Field(default=8083, gt=0, lt=65536, description="REST API port on 127.0.0.1.")
+    heap: str = Field(default="768m", pattern=r"^\d+[kmg]$", description="JVM heap (-Xmx) of the worker.")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+class SecurityProtocol(str, Enum):
+    PLAINTEXT = "PLAINTEXT"
+    SSL = "SSL"
+    SASL_PLAINTEXT = "SASL_PLAINTEXT"
+    SASL_SSL = "SASL_SSL"
+
+
+class SaslMechanism(str, Enum):
+    """Username/password mechanisms: Confluent Cloud and Event Hubs use PLAIN, MSK uses SCRAM-SHA-512."""
+
+    PLAIN = "PLAIN"
+    SCRAM_SHA_256 = "SCRAM-SHA-256"
+    SCRAM_SHA_512 = "SCRAM-SHA-512"
+
+
+_JAAS_MODULES = {
+    SaslMechanism.PLAIN: "org.apache.kafka.common.security.plain.PlainLoginModule",
+    SaslMechanism.SCRAM_SHA_256: "org.apache.kafka.common.security.scram.ScramLoginModule",
+    SaslMechanism.SCRAM_SHA_512: "org.apache.kafka.common.security.scram.ScramLoginModule",
+}
+
+
+class KafkaConnection(_Strict):
+    """How to reach the Kafka cluster. Environment: ``CDC_KAFKA__<FIELD>``; or a secrets file.
+
+    Example::
+
+        from cdc import KafkaConnection, Lakehouse
+
+        kafka = KafkaConnection(
+            bootstrap_servers="broker:9093",
+            security_protocol="SASL_SSL",
+            sasl_mechanism="PLAIN",
+            sasl_username="user",
+            sasl_password="secret",
+        )
+        lake = Lakehouse("s3a://bucket/warehouse", kafka=kafka)
+    """
+
+    bootstrap_servers: str = Field(default="127.0.0.1:9092", description="host:port[,host:port...]")
+    security_protocol: SecurityProtocol = Field(
+        default=SecurityProtocol.PLAINTEXT, description="Kafka security.protocol."
+    )
+    sasl_mechanism: SaslMechanism | None = Field(default=None, description="Required with SASL_* protocols.")
+    sasl_username: str | None = Field(default=None, description="SASL user (Event Hubs: $ConnectionString).")
+    sasl_password: SecretStr | None = Field(default=None, description="SASL password or API secret.")
+    ssl_ca_location: Path | None = Field(default=None, description="PEM file of CA certificates (SSL, SASL_SSL).")
+
+    @model_validator(mode="after")
+    def _sasl_complete(self) -> KafkaConnection:
+        uses_sasl = self.security_protocol in (SecurityProtocol.SASL_PLAINTEXT, SecurityProtocol.SASL_SSL)
+        if uses_sasl and not (self.sasl_mechanism and self.sasl_username and self.sasl_password):
+            raise ValueError(f"{self.security_protocol.value} needs sasl_mechanism, sasl_username and sasl_password")
+        return self
+
+    def secrets(self) -> list[str]:
+        return [self.sasl_password.get_secret_value()] if self.sasl_password else []
+
+    def spark_options(self) -> dict[str, str]:
+        """Options for Spark's Kafka source (``kafka.``-prefixed client settings)."""
+        options = {
+            "kafka.bootstrap.servers": self.bootstrap_servers,
+            "kafka.security.protocol": self.security_protocol.value,
+        }
+        if self.sasl_mechanism:
+            assert self.sasl_password is not None
+            username = json.dumps(self.sasl_username)  # JAAS values are double-quoted strings
+            password = json.dumps(self.sasl_password.get_secret_value())
+            options["kafka.sasl.mechanism"] = self.sasl_mechanism.value
+            options["kafka.sasl.jaas.config"] = (
+                f"{_JAAS_MODULES[self.sasl_mechanism]} required username={username} password={password};"
+            )
+        if self.ssl_ca_location:
+            options["kafka.ssl.truststore.type"] = "PEM"
+            options["kafka.ssl.truststore.location"] = str(self.ssl_ca_location)
+        return options
+
+    def client_options(self) -> dict[str, Any]:
+        """The same settings for kafka-python (topic metadata and offsets on the driver)."""
+        options: dict[str, Any] = {
+            "bootstrap_servers": self.bootstrap_servers.split(","),
+            "security_protocol": self.security_protocol.value,
+        }
+        if self.sasl_mechanism:
+            assert self.sasl_password is not None
+            options |= {
+                "sasl_mechanism": self.sasl_mechanism.value,
+                "sasl_plain_username": self.sasl_username,
+                "sasl_plain_password": self.sasl_password.get_secret_value(),
+            }
+        if self.ssl_ca_location:
+            options["ssl_cafile"] = str(self.ssl_ca_location)
+        return options
+
+
+class StackBackend(str, Enum):
+    """Which engine runs the stack: local processes, or docker/compose.yml where Docker exists."""
+
+    LOCAL = "local"
+    DOCKER = "docker"
+
+
+class StackConfig(_Strict):
+    """The local CDC stack: every component a real process on 127.0.0.1, state under one folder."""
+
+    state_dir: Path = Field(
+        default=Path(".cdc/stack"),
+        description="Data, configuration, pid files and logs of every component.",
+    )
+    postgres: PostgresConfig = Field(default_factory=PostgresConfig)
+    kafka: KafkaConfig = Field(default_factory=KafkaConfig)
+    connect: ConnectConfig = Field(default_factory=ConnectConfig)
+    start_timeout_s: float = Field(default=180.0, gt=0, description="How long `up` waits for each component.")
+
+    @field_validator("state_dir")
+    @classmethod
+    def _absolute(cls, state_dir: Path) -> Path:
+        return state_dir.expanduser().absolute()
+
+
+class Settings(BaseSettings):
+    """Everything the CLI reads from the environment (``CDC_`` prefix, ``__`` between nested keys).
+
+    Example::
+
+        from cdc import Lakehouse, Settings
+
+        settings = Settings(warehouse="/data/warehouse", kafka={"bootstrap_servers": "broker:9092"})
+        lake = Lakehouse(settings=settings)
+    """
+
+    model_config = SettingsConfigDict(env_prefix="CDC_", env_nested_delimiter="__", extra="ignore", frozen=True)
+
+    spark: SparkConfig = Field(default_factory=SparkConfig)
+    stack: StackConfig = Field(default_factory=StackConfig)
+    kafka: KafkaConnection = Field(default_factory=KafkaConnection)
+    warehouse: str = Field(default="warehouse", description="Root of the Delta tables: a path or an object-store URI.")
+    kafka_secrets_file: Path | None = Field(
+        default=None, description="YAML/JSON file of Kafka settings (SASL credentials...) read over CDC_KAFKA__*."
+    )
+
+
+def load_settings(overrides: dict[str, Any] | None = None) -> Settings:
+    """Read :class:`Settings` from the environment, apply nested ``overrides`` (command-line options).
+
+    Invalid values raise ConfigError naming each key as an environment variable.
+
+    Example::
+
+        from cdc import load_settings
+
+        settings = load_settings({"warehouse": "/data/warehouse"})  # CDC_* variables, then this
+        """
+    try:
+        settings = Settings()
+        if overrides:
+            settings = Settings.model_validate(_merge(settings.model_dump(), overrides))
+        return settings
+    except ValidationError as error:
+        raise config_error(error, prefix="CDC_") from None
+
+
+def _merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in overrides.items():
+        merged[key] = _merge(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+    return merged
+
+
+def validate(model: type[ModelT], document: dict[str, Any], what: str) -> ModelT:
+    """``model`` from ``document``, or a ConfigError naming each invalid key (dotted) and the reason."""
+    try:
+        return model.model_validate(document)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in item['loc']) or what}: {item['msg']}" for item in error.errors()
+        )
+        raise ConfigError(f"invalid {what}: {problems}") from None
+
+
+def config_error(error: ValidationError, prefix: str = "") -> ConfigError:
+    """One ConfigError listing each invalid key (as the user would write it) with the reason."""
+    problems = []
+    for item in error.errors():
+        key = "__".join(str(part) for part in item["loc"]).upper() if prefix else ".".join(map(str, item["loc"]))
+        problems.append(f"{prefix}{key}: {item['msg']}")
+    return ConfigError("invalid configuration: " + "; ".join(problems))
+
+
+def env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+# Kafka's own rule for topic names (it also refuses "." and "..").
+TOPIC_NAME = r"^[A-Za-z0-9._-]{1,249}$"
+
+
+def _kafka_topic_name(topic: str) -> str:
+    if topic in (".", ".."):
+        raise ValueError(f"{topic!r} is not a valid topic name")
+    return topic
+
+
+class AvailableNow(_Strict):
+    """Land what is in Kafka now, then stop (for scheduled runs)."""
+
+    kind: Literal["available_now"] = "available_now"
+
+
+class Continuous(_Strict):
+    """Run until stopped, starting a micro-batch every ``interval_s`` seconds when there is data."""
+
+    kind: Literal["continuous"] = "continuous"
+    interval_s: float = Field(default=2.0, gt=0, description="Seconds between micro-batches.")
+
+
+Trigger = Annotated[Union[AvailableNow, Continuous], Field(discriminator="kind")]

@@ -1,0 +1,168 @@
+"""The one place that builds the SparkSession: Delta Lake and Spark's Kafka source on any master."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+from cdc.core import class_archive, jars
+from cdc.core.config import GarbageCollector, LocalJars, MavenJars, SparkConfig
+from cdc.core.errors import DependencyError
+from cdc.core.functions import register_helpers
+
+
+def spark_conf(config: SparkConfig) -> dict[str, str]:
+    """The Spark settings :func:`build_spark_session` applies, in order (later keys win)."""
+    conf = {
+        "spark.master": config.master,
+        "spark.app.name": config.app_name,
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        # CDC timestamps are instants: keep them in UTC whatever the machine's zone.
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": str(config.shuffle_partitions),
+        "spark.ui.enabled": str(config.ui_enabled).lower(),
+        "spark.ui.showConsoleProgress": "false",
+        # Small Delta logs checkpoint and snapshot fast with few partitions on a small machine.
+        "spark.databricks.delta.snapshotPartitions": str(max(config.shuffle_partitions, 1)),
+        "spark.sql.streaming.stateStore.providerClass": (
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+        ),
+        # One refine micro-batch (parse, MERGE, Delta snapshot) generates ~170 classes: with Spark's
+        # default cache of 100 every batch compiled them all again (~170 Janino compiles instead of
+        # ~7 per steady batch).
+        "spark.sql.codegen.cache.maxEntries": "2000",
+        # A raw batch has one ingest_date, so one partition per task: with a writer per partition
+        # value (up to 4 per task, then Spark falls back to sorting) a partitioned append streams its
+        # rows to parquet instead of first sorting ~1 GB of records by a constant column.
+        "spark.sql.maxConcurrentOutputFileWriters": "4",
+        # Cached batches are mostly Debezium's JSON texts, each unique: the cache's run-length and
+        # dictionary encodings only try and give up (building refine's cache of 300k records:
+        # ~3.9 s compressed, ~2.5 s not, in one warm JVM).
+        "spark.sql.inMemoryColumnarStorage.compressed": "false",
+        # Timestamps as Parquet's int64 microseconds instead of Spark's default, the deprecated INT96:
+        # each INT96 value is a 12-byte binary built and dictionary-hashed per row. A warm refine of
+        # 300k changes into 1M rows took ~8.5 s instead of ~9.6 s. Files of both kinds read alike.
+        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    }
+    if config.is_local:
+        # A local driver serves only this machine: keep every port it opens on loopback.
+        conf |= {
+            "spark.driver.memory": config.driver_memory,
+            "spark.driver.host": "127.0.0.1",
+            "spark.driver.bindAddress": "127.0.0.1",
+        }
+    jar_paths = _jar_paths(config)
+    if jar_paths:
+        conf["spark.jars"] = ",".join(jar_paths)
+    conf |= config.conf
+    if config.is_local:
+        archive_options = _class_archive_options(config, jar_paths) if config.class_archive else []
+        collector = [config.garbage_collector.jvm_option] if config.garbage_collector else []
+        if archive_options or collector:
+            # Before the user's own options: a later JVM option wins over an earlier one.
+            user_options = config.conf.get("spark.driver.extraJavaOptions", "")
+            conf["spark.driver.extraJavaOptions"] = " ".join([*archive_options, *collector, user_options]).strip()
+    return conf
+
+
+def job_spark_config(config: SparkConfig, *, refines_continuously: bool) -> SparkConfig:
+    """The session settings a `cdc` job runs with. Unless the user chose a garbage collector, the
+    parallel one, which spends less CPU per record than the JVM's default, G1 (landing 1M records of
+    ~1 KB in a warm JVM: ~11 CPU s instead of ~12.5, ~13% more rows/s; refining 300,000 changes into
+    10M rows: ~6% more changes/s). A job that refines continuously keeps G1: the parallel collector's
+    full collections stop the JVM (~0.2 s each) inside a commit's way to its refined table."""
+    if config.garbage_collector is not None or refines_continuously:
+        return config
+    return config.model_copy(update={"garbage_collector": GarbageCollector.PARALLEL})
+
+
+# A query's failure reaches the user as the job's own one-line error (cdc.core.streaming.batch_error); Spark,
+# PySpark and py4j would each log it first with its whole stack (a failed micro-batch's: the Python
+# traceback too). Shown under `cdc --debug`, which sets this.
+show_failure_logs = False
+_STREAM_ENGINES = (
+    "org.apache.spark.sql.execution.streaming.MicroBatchExecution",
+    "org.apache.spark.sql.execution.streaming.StreamExecution",
+)
+_FAILURE_LOGGERS = ("DataFrameQueryContextLogger", "SQLQueryContextLogger", "py4j.clientserver")
+
+
+def _no_failure_logs(record: logging.LogRecord) -> bool:
+    return record.name == "py4j.clientserver" and not record.getMessage().startswith(
+        "There was an exception while executing the Python Proxy"
+    )
+
+
+def _show_failure_logs(spark: SparkSession, show: bool) -> None:
+    from pyspark.logger import PySparkLogger
+
+    level = spark._jvm.org.apache.logging.log4j.Level.ERROR if show else spark._jvm.org.apache.logging.log4j.Level.OFF
+    for engine in _STREAM_ENGINES:
+        spark._jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(engine, level)
+    for name in _FAILURE_LOGGERS:
+        logger = logging.getLogger(name) if name.startswith("py4j") else PySparkLogger.getLogger(name)
+        (logger.removeFilter if show else logger.addFilter)(_no_failure_logs)
+
+
+def build_spark_session(config: SparkConfig | None = None) -> SparkSession:
+    """Build (or return the running) SparkSession configured by ``config``: Delta Lake, Spark's Kafka
+    source and the project's JVM helpers, on any master.
+
+    Example::
+
+        from cdc import SparkConfig, build_spark_session
+
+        spark = build_spark_session(SparkConfig(app_name="nightly-refine"))
+
+    Settings that only take effect when the JVM starts (jars, driver memory) apply to the first
+    session of the process; a later call returns that session with the SQL settings re-applied.
+    """
+    config = config or SparkConfig()
+    if config.is_local:
+        # Spark otherwise picks the host's first non-loopback address for its own servers.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        # Python workers (Protobuf decoding runs in them) use this interpreter and its packages, not
+        # whatever `python3` is first on the PATH.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder
+    for key, value in spark_conf(config).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    _show_failure_logs(spark, show_failure_logs)
+    register_helpers(spark)
+    return spark
+
+
+def build_class_archive(config: SparkConfig) -> Path:
+    """The class archive that local sessions of ``config`` start their JVM from, made on the first
+    call (a training run of ~1 minute; :mod:`cdc.core.class_archive`)."""
+    return class_archive.build(_cache_dir(config), jars.java_executable(), _jar_paths(config))
+
+
+def _cache_dir(config: SparkConfig) -> Path:
+    return (config.jars.cache_dir if isinstance(config.jars, MavenJars) else None) or jars.default_cache_dir()
+
+
+def _class_archive_options(config: SparkConfig, jar_paths: list[str]) -> list[str]:
+    """The driver JVM's options that map the class archive of this JDK and these jars, if it exists."""
+    try:
+        java = jars.java_executable()
+    except DependencyError:
+        return []  # Spark's own launch reports the missing JDK
+    return class_archive.java_options(_cache_dir(config), java, jar_paths)
+
+
+def _jar_paths(config: SparkConfig) -> list[str]:
+    match config.jars:
+        case MavenJars(cache_dir=cache_dir):
+            return [str(path) for path in [*jars.resolve(jars.SPARK_BUNDLE, cache_dir), jars.helpers_jar(cache_dir)]]
+        case LocalJars(folder=folder):
+            return sorted(str(path) for path in folder.glob("*.jar"))
+        case _:
+            return []

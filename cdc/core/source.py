@@ -1,0 +1,105 @@
+"""Kafka as the source: connection settings (with secrets), topic discovery and offsets.
+
+Secrets (SASL password, key and trust store passwords) are pydantic ``SecretStr``: they print as
+``**********`` and reach only the Kafka clients. :func:`redact` scrubs them from any error text
+before it is shown.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import yaml
+from kafka import KafkaConsumer, TopicPartition
+from kafka.errors import KafkaError, KafkaTimeoutError
+from pydantic import ValidationError
+
+from cdc.core.config import KafkaConnection
+from cdc.core.errors import ConfigError, SourceError
+
+
+def load_secrets_file(path: Path) -> dict[str, Any]:
+    """Kafka settings from a YAML or JSON file (keys as in :class:`KafkaConnection`)."""
+    try:
+        document = yaml.safe_load(path.read_text())
+    except OSError as error:
+        raise ConfigError(f"cannot read the Kafka secrets file: {error.strerror}", file=str(path)) from None
+    except yaml.YAMLError:
+        raise ConfigError("the Kafka secrets file is not YAML or JSON", file=str(path)) from None
+    if not isinstance(document, dict):
+        raise ConfigError("the Kafka secrets file must hold a mapping of settings", file=str(path))
+    try:
+        KafkaConnection.model_validate(document)
+    except ValidationError as error:
+        # Named by key only: the pydantic message could quote a secret's value.
+        raise ConfigError(
+            f"invalid Kafka secrets file {path}: "
+            + "; ".join(f"{'.'.join(map(str, item['loc'])) or 'settings'}: {item['type']}" for item in error.errors())
+        ) from None
+    return document
+
+
+def redact(text: str, secrets: list[str]) -> str:
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "**********")
+    return text
+
+
+class PartitionOffsets(NamedTuple):
+    earliest: int  # the oldest offset Kafka still holds
+    end: int  # the offset the next record will get
+
+
+class KafkaTopics:
+    """Topic metadata and offsets, read on the driver (metadata only, never records)."""
+
+    def __init__(self, connection: KafkaConnection) -> None:
+        self.connection = connection
+
+    @contextmanager
+    def _consumer(self) -> Iterator[KafkaConsumer]:
+        try:
+            consumer = KafkaConsumer(**self.connection.client_options(), bootstrap_timeout_ms=10000)
+        except KafkaTimeoutError:
+            raise SourceError("no Kafka broker answers", bootstrap_servers=self.connection.bootstrap_servers) from None
+        except KafkaError as error:
+            raise SourceError(
+                f"cannot connect to Kafka: {type(error).__name__}", bootstrap_servers=self.connection.bootstrap_servers
+            ) from None
+        try:
+            yield consumer
+        finally:
+            consumer.close()
+
+    def names(self) -> set[str]:
+        with self._consumer() as consumer:
+            return {topic for topic in consumer.topics() if not topic.startswith("__")}
+
+    def matching(self, pattern: str) -> list[str]:
+        """Topics whose whole name matches ``pattern`` (internal ``__`` topics excluded)."""
+        regex = re.compile(pattern)
+        return sorted(topic for topic in self.names() if regex.fullmatch(topic))
+
+    def require(self, topics: list[str]) -> None:
+        """Fail naming the first topic that does not exist."""
+        existing = self.names()
+        for topic in topics:
+            if topic not in existing:
+                raise SourceError("unknown topic", topic=topic, bootstrap_servers=self.connection.bootstrap_servers)
+
+    def offsets(self, topics: list[str]) -> dict[tuple[str, int], PartitionOffsets]:
+        """Earliest and end offset of every partition of ``topics``, by (topic, partition)."""
+        with self._consumer() as consumer:
+            partitions = [
+                TopicPartition(topic, partition)
+                for topic in topics
+                for partition in sorted(consumer.partitions_for_topic(topic) or ())
+            ]
+            earliest = consumer.beginning_offsets(partitions)
+            end = consumer.end_offsets(partitions)
+        return {(tp.topic, tp.partition): PartitionOffsets(earliest[tp], end[tp]) for tp in partitions}

@@ -1,0 +1,104 @@
+"""Small file operations on the warehouse through Hadoop's FileSystem, so that a local path and an
+object-store URI (s3a://, abfss://, gs://) behave the same. Metadata only: listings, checkpoint
+files and probes, never table data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from cdc.core.errors import TableError
+
+
+def normalize_location(location: str) -> str:
+    """A URI stays as it is; a local path becomes absolute (and gets no scheme)."""
+    if "://" in location or location.startswith("file:"):
+        return location.rstrip("/")
+    return str(Path(location).expanduser().absolute())
+
+
+class Storage:
+    """File operations on any Hadoop-supported file system, run on the driver."""
+
+    def __init__(self, spark: SparkSession) -> None:
+        self._jvm = spark._jvm
+        self._conf = spark._jsc.hadoopConfiguration()
+
+    def _fs(self, location: str) -> tuple[Any, Any]:
+        path = self._jvm.org.apache.hadoop.fs.Path(location)
+        return path.getFileSystem(self._conf), path
+
+    def exists(self, location: str) -> bool:
+        fs, path = self._fs(location)
+        return bool(fs.exists(path))
+
+    def list_names(self, location: str) -> list[str]:
+        """Names of the entries in a folder ([] when it does not exist)."""
+        fs, path = self._fs(location)
+        if not fs.exists(path):
+            return []
+        return sorted(status.getPath().getName() for status in fs.listStatus(path))
+
+    def file_names(self, location: str) -> list[str]:
+        """Names of the files under a folder, at any depth ([] when it does not exist)."""
+        fs, path = self._fs(location)
+        if not fs.exists(path):
+            return []
+        files, names = fs.listFiles(path, True), []
+        while files.hasNext():
+            names.append(files.next().getPath().getName())
+        return sorted(names)
+
+    def last_modified(self, location: str) -> float:
+        """When anything at ``location`` (the folder itself, or a file or folder at any depth) last
+        changed, in seconds since the epoch (0 when nothing is there)."""
+        fs, path = self._fs(location)
+        if not fs.exists(path):
+            return 0.0
+        newest, folders = 0, [fs.getFileStatus(path)]
+        while folders:
+            status = folders.pop()
+            newest = max(newest, status.getModificationTime())
+            if status.isDirectory():
+                folders.extend(fs.listStatus(status.getPath()))
+        return newest / 1000
+
+    def read_text(self, location: str) -> str:
+        fs, path = self._fs(location)
+        stream = fs.open(path)
+        try:
+            reader = self._jvm.java.io.BufferedReader(self._jvm.java.io.InputStreamReader(stream, "UTF-8"))
+            lines = []
+            while (line := reader.readLine()) is not None:
+                lines.append(line)
+            return "\n".join(lines)
+        finally:
+            stream.close()
+
+    def write_text(self, location: str, text: str) -> None:
+        """Write (or replace) a small UTF-8 text file, creating its folder."""
+        fs, path = self._fs(location)
+        fs.mkdirs(path.getParent())
+        stream = fs.create(path, True)
+        try:
+            stream.write(bytearray(text.encode("utf-8")))
+        finally:
+            stream.close()
+
+    def delete(self, location: str) -> None:
+        fs, path = self._fs(location)
+        fs.delete(path, True)
+
+    def ensure_writable(self, location: str) -> None:
+        """Create the folder and write and remove a probe file in it, or fail saying why."""
+        probe = f"{location}/_cdc_write_probe"
+        try:
+            fs, path = self._fs(probe)
+            fs.mkdirs(path.getParent())
+            fs.create(path, True).close()
+            fs.delete(path, False)
+        except Exception as error:  # py4j wraps the JVM's IOException
+            reason = str(error).split("\n", 2)[1] if "\n" in str(error) else str(error)
+            raise TableError(f"the warehouse is not writable: {reason.strip()}", location=location) from None

@@ -1,0 +1,122 @@
+"""Delta table helpers and the warehouse's layout, shared by every job.
+
+Naming rule: the raw table of topic ``T`` is the Delta table at ``<warehouse>/raw/T`` (Kafka topic
+names are already safe folder names: letters, digits, ``.``, ``_``, ``-``). Everything the tool
+keeps for itself lives under ``<warehouse>/_cdc/``: one streaming checkpoint per raw table at
+``_cdc/checkpoints/raw/T`` and the table of recorded offset gaps at ``_cdc/raw_gaps``.
+
+The tool marks the tables it creates with properties: ``cdc.kind`` (``raw``, ``refined``, ...),
+``cdc.topic`` and ``cdc.reset.allowed`` (see :mod:`cdc.raw.table` for the raw table's protection).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+from delta.tables import DeltaTable
+from pyspark.sql import SparkSession
+
+from cdc.core.errors import TableError
+from cdc.core.storage import Storage
+
+KIND_PROPERTY = "cdc.kind"
+TOPIC_PROPERTY = "cdc.topic"
+RESET_ALLOWED_PROPERTY = "cdc.reset.allowed"
+RAW_KIND = "raw"
+
+
+def raw_table_location(warehouse: str, topic: str) -> str:
+    return f"{warehouse}/raw/{topic}"
+
+
+def checkpoint_location(warehouse: str, topic: str) -> str:
+    return f"{warehouse}/_cdc/checkpoints/raw/{topic}"
+
+
+def gaps_table_location(warehouse: str) -> str:
+    return f"{warehouse}/_cdc/raw_gaps"
+
+
+# A continuous job commits to its tables every second or so, and Delta writes a checkpoint (a Spark
+# job: the whole log state as Parquet) inside the commit that completes each interval, synchronously:
+# at Delta's default of 10 commits, one batch in ten of each table paid ~0.5 s more (warm; seconds in
+# a fresh JVM), which a commit's latency meets at p95. Every 100 commits it is one in a hundred; a
+# reader that starts replays at most 100 small commit files. A table's explicit setting is kept.
+CHECKPOINT_PROPERTIES = {"delta.checkpointInterval": "100"}
+
+
+def is_delta_table(spark: SparkSession, location: str) -> bool:
+    """True when a Delta log is there: its first commit, or, once log cleanup has removed that, the
+    pointer to its last checkpoint (cleanup runs after a checkpoint only). Two probes, not a listing:
+    a log holds a file per commit, and a refinement asks for every batch. (DeltaTable.isDeltaTable
+    caches a "no" per path for the life of the JVM, so it misses a table another process created since.)"""
+    storage, log = Storage(spark), f"{location}/_delta_log"
+    return storage.exists(f"{log}/{0:020d}.json") or storage.exists(f"{log}/_last_checkpoint")
+
+
+def delta_properties(spark: SparkSession, location: str) -> dict[str, str]:
+    """The Delta table's properties, from its metadata alone. (``DeltaTable.detail()`` also counts
+    the table's files: it rebuilds the state of every new version, ~0.5 s on a warm JVM for a small
+    table and more with every file, where this takes ~25 ms.)"""
+    return {row.key: row.value for row in spark.sql(f"SHOW TBLPROPERTIES delta.`{location}`").collect()}
+
+
+def add_missing_properties(
+    spark: SparkSession, location: str, wanted: dict[str, str], present: dict[str, str] | None = None
+) -> None:
+    """Give the Delta table at ``location`` those of the ``wanted`` properties it lacks (a metadata-only
+    commit; none when it has them all): a table created by an earlier version. A property it has, even
+    with another value, is kept. ``present``: its properties, when already read."""
+    present = delta_properties(spark, location) if present is None else present
+    if missing := {key: value for key, value in wanted.items() if key not in present}:
+        settings = ", ".join(f"'{key}' = '{value}'" for key, value in missing.items())
+        spark.sql(f"ALTER TABLE delta.`{location}` SET TBLPROPERTIES ({settings})")
+
+
+def raw_table_topic(spark: SparkSession, location: str) -> str | None:
+    """The topic of the raw table at ``location``; None when no Delta table is there.
+
+    Fails when a Delta table is there that this tool did not create as a raw table.
+    """
+    properties = raw_table_properties(spark, location)
+    return None if properties is None else properties[TOPIC_PROPERTY]
+
+
+def raw_table_properties(spark: SparkSession, location: str) -> dict[str, str] | None:
+    if not is_delta_table(spark, location):
+        return None
+    properties = delta_properties(spark, location)
+    if properties.get(KIND_PROPERTY) != RAW_KIND:
+        raise TableError("a Delta table exists there but it is not a raw table (no cdc.kind=raw)", table=location)
+    return properties
+
+
+# A Delta log's versioned files (commits, checkpoints, checksums, staged commits) start with the
+# version's 20 digits; the temporary file of a commit being written does not.
+_VERSIONED_LOG_FILE = re.compile(r"^\d{20}\.")
+
+
+def clear_interrupted_creation(storage: Storage, location: str, *, abandoned_after: float = 0.0) -> None:
+    """Remove what a job killed while Delta created a table at ``location`` left there, when that
+    is all there is: a log folder without a single version (Delta makes the log's folders before its
+    first commit). Delta takes such a folder for a table's, and neither reads one nor creates one
+    over it ("doesn't exist"); no table was ever there. Called before a table is created.
+
+    A table that other streams or jobs may be creating at this very moment (a shared table) passes
+    ``abandoned_after``: its versionless log is removed only once nothing in it has changed for that
+    many seconds, and this returns as soon as a version appears there (the other writer's table)."""
+    log = f"{location}/_delta_log"
+    while storage.list_names(location) == ["_delta_log"] and not any(
+        _VERSIONED_LOG_FILE.match(name) for name in storage.file_names(log)
+    ):
+        unchanged_for = time.time() - storage.last_modified(log) if abandoned_after > 0 else 0.0
+        if unchanged_for >= abandoned_after:
+            storage.delete(log)
+            return
+        time.sleep(min(0.2, abandoned_after - unchanged_for))  # a creation under way commits within seconds
+
+
+def has_landed_data(spark: SparkSession, location: str) -> bool:
+    """True when the table has any commit after its creation."""
+    return DeltaTable.forPath(spark, location).history(1).select("version").head()[0] > 0

@@ -1,0 +1,360 @@
+"""Business tables: a SQL query over refined tables, materialised as a Delta table and kept fresh.
+
+The query reads refined tables by Delta path (``delta.`/wh/refined/T```) or by the temp views the
+config registers (name -> Delta location). Each refresh is one of:
+
+- **unchanged**: the query and the version of every Delta table it reads are those of the last
+  refresh: nothing is read or written (no new Delta version);
+- **incremental**, when the query allows it. The rule: the query is one ``GROUP BY`` aggregate over a
+  single Delta table with Change Data Feed on, with only filters and projections between them, every
+  grouping expression a plain column of that table (renaming it in the output is fine), every
+  aggregate one of ``count``, ``sum``, ``min``, ``max``, ``avg`` and every expression deterministic,
+  no ``HAVING``, no subquery. Then only the groups whose keys appear in the table's Change Data
+  Feed since the last refreshed version (before and after images, so a row moving between groups
+  refreshes both) are recomputed from the table's current rows (only theirs are aggregated) and MERGEd: a group that is gone is
+  deleted. Since whole groups are recomputed, min and max stay exact under updates and deletes;
+- **full** otherwise (joins, windows, unions, a changed query, the first refresh, a Change Data Feed
+  that no longer covers the versions): the query's result atomically overwrites the table.
+
+State lives in the business table's properties (``cdc.kind=business``, ``cdc.business.query_sha256``,
+``cdc.business.sources``: the version of each Delta table read), set right after the data commit.
+The versions are taken before the query runs, so a change committed meanwhile is refreshed again next
+time; a crash between the two commits recomputes the same groups again: both harmless. A query
+reading anything but Delta tables (files, JDBC) cannot be versioned and is refreshed fully each time.
+
+The shape is found in Spark's analysed plan (through the JVM), on the driver: classic Spark only,
+not Spark Connect.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from delta.tables import DeltaTable
+from pyspark.errors import AnalysisException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pydantic import Field, field_validator
+
+from cdc.core.config import _Strict
+from cdc.core.errors import ConfigError, TableError
+from cdc.core.config import AvailableNow, Continuous, Trigger
+from cdc.core.tables import KIND_PROPERTY, delta_properties, is_delta_table
+from cdc.core.storage import Storage, normalize_location
+
+BUSINESS_KIND = "business"
+QUERY_PROPERTY, SOURCES_PROPERTY = "cdc.business.query_sha256", "cdc.business.sources"
+INCREMENTAL_AGGREGATES = {"Count", "Sum", "Min", "Max", "Average"}
+_PASS_THROUGH = {"Project", "Filter", "SubqueryAlias", "View"}
+_CONSTANT_LEAVES = {"LocalRelation", "OneRowRelation", "Range"}
+
+
+class BusinessTableConfig(_Strict):
+    """One business table: its query and where it is materialised."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,200}$", description="Names the table in messages.")
+    query: str = Field(min_length=1, description="Spark SQL over refined tables (Delta paths or the views below).")
+    location: str = Field(description="Where the Delta table is written: a path or an object-store URI.")
+    views: dict[str, str] = Field(
+        default_factory=dict, description="Temp views registered before the query runs: view name -> Delta location."
+    )
+    split_views: dict[str, str] = Field(
+        default_factory=dict,
+        description="Temp views over split tables: view name -> a folder whose sub-folders each hold a Delta table "
+        "(one per split value); the view is their union by column name, listed again at each refresh.",
+    )
+
+    @field_validator("location")
+    @classmethod
+    def _location(cls, location: str) -> str:
+        return normalize_location(location)
+
+
+class RefreshMode(str, Enum):
+    UNCHANGED = "unchanged"
+    INCREMENTAL = "incremental"
+    FULL = "full"
+
+
+@dataclass(frozen=True)
+class RefreshResult:
+    mode: RefreshMode
+    reason: str  # why this mode
+
+
+@dataclass(frozen=True)
+class GroupedAggregate:
+    """An incrementalisable query: its one source table and its grouping keys (output name -> source column)."""
+
+    source: str
+    keys: dict[str, str]
+
+
+# --- the query's analysed plan, walked through py4j (metadata only) ---------------------------------
+
+
+def _seq(scala_seq: Any) -> list[Any]:
+    return [scala_seq.apply(i) for i in range(scala_seq.size())]
+
+
+def _name(node: Any) -> str:
+    return node.getClass().getSimpleName()
+
+
+def _expressions(expression: Any) -> Iterator[Any]:
+    yield expression
+    for child in _seq(expression.children()):
+        yield from _expressions(child)
+
+
+def _nodes(plan: Any) -> Iterator[Any]:
+    """Every node of ``plan`` and of the plans of its subqueries."""
+    yield plan
+    for expression in _seq(plan.expressions()):
+        for part in _expressions(expression):
+            if "Subquery" in _name(part) or _name(part) in ("Exists", "ListQuery"):
+                yield from _nodes(part.plan())
+    for child in _seq(plan.children()):
+        yield from _nodes(child)
+
+
+def _delta_location(relation: Any) -> str | None:
+    if _name(relation) != "LogicalRelation" or not _name(relation.relation().location()).startswith("Tahoe"):
+        return None
+    return normalize_location(relation.relation().location().rootPaths().apply(0).toString().removeprefix("file:"))
+
+
+def delta_sources(plan: Any) -> list[str] | None:
+    """The Delta tables ``plan`` reads; None when it reads anything else that could change."""
+    sources = set()
+    for node in _nodes(plan):
+        if _seq(node.children()) or _name(node) in _CONSTANT_LEAVES:
+            continue
+        if (location := _delta_location(node)) is None:
+            return None
+        sources.add(location)
+    return sorted(sources)
+
+
+def grouped_aggregate(plan: Any) -> GroupedAggregate | str:
+    """The query's shape when it can be refreshed incrementally, else the reason it cannot."""
+    while _name(plan) == "SubqueryAlias":
+        plan = plan.child()
+    if _name(plan) != "Aggregate":
+        return f"the query is not a single GROUP BY aggregate (its root is {_name(plan)})"
+    node = plan.child()
+    while _name(node) in _PASS_THROUGH:
+        node = node.child()
+    if (source := _delta_location(node)) is None:
+        return f"the aggregate does not read one Delta table through filters and projections ({_name(node)})"
+    for part in (e for n in _nodes(plan) for x in _seq(n.expressions()) for e in _expressions(x)):
+        if not part.deterministic() or "Subquery" in _name(part) or _name(part) in ("Exists", "ListQuery"):
+            return f"the query has a non-deterministic or subquery expression: {part.sql()}"
+        if _name(part) == "AggregateExpression" and _name(part.aggregateFunction()) not in INCREMENTAL_AGGREGATES:
+            return f"the aggregate {part.sql()} is not one of count, sum, min, max, avg"
+    columns = {attribute.exprId().id(): attribute.name() for attribute in _seq(node.output())}
+    outputs = {}
+    for output in _seq(plan.aggregateExpressions()):
+        inner = output.child() if _name(output) == "Alias" else output
+        if _name(inner) == "AttributeReference":
+            outputs.setdefault(inner.exprId().id(), output.name())
+    keys = {}
+    if not _seq(plan.groupingExpressions()):  # one row over the whole table: no group to recompute alone
+        return "the query aggregates the whole table (no GROUP BY)"
+    for grouping in _seq(plan.groupingExpressions()):
+        if _name(grouping) != "AttributeReference" or grouping.exprId().id() not in columns:
+            return f"the grouping expression {grouping.sql()} is not a column of {source}"
+        if grouping.exprId().id() not in outputs:
+            return f"the grouping column {grouping.sql()} is not in the query's output"
+        keys[outputs[grouping.exprId().id()]] = columns[grouping.exprId().id()]
+    return GroupedAggregate(source, keys)
+
+
+# --- refreshing ----------------------------------------------------------------------------------
+
+
+def _query_sha256(config: BusinessTableConfig) -> str:
+    views = [config.views, config.split_views] if config.split_views else config.views  # unchanged hash without
+    return hashlib.sha256(json.dumps([config.query, views], sort_keys=True).encode()).hexdigest()
+
+
+def _sql_string(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _latest_version(spark: SparkSession, location: str) -> int:
+    return DeltaTable.forPath(spark, location).history(1).select("version").head()[0]
+
+
+def _state(spark: SparkSession, location: str) -> dict[str, str] | None:
+    """The business table's properties; None when there is no table yet."""
+    if not is_delta_table(spark, location):
+        return None
+    properties = delta_properties(spark, location)
+    if properties.get(KIND_PROPERTY) != BUSINESS_KIND:
+        raise TableError(
+            "a Delta table exists there but it is not a business table (no cdc.kind=business)", table=location
+        )
+    return properties
+
+
+def _register_views(spark: SparkSession, config: BusinessTableConfig) -> str | None:
+    """Register the query's views; return the location of one that has no table yet (nothing registered then)."""
+    tables: dict[str, list[str]] = {view: [normalize_location(location)] for view, location in config.views.items()}
+    storage = Storage(spark)
+    for view, folder in config.split_views.items():
+        folder = normalize_location(folder)
+        locations = [f"{folder}/{name}" for name in storage.list_names(folder)]
+        tables[view] = [location for location in locations if is_delta_table(spark, location)]
+        if not tables[view]:
+            return folder
+    if missing := next(
+        (locations[0] for locations in tables.values() if not is_delta_table(spark, locations[0])), None
+    ):
+        return missing
+    for view, locations in tables.items():
+        frames = [spark.read.format("delta").load(location) for location in locations]
+        functools.reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), frames).createOrReplaceTempView(view)
+    return None
+
+
+def refresh_business_table(spark: SparkSession, config: BusinessTableConfig) -> RefreshResult:
+    """Bring the business table up to date with its query: unchanged, incrementally, or fully."""
+    if (missing := _register_views(spark, config)) is not None:
+        return RefreshResult(RefreshMode.UNCHANGED, f"{missing} has no table yet")
+    try:
+        result = spark.sql(config.query)
+        plan = result._jdf.queryExecution().analyzed()
+    except AnalysisException as error:
+        raise ConfigError(
+            f"the query of business table {config.name} is not valid: {str(error).splitlines()[0]}",
+            table=config.location,
+        ) from None
+    sources = delta_sources(plan)
+    versions = None if sources is None else {source: _latest_version(spark, source) for source in sources}
+    state = _state(spark, config.location)
+    query = _query_sha256(config)
+    same_query = state is not None and state.get(QUERY_PROPERTY) == query
+    refreshed = json.loads(state.get(SOURCES_PROPERTY, "{}")) if same_query else {}
+    if same_query and versions is not None and refreshed == versions:
+        return RefreshResult(RefreshMode.UNCHANGED, "no source changed since the last refresh")
+    outcome = _incremental(spark, config, result, plan, refreshed, versions) if same_query else "a new or changed query"
+    if isinstance(outcome, str):
+        result.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(config.location)
+    properties = {KIND_PROPERTY: BUSINESS_KIND, QUERY_PROPERTY: query, SOURCES_PROPERTY: json.dumps(versions or {})}
+    assignments = ", ".join(f"{_sql_string(key)} = {_sql_string(value)}" for key, value in properties.items())
+    spark.sql(f"ALTER TABLE delta.`{config.location}` SET TBLPROPERTIES ({assignments})")
+    if isinstance(outcome, str):
+        return RefreshResult(RefreshMode.FULL, outcome)
+    return outcome
+
+
+def _incremental(
+    spark: SparkSession,
+    config: BusinessTableConfig,
+    result: DataFrame,
+    plan: Any,
+    refreshed: dict[str, int],
+    versions: dict[str, int] | None,
+) -> RefreshResult | str:
+    """MERGE the recomputed changed groups, or say why a full refresh is needed instead."""
+    shape = grouped_aggregate(plan)
+    if isinstance(shape, str):
+        return shape
+    if versions is None or shape.source not in refreshed:
+        return "the last refresh recorded no version of the source"
+    if versions[shape.source] < refreshed[shape.source]:
+        return "the source's version went back (the table was recreated)"
+    try:
+        changes = (
+            spark.read.format("delta")
+            .option("readChangeFeed", "true")
+            .option("startingVersion", refreshed[shape.source] + 1)
+            .option("endingVersion", versions[shape.source])
+            .load(shape.source)
+        )
+        changed = changes.select(*[F.col(f"`{column}`").alias(key) for key, column in shape.keys.items()]).distinct()
+        changed.schema  # analysed now: a feed that does not cover the versions fails here
+    except AnalysisException as error:
+        return f"the source's Change Data Feed does not cover the versions: {str(error).splitlines()[0]}"
+    merge_changed_groups(spark, config.location, result, changed, list(shape.keys))
+    return RefreshResult(
+        RefreshMode.INCREMENTAL, f"groups changed in {shape.source} since version {refreshed[shape.source]}"
+    )
+
+
+def _same_keys(left: str, right: str, keys: list[str]):
+    return [F.col(f"{left}.`{key}`").eqNullSafe(F.col(f"{right}.`{key}`")) for key in keys]
+
+
+def changed_groups(spark: SparkSession, result: DataFrame, changed: DataFrame, keys: list[str]) -> DataFrame:
+    """``result``'s rows of the ``changed`` groups (keys compared null-safely). Written as a correlated
+    EXISTS, which Spark turns into a semi-join below the aggregate: only those groups' rows are read
+    and aggregated (a DataFrame semi-join above it would aggregate the whole table first)."""
+    suffix = uuid.uuid4().hex
+    result_view, changed_view = f"_cdc_result_{suffix}", f"_cdc_changed_{suffix}"
+    result.createOrReplaceTempView(result_view)
+    changed.createOrReplaceTempView(changed_view)
+    try:
+        match = " AND ".join(f"c.`{key}` <=> r.`{key}`" for key in keys)
+        return spark.sql(f"SELECT * FROM {result_view} r WHERE EXISTS (SELECT 1 FROM {changed_view} c WHERE {match})")
+    finally:  # the returned DataFrame holds the views' plans
+        spark.catalog.dropTempView(result_view)
+        spark.catalog.dropTempView(changed_view)
+
+
+def merge_changed_groups(
+    spark: SparkSession, location: str, result: DataFrame, changed: DataFrame, keys: list[str]
+) -> None:
+    """Replace the business table's rows of the ``changed`` groups by their recomputed ``result`` rows
+    (a group with no result row any more is deleted). Grouping keys compare null-safely."""
+    recomputed = changed_groups(spark, result, changed, keys)
+    values = [column for column in result.columns if column not in keys]
+    updates = (
+        changed.alias("c")
+        .join(recomputed.withColumn("_present", F.lit(True)).alias("r"), _same_keys("c", "r", keys), "left")
+        .select(*[F.col(f"c.`{key}`") for key in keys], *[F.col(f"r.`{value}`") for value in values], "_present")
+    )
+    every_column = {f"`{column}`": F.col(f"s.`{column}`") for column in result.columns}
+    (
+        DeltaTable.forPath(spark, location)
+        .alias("t")
+        .merge(updates.alias("s"), " AND ".join(f"t.`{key}` <=> s.`{key}`" for key in keys))
+        .whenMatchedDelete("s._present IS NULL")
+        .whenMatchedUpdate(set=every_column)
+        .whenNotMatchedInsert("s._present", values=every_column)
+        .execute()
+    )
+
+
+def run_business_tables(
+    spark: SparkSession,
+    tables: list[BusinessTableConfig],
+    trigger: Trigger,
+    stop: threading.Event | None = None,
+    say: Callable[[str], None] = print,
+) -> int:
+    """Refresh every table once (available now), or every ``interval_s`` seconds until ``stop`` is
+    set; return the number of refreshes that wrote something."""
+    stop = stop or threading.Event()
+    written = 0
+    while not stop.is_set():
+        for table in tables:
+            outcome = refresh_business_table(spark, table)
+            if outcome.mode is not RefreshMode.UNCHANGED:
+                written += 1
+                say(f"business {table.name}: {outcome.mode.value} refresh ({outcome.reason})")
+        match trigger:
+            case AvailableNow():
+                break
+            case Continuous(interval_s=interval_s):
+                stop.wait(interval_s)
+    return written

@@ -1,0 +1,111 @@
+from pathlib import Path
+
+import pyarrow.parquet as pq
+from pyspark.sql import Row
+from pyspark.testing import assertDataFrameEqual
+
+from cdc.core.config import GarbageCollector, LocalJars, ProvidedJars, SparkConfig
+from cdc.core.session import job_spark_config, spark_conf
+
+
+def test_conf_wires_delta_and_utc():
+    conf = spark_conf(SparkConfig(jars=ProvidedJars()))
+    assert conf["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension"
+    assert conf["spark.sql.catalog.spark_catalog"] == "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+    assert conf["spark.sql.session.timeZone"] == "UTC"
+    assert "spark.jars" not in conf
+
+
+def test_local_master_keeps_the_driver_on_loopback_and_a_cluster_master_does_not():
+    local = spark_conf(SparkConfig(jars=ProvidedJars()))
+    assert local["spark.driver.bindAddress"] == "127.0.0.1"
+    cluster = spark_conf(SparkConfig(master="spark://cluster:7077", jars=ProvidedJars()))
+    assert "spark.driver.bindAddress" not in cluster
+    assert "spark.driver.memory" not in cluster
+
+
+def test_a_chosen_garbage_collector_comes_before_the_users_jvm_options_and_only_for_a_local_driver():
+    user = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}
+    local = SparkConfig(
+        jars=ProvidedJars(), class_archive=False, garbage_collector=GarbageCollector.PARALLEL, conf=user
+    )
+    assert spark_conf(local)["spark.driver.extraJavaOptions"] == "-XX:+UseParallelGC -XX:TieredStopAtLevel=1"
+    g1 = local.model_copy(update={"garbage_collector": GarbageCollector.G1, "conf": {}})
+    assert spark_conf(g1)["spark.driver.extraJavaOptions"] == "-XX:+UseG1GC"
+    assert "spark.driver.extraJavaOptions" not in spark_conf(g1.model_copy(update={"garbage_collector": None}))
+    cluster = local.model_copy(update={"master": "spark://cluster:7077"})
+    assert spark_conf(cluster)["spark.driver.extraJavaOptions"] == "-XX:TieredStopAtLevel=1"
+
+
+def test_jobs_run_on_the_parallel_collector_unless_they_refine_continuously_or_one_is_chosen():
+    assert job_spark_config(SparkConfig(), refines_continuously=False).garbage_collector is GarbageCollector.PARALLEL
+    assert job_spark_config(SparkConfig(), refines_continuously=True).garbage_collector is None  # the JVM's G1
+    chosen = SparkConfig(garbage_collector=GarbageCollector.G1)
+    assert job_spark_config(chosen, refines_continuously=False) is chosen
+
+
+def test_user_conf_is_applied_last():
+    conf = spark_conf(SparkConfig(jars=ProvidedJars(), conf={"spark.sql.shuffle.partitions": "64"}))
+    assert conf["spark.sql.shuffle.partitions"] == "64"
+
+
+def test_local_jars_folder_goes_on_the_classpath(tmp_path):
+    for name in ("b.jar", "a.jar"):
+        (tmp_path / name).write_bytes(b"")
+    conf = spark_conf(SparkConfig(jars=LocalJars(folder=tmp_path)))
+    assert conf["spark.jars"] == f"{tmp_path}/a.jar,{tmp_path}/b.jar"
+
+
+def test_maven_jars_put_delta_the_kafka_source_and_the_helpers_on_the_classpath():
+    jars = spark_conf(SparkConfig())["spark.jars"].split(",")
+    names = {path.rsplit("/", 1)[1] for path in jars}
+    assert "delta-spark_2.13-4.0.0.jar" in names
+    assert "cdc-helpers.jar" in names
+    assert "spark-sql-kafka-0-10_2.13-4.0.0.jar" in names
+    assert not any(name.startswith("scala-library") for name in names), "pyspark ships Scala already"
+
+
+def test_session_writes_delta_with_change_data_feed(spark, tmp_path):
+    path = str(tmp_path / "table")
+    spark.range(3).write.format("delta").option("delta.enableChangeDataFeed", "true").save(path)
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE id = 1")
+    changes = (
+        spark.read.format("delta")
+        .option("readChangeFeed", "true")
+        .option("startingVersion", 0)
+        .load(path)
+        .select("id", "_change_type", "_commit_version")
+    )
+    expected = spark.createDataFrame(
+        [(0, "insert", 0), (1, "insert", 0), (2, "insert", 0), (1, "delete", 1)],
+        "id long, _change_type string, _commit_version long",
+    )
+    assertDataFrameEqual(changes, expected)
+
+
+def test_session_has_the_kafka_source(spark):
+    # Resolved the way `format("kafka")` resolves it, through Spark's own class loader.
+    lookup = spark._jvm.org.apache.spark.sql.execution.datasources.DataSource.lookupDataSource
+    provider = lookup("kafka", spark._jsparkSession.sessionState().conf())
+    assert provider.getName() == "org.apache.spark.sql.kafka010.KafkaSourceProvider"
+
+
+def test_timestamps_are_written_as_int64_micros_and_read_alike_beside_int96_files(spark, tmp_path):
+    path = str(tmp_path / "table")
+    rows = "SELECT {id} AS id, timestamp'0001-01-01 00:00:00' AS t, timestamp_ntz'2026-11-25 10:00:00.123456' AS n"
+    spark.conf.set("spark.sql.parquet.outputTimestampType", "INT96")  # as files written before
+    try:
+        spark.sql(rows.format(id=1)).write.format("delta").save(path)
+    finally:
+        spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+    spark.sql(rows.format(id=2)).write.format("delta").mode("append").save(path)
+    physical = {str(pq.ParquetFile(file).schema.column(1).physical_type) for file in Path(path).glob("*.parquet")}
+    assert physical == {"INT96", "INT64"}
+    table = spark.read.format("delta").load(path).selectExpr("id", "CAST(t AS STRING) AS t", "CAST(n AS STRING) AS n")
+    assertDataFrameEqual(
+        table,
+        [
+            Row(id=1, t="0001-01-01 00:00:00", n="2026-11-25 10:00:00.123456"),
+            Row(id=2, t="0001-01-01 00:00:00", n="2026-11-25 10:00:00.123456"),
+        ],
+    )

@@ -1,0 +1,91 @@
+"""The Python API (:class:`cdc.Lakehouse` and the names ``cdc`` re-exports): on the caller's own
+SparkSession, against the real stack; settings refused before Spark starts; documented names."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+
+import pytest
+from pyspark.testing import assertDataFrameEqual
+
+import cdc
+from cdc import ConfigError, Lakehouse
+from cdc.stack.workload import run_workload
+from refine.merge import METADATA_COLUMNS
+
+
+def test_importing_cdc_starts_no_spark_and_every_public_name_resolves():
+    code = "import sys, cdc; assert 'pyspark' not in sys.modules, 'pyspark imported'; print(len(cdc.__all__))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    for name in cdc.__all__:
+        assert getattr(cdc, name) is not None
+    assert set(cdc.__all__) <= set(dir(cdc))
+
+
+@pytest.mark.parametrize("name", cdc.__all__)
+def test_every_public_name_has_a_docstring_with_an_example(name):
+    documented = getattr(cdc, name)
+    assert "Example" in (inspect.getdoc(documented) or ""), f"cdc.{name} has no example in its docstring"
+
+
+@pytest.mark.parametrize(
+    "method", [name for name, _ in inspect.getmembers(Lakehouse, inspect.isfunction) if not name.startswith("_")]
+)
+def test_every_lakehouse_method_has_an_example(method):
+    assert "Example::" in (inspect.getdoc(getattr(Lakehouse, method)) or "")
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda lake: lake.land(["a.b"], pattern="a.*"), "exactly one of topics, pattern and pipeline"),
+        (lambda lake: lake.land(["bad topic"]), "raw job settings"),
+        (lambda lake: lake.refine(), "exactly one of table and pipeline"),
+        (lambda lake: lake.refine("a.b", reinfer_schema=True), "reinfer_schema applies"),
+        (lambda lake: lake.refine("a.b", key=["id"]), "refine job settings"),
+        (lambda lake: lake.sync(), "exactly one of topics and pipeline"),
+        (lambda lake: lake.refine(pipeline="no/such/pipeline.yaml"), "no/such/pipeline.yaml"),
+    ],
+)
+def test_settings_are_refused_before_spark_starts(monkeypatch, tmp_path, call, message):
+    def no_session(config):
+        raise AssertionError("a session was built before the settings were checked")
+
+    monkeypatch.setattr("cdc.api.build_spark_session", no_session)
+    with pytest.raises(ConfigError) as refused:
+        call(Lakehouse(str(tmp_path)))
+    assert message in str(refused.value)
+
+
+def test_land_refine_rebuild_and_status_on_the_callers_session(
+    spark, kafka, stack_config, postgres_connector, postgres_table, tmp_path
+):
+    run_workload(stack_config.postgres.dsn(), customers=3, seed=41)
+    topic = f"{postgres_connector.topic_prefix}.shop.orders"
+    kafka.wait_for_last_value(topic, lambda value: value is None)  # the workload ends with a delete
+    said: list[str] = []
+    lake = Lakehouse(str(tmp_path), spark=spark, kafka={"bootstrap_servers": kafka.bootstrap_servers}, say=said.append)
+    assert lake.spark() is spark
+
+    landed = lake.land([topic])
+    assert [(summary.topic, summary.rows > 0) for summary in landed] == [(topic, True)]
+    assert lake.refine(topic) > 0
+    expected = postgres_table("orders")
+    assertDataFrameEqual(lake.refined_table(topic).toDF().drop(*METADATA_COLUMNS), expected)
+
+    # Run again: nothing new lands, nothing is refined twice.
+    assert [summary.rows for summary in lake.land([topic])] == [0]
+    assert lake.refine(topic) == 0
+    assertDataFrameEqual(lake.refined_table(topic).toDF().drop(*METADATA_COLUMNS), expected)
+
+    rebuilt = lake.rebuild(topic)
+    assert rebuilt and all(table.version_after > (table.version_before or -1) for table in rebuilt)
+    assertDataFrameEqual(lake.refined_table(topic).toDF().drop(*METADATA_COLUMNS), expected)
+
+    (table,) = lake.status().raw_tables
+    assert table.topic == topic and table.rows == sum(summary.rows for summary in landed)
+    assert [partition.lag for partition in table.partitions] == [0]
+    assert any(line.startswith(f"refine {topic}: ") for line in said)
