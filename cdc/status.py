@@ -51,17 +51,21 @@ class RawTableStatus:
         return document
 
 
-def raw_table_statuses(spark: SparkSession, warehouse: str, kafka: KafkaConnection) -> list[RawTableStatus]:
+def raw_table_statuses(
+    spark: SparkSession, warehouse: str, kafka: KafkaConnection
+) -> tuple[list[RawTableStatus], str | None]:
+    """Each raw table's status, and why Kafka's end offsets are unknown (None: Kafka answered)."""
     storage = Storage(spark)
     topics = {}
     for name in storage.list_names(f"{warehouse}/raw"):
         location = raw_table_location(warehouse, name)
         if (topic := raw_table_topic(spark, location)) is not None:
             topics[topic] = location
+    kafka_error = None
     try:
         held = KafkaTopics(kafka).offsets(sorted(topics)) if topics else {}
-    except SourceError:
-        held = {}  # still report the tables; lag is unknown
+    except SourceError as error:
+        held, kafka_error = {}, str(error)  # still report the tables; their lag is unknown
     gaps = _counts_by(spark, gaps_table_location(warehouse), "table")
     quarantined = _counts_by(spark, quarantine_location(warehouse), "source_table")
     statuses = []
@@ -82,7 +86,7 @@ def raw_table_statuses(spark: SparkSession, warehouse: str, kafka: KafkaConnecti
                 ],
             )
         )
-    return statuses
+    return statuses, kafka_error
 
 
 @dataclass(frozen=True)
@@ -133,14 +137,17 @@ class WarehouseStatus:
 
     raw_tables: list[RawTableStatus]
     expectations: list[ExpectationTotal]
+    kafka_error: str | None = None  # why the lag is unknown: Kafka's end offsets could not be read
 
     def as_dict(self) -> dict[str, object]:
         return {
             "raw_tables": [table.as_dict() for table in self.raw_tables],
             "expectations": [total.as_dict() for total in self.expectations],
+            "kafka_error": self.kafka_error,
         }
 
 
 def warehouse_status(spark: SparkSession, warehouse: str, kafka: KafkaConnection) -> WarehouseStatus:
     """The status of every raw table of ``warehouse`` (Kafka gives the end offsets) and the expectation totals."""
-    return WarehouseStatus(raw_table_statuses(spark, warehouse, kafka), expectation_totals(spark, warehouse))
+    tables, kafka_error = raw_table_statuses(spark, warehouse, kafka)
+    return WarehouseStatus(tables, expectation_totals(spark, warehouse), kafka_error)

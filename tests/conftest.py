@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import uuid
+from pathlib import Path
 from collections.abc import Iterator
 
 import pytest
@@ -359,7 +360,10 @@ def cdc_process(kafka: KafkaTestClient):
         # commit ~3 s sooner (C2 compiles for long runs, on the cores the job needs now).
         "CDC_SPARK__CONF": '{"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}',
     }
-    return lambda args: CdcProcess(args, env)
+    def start(args: list[str], log_dir: Path | None = None) -> CdcProcess:
+        return CdcProcess(args, {**env, "CDC_SPARK__LOG_DIR": str(log_dir)} if log_dir else env)
+
+    return start
 
 
 @pytest.fixture

@@ -8,9 +8,11 @@ their code; the traceback shows only under ``--debug``.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import traceback
 from collections.abc import Sequence
+from pathlib import Path
 
 from cdc.cli import jobs, pipelines, stack, tables
 from cdc.cli.common import Options, settings_of
@@ -26,6 +28,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Land Debezium change topics from Kafka in Delta Lake and refine them with Spark.",
     )
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show the warnings of Spark, Delta and the Kafka client on the terminal too (they always go to the "
+        "log file, .cdc/logs by default)",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     options = Options()
     stack.add_commands(commands, options)
@@ -44,13 +52,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         import cdc.core.session
 
         cdc.core.session.show_failure_logs = args.debug  # Spark's own logs of a failure, with its stack
+    if not args.verbose:
+        # kafka-python logs a warning per failed connection attempt through Python's last-resort handler.
+        logging.getLogger("kafka").setLevel(logging.ERROR)
+    earlier_log = _log_file()  # a JVM this process started before this command (an embedding process)
     try:
         return args.handler(args, settings_of(args))
     except CdcError as error:
         if args.debug:
             traceback.print_exc()
         print(f"cdc: error: {error}", file=sys.stderr)
+        if (log := _log_file()) is not None and log != earlier_log and log.exists():
+            print(f"cdc: Spark's log of this run: {log}", file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt:
         print("cdc: interrupted", file=sys.stderr)
         return 130
+
+
+def _log_file() -> Path | None:
+    """The log file of the JVM this process started, if it started one (:data:`cdc.core.session.log_file`)."""
+    session = sys.modules.get("cdc.core.session")
+    return getattr(session, "log_file", None)

@@ -77,6 +77,8 @@ def trigger_options(args: argparse.Namespace) -> dict[str, Any]:
 def settings_of(args: argparse.Namespace) -> Settings:
     """Settings from the environment, with the command-line options on top."""
     overrides: dict[str, Any] = {}
+    if getattr(args, "verbose", False):
+        overrides["spark"] = {"console_log_level": "warn"}
     if getattr(args, "state_dir", None):
         overrides["stack"] = {"state_dir": args.state_dir}
     for option in ("warehouse", "kafka_secrets_file"):

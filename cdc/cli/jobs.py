@@ -128,7 +128,11 @@ def _add_sync(commands: Commands, options: Options) -> None:
     )
     synced = syncing.add_mutually_exclusive_group(required=True)
     synced.add_argument(
-        "--topic", action="append", dest="topics", metavar="TOPIC", help="a Debezium topic to land and refine (repeatable)"
+        "--topic",
+        action="append",
+        dest="topics",
+        metavar="TOPIC",
+        help="a Debezium topic to land and refine (repeatable)",
     )
     synced.add_argument("--pipeline", type=Path, metavar="FILE", help="the topics and tables of a pipeline file")
     add_trigger(syncing, "land what is there, refine it, then stop")

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from cdc.cli.common import Commands, Options, add_command, lakehouse
 from cdc.core.config import Settings
+from cdc.core.errors import SourceError
 
 
 def status(args: argparse.Namespace, settings: Settings) -> int:
+    """Exit 0, or SourceError's code when Kafka did not answer (the lag it prints is then unknown)."""
     found = lakehouse(settings).status()
+    unknown_lag = 0 if found.kafka_error is None else SourceError.exit_code
     if args.json:
         print(json.dumps(found.as_dict(), indent=2))
-        return 0
+        return unknown_lag
     print(
         f"{'raw table':<32} {'version':>7} {'rows':>12} {'gaps':>4} {'quarantined':>11}  partitions (consumed/end, lag)"
     )
@@ -33,6 +37,12 @@ def status(args: argparse.Namespace, settings: Settings) -> int:
             f"{total.table:<40} {total.expectation:<24} {total.action:<6} {total.batches:>7} {total.passed:>12,} "
             f"{total.failed:>10,}"
         )
+    if found.kafka_error is not None:
+        print(
+            f"cdc: warning: the lag is unknown, Kafka's end offsets could not be read: {found.kafka_error}",
+            file=sys.stderr,
+        )
+        return unknown_lag
     return 0
 
 

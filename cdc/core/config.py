@@ -71,6 +71,19 @@ class GarbageCollector(str, Enum):
         return {GarbageCollector.G1: "-XX:+UseG1GC", GarbageCollector.PARALLEL: "-XX:+UseParallelGC"}[self]
 
 
+class ConsoleLogLevel(str, Enum):
+    """The lowest level of the JVM's log lines (Spark, Delta, Kafka's client) shown on the terminal."""
+
+    ERROR = "error"  # the default: the project's own lines, and errors
+    WARN = "warn"  # `cdc --verbose`
+    INFO = "info"
+
+    @property
+    def file_level(self) -> str:
+        """The lowest level the log file keeps: warnings, or everything when the terminal shows INFO."""
+        return "info" if self is ConsoleLogLevel.INFO else "warn"
+
+
 class SparkConfig(_Strict):
     """How the SparkSession is built (see :func:`cdc.core.session.build_spark_session`).
 
@@ -116,6 +129,17 @@ class SparkConfig(_Strict):
     conf: dict[str, str] = Field(
         default_factory=dict,
         description="Extra Spark settings, applied last (object-store credentials, cluster tuning).",
+    )
+    log_dir: Path | None = Field(
+        default=Path(".cdc/logs"),
+        description=(
+            "With a local master: the folder of the log files, one per process that starts a JVM, holding the "
+            "JVM's warnings (and errors) that the terminal does not show. None: Spark's own logging to the terminal."
+        ),
+    )
+    console_log_level: ConsoleLogLevel = Field(
+        default=ConsoleLogLevel.ERROR,
+        description="With a local master and a log_dir: the lowest level of JVM log lines shown on the terminal.",
     )
 
     @property
@@ -314,7 +338,7 @@ def load_settings(overrides: dict[str, Any] | None = None) -> Settings:
         from cdc import load_settings
 
         settings = load_settings({"warehouse": "/data/warehouse"})  # CDC_* variables, then this
-        """
+    """
     try:
         settings = Settings()
         if overrides:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
+from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from cdc.core import class_archive, jars
@@ -63,11 +65,75 @@ def spark_conf(config: SparkConfig) -> dict[str, str]:
     if config.is_local:
         archive_options = _class_archive_options(config, jar_paths) if config.class_archive else []
         collector = [config.garbage_collector.jvm_option] if config.garbage_collector else []
-        if archive_options or collector:
+        logging_options = _log_options(config)
+        if archive_options or collector or logging_options:
             # Before the user's own options: a later JVM option wins over an earlier one.
             user_options = config.conf.get("spark.driver.extraJavaOptions", "")
-            conf["spark.driver.extraJavaOptions"] = " ".join([*archive_options, *collector, user_options]).strip()
+            options = [*logging_options, *archive_options, *collector, user_options]
+            conf["spark.driver.extraJavaOptions"] = " ".join(options).strip()
     return conf
+
+
+# The JVM's log lines (Spark's, Delta's, the Kafka client's) on the terminal drown the job's own: a refine
+# batch alone logs plan truncations and local checkpoints as warnings. A local JVM this process starts
+# shows the terminal only its errors (ConsoleLogLevel) and keeps its warnings in a file of its own.
+_LOG4J2_PROPERTIES = """\
+# Written by cdc-lakehouse (cdc.core.session): the terminal shows ${sys:cdc.log.console} and up,
+# ${sys:cdc.log.file} keeps every line the root level lets through.
+status = error
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n%ex
+appender.console.filter.threshold.type = ThresholdFilter
+appender.console.filter.threshold.level = ${sys:cdc.log.console}
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = ${sys:cdc.log.file}
+appender.file.createOnDemand = true
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = %d{yyyy-MM-dd HH:mm:ss.SSS} %p [%t] %c: %m%n%ex
+rootLogger.level = ${sys:cdc.log.level}
+rootLogger.appenderRef.console.ref = console
+rootLogger.appenderRef.file.ref = file
+# As Spark's own defaults: third-party chatter that is noise even in a log file.
+logger.jetty.name = org.sparkproject.jetty
+logger.jetty.level = warn
+logger.parquet.name = org.apache.parquet
+logger.parquet.level = error
+logger.hadoop_native.name = org.apache.hadoop.util.NativeCodeLoader
+logger.hadoop_native.level = error
+"""
+# The log file of this process's JVM: set by the first local session with a log_dir (a path per process).
+log_file: Path | None = None
+
+
+def _log_options(config: SparkConfig) -> list[str]:
+    """The driver JVM's options that route its logs (a local master with a ``log_dir`` only)."""
+    if not config.is_local or config.log_dir is None:
+        return []
+    log_dir = config.log_dir.resolve()
+    file = log_file or log_dir / f"cdc-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    return [
+        f"-Dlog4j2.configurationFile={log_dir / 'log4j2.properties'}",
+        f"-Dcdc.log.file={file}",
+        f"-Dcdc.log.console={config.console_log_level.value}",
+        f"-Dcdc.log.level={config.console_log_level.file_level}",
+    ]
+
+
+def _prepare_log_file(config: SparkConfig) -> None:
+    """Write the log configuration the JVM's options name, and remember this process's log file."""
+    global log_file
+    options = _log_options(config)
+    if not options or log_file is not None:
+        return
+    config.log_dir.mkdir(parents=True, exist_ok=True)  # type: ignore[union-attr]
+    properties = config.log_dir.resolve() / "log4j2.properties"  # type: ignore[union-attr]
+    if not properties.exists() or properties.read_text() != _LOG4J2_PROPERTIES:
+        properties.write_text(_LOG4J2_PROPERTIES)
+    log_file = Path(options[1].removeprefix("-Dcdc.log.file="))
 
 
 def job_spark_config(config: SparkConfig, *, refines_continuously: bool) -> SparkConfig:
@@ -129,11 +195,15 @@ def build_spark_session(config: SparkConfig | None = None) -> SparkSession:
         # Python workers (Protobuf decoding runs in them) use this interpreter and its packages, not
         # whatever `python3` is first on the PATH.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    starts_jvm = SparkSession.getActiveSession() is None and SparkContext._active_spark_context is None
+    if starts_jvm:
+        _prepare_log_file(config)
     builder = SparkSession.builder
     for key, value in spark_conf(config).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
+    # The root level; with the project's log configuration the terminal shows less (ConsoleLogLevel).
+    spark.sparkContext.setLogLevel("INFO" if config.console_log_level.file_level == "info" else "WARN")
     _show_failure_logs(spark, show_failure_logs)
     register_helpers(spark)
     return spark

@@ -8,6 +8,7 @@ before it is shown.
 from __future__ import annotations
 
 import re
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -66,7 +67,7 @@ class KafkaTopics:
         try:
             consumer = KafkaConsumer(**self.connection.client_options(), bootstrap_timeout_ms=10000)
         except KafkaTimeoutError:
-            raise SourceError("no Kafka broker answers", bootstrap_servers=self.connection.bootstrap_servers) from None
+            raise self._unanswered() from None
         except KafkaError as error:
             raise SourceError(
                 f"cannot connect to Kafka: {type(error).__name__}", bootstrap_servers=self.connection.bootstrap_servers
@@ -75,6 +76,19 @@ class KafkaTopics:
             yield consumer
         finally:
             consumer.close()
+
+    def _unanswered(self) -> SourceError:
+        """Why the client got no answer: no broker listens, or one listens and the handshake failed."""
+        servers = self.connection.bootstrap_servers
+        listening = [server for server in servers.split(",") if _accepts_connections(server.strip())]
+        if not listening:
+            return SourceError("no Kafka broker answers", bootstrap_servers=servers)
+        return SourceError(
+            f"a Kafka broker accepts connections at {listening[0]} but the client's handshake with "
+            f"security_protocol={self.connection.security_protocol.value} got no answer: check the security "
+            "protocol, the SASL mechanism and credentials, and the TLS settings against the broker's listener",
+            bootstrap_servers=servers,
+        )
 
     def names(self) -> set[str]:
         with self._consumer() as consumer:
@@ -103,3 +117,13 @@ class KafkaTopics:
             earliest = consumer.beginning_offsets(partitions)
             end = consumer.end_offsets(partitions)
         return {(tp.topic, tp.partition): PartitionOffsets(earliest[tp], end[tp]) for tp in partitions}
+
+
+def _accepts_connections(server: str, timeout_s: float = 3.0) -> bool:
+    """Whether a TCP connection to ``host:port`` opens (a listener is there, whatever it speaks)."""
+    host, _, port = server.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False

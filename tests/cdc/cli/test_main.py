@@ -94,3 +94,34 @@ def test_each_job_asks_for_its_garbage_collector(monkeypatch, tmp_path, argv, co
     with pytest.raises(_SessionAsked) as asked:
         main([*argv, "--warehouse", str(tmp_path)])
     assert asked.value.args[0].garbage_collector is collector
+
+
+def test_a_job_shows_its_own_lines_and_keeps_sparks_warnings_in_its_log_file(
+    kafka, stack_config, postgres_connector, postgres_table, tmp_path, cdc_process
+):
+    """`cdc raw` and `cdc refine` as processes of their own: the terminal shows the jobs' lines and no
+    WARN line of Spark's (each streaming query's start alone logs one); they are in the run's log file,
+    and `--verbose` shows them on the terminal too."""
+    from cdc.stack.workload import run_workload
+
+    run_workload(stack_config.postgres.dsn(), customers=2, seed=51)
+    topic = f"{postgres_connector.topic_prefix}.shop.orders"
+    kafka.wait_for_last_value(topic, lambda value: value is None)  # the workload ends with a delete
+    warehouse, logs = tmp_path / "warehouse", tmp_path / "logs"
+
+    def run(*args: str) -> str:
+        job = cdc_process([*args, "--warehouse", str(warehouse), "--available-now"], log_dir=logs)
+        output = job.wait(timeout=300)
+        assert job.returncode == 0, output
+        return output
+
+    landed = run("raw", "--topic", topic)
+    refined = run("refine", "--table", topic)
+    assert f"raw {topic} -> " in landed and f"refine {topic}: " in refined
+    assert [line for line in (landed + refined).splitlines() if " WARN " in line] == []
+    log_files = sorted(logs.glob("cdc-*.log"))
+    assert len(log_files) == 2, log_files  # one per process
+    assert " WARN " in "".join(path.read_text() for path in log_files)
+
+    verbose = run("--verbose", "refine", "--table", topic)
+    assert " WARN " in verbose

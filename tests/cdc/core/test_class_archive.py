@@ -59,7 +59,9 @@ def test_a_jvm_given_an_archive_that_does_not_fit_runs_without_it_and_says_nothi
 
 def test_archive_options_come_before_the_users_and_only_for_a_local_driver(tmp_path, monkeypatch):
     monkeypatch.setenv("CDC_JARS_CACHE", str(tmp_path))
-    config = SparkConfig(jars=ProvidedJars(), conf={"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"})
+    config = SparkConfig(
+        jars=ProvidedJars(), conf={"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}, log_dir=None
+    )
     archive = class_archive.archive_path(tmp_path, jars.java_executable(), [])
     assert spark_conf(config)["spark.driver.extraJavaOptions"] == "-XX:TieredStopAtLevel=1"  # none built yet
     archive.parent.mkdir(parents=True)

@@ -4,7 +4,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import Row
 from pyspark.testing import assertDataFrameEqual
 
-from cdc.core.config import GarbageCollector, LocalJars, ProvidedJars, SparkConfig
+from cdc.core.config import ConsoleLogLevel, GarbageCollector, LocalJars, ProvidedJars, SparkConfig
 from cdc.core.session import job_spark_config, spark_conf
 
 
@@ -27,7 +27,7 @@ def test_local_master_keeps_the_driver_on_loopback_and_a_cluster_master_does_not
 def test_a_chosen_garbage_collector_comes_before_the_users_jvm_options_and_only_for_a_local_driver():
     user = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}
     local = SparkConfig(
-        jars=ProvidedJars(), class_archive=False, garbage_collector=GarbageCollector.PARALLEL, conf=user
+        jars=ProvidedJars(), class_archive=False, garbage_collector=GarbageCollector.PARALLEL, conf=user, log_dir=None
     )
     assert spark_conf(local)["spark.driver.extraJavaOptions"] == "-XX:+UseParallelGC -XX:TieredStopAtLevel=1"
     g1 = local.model_copy(update={"garbage_collector": GarbageCollector.G1, "conf": {}})
@@ -35,6 +35,21 @@ def test_a_chosen_garbage_collector_comes_before_the_users_jvm_options_and_only_
     assert "spark.driver.extraJavaOptions" not in spark_conf(g1.model_copy(update={"garbage_collector": None}))
     cluster = local.model_copy(update={"master": "spark://cluster:7077"})
     assert spark_conf(cluster)["spark.driver.extraJavaOptions"] == "-XX:TieredStopAtLevel=1"
+
+
+def test_a_local_driver_logs_to_its_file_and_shows_the_terminal_its_errors_only(tmp_path):
+    config = SparkConfig(jars=ProvidedJars(), class_archive=False, log_dir=tmp_path / "logs")
+    options = spark_conf(config)["spark.driver.extraJavaOptions"].split()
+    assert options[0] == f"-Dlog4j2.configurationFile={tmp_path / 'logs' / 'log4j2.properties'}"
+    assert options[1].startswith(f"-Dcdc.log.file={tmp_path / 'logs'}/cdc-") and options[1].endswith(".log")
+    assert options[2:4] == ["-Dcdc.log.console=error", "-Dcdc.log.level=warn"]
+    verbose = config.model_copy(update={"console_log_level": ConsoleLogLevel.INFO})
+    assert spark_conf(verbose)["spark.driver.extraJavaOptions"].split()[2:4] == [
+        "-Dcdc.log.console=info",
+        "-Dcdc.log.level=info",
+    ]
+    cluster = config.model_copy(update={"master": "spark://cluster:7077"})
+    assert "spark.driver.extraJavaOptions" not in spark_conf(cluster)  # the cluster's logging stays
 
 
 def test_jobs_run_on_the_parallel_collector_unless_they_refine_continuously_or_one_is_chosen():

@@ -49,3 +49,29 @@ def test_invalid_secrets_file_names_the_key_not_the_value(tmp_path):
     assert SECRET not in str(raised.value)
     with pytest.raises(ConfigError, match="cannot read the Kafka secrets file"):
         load_secrets_file(tmp_path / "missing.yaml")
+
+
+def test_a_broker_that_answers_another_protocol_is_not_called_absent(kafka):
+    """The test stack's broker speaks PLAINTEXT: a client set up for SASL gets no answer to its handshake,
+    and the error says so instead of "no Kafka broker answers"; a port nothing listens on is that."""
+    import socket
+
+    from cdc.core.errors import SourceError
+    from cdc.core.source import KafkaTopics
+
+    sasl = KafkaConnection(
+        bootstrap_servers=kafka.bootstrap_servers,
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="PLAIN",
+        sasl_username="user",
+        sasl_password="secret",
+    )
+    with pytest.raises(SourceError, match="accepts connections at .* security_protocol=SASL_PLAINTEXT") as refused:
+        KafkaTopics(sasl).names()
+    assert "secret" not in str(refused.value)
+
+    with socket.socket() as unused:  # a free port, closed again before the client tries it
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    with pytest.raises(SourceError, match="no Kafka broker answers"):
+        KafkaTopics(KafkaConnection(bootstrap_servers=f"127.0.0.1:{port}")).names()
