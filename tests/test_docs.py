@@ -139,7 +139,7 @@ def test_tables_reference_names_every_raw_column():
 # --- links ---------------------------------------------------------------------------------------
 
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
-FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+FENCE = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
 
 
 def _documents() -> list[Path]:
@@ -154,7 +154,7 @@ def _anchor(heading: str) -> str:
 
 def _anchors(document: Path) -> set[str]:
     text = FENCE.sub("", document.read_text(encoding="utf-8"))
-    return {_anchor(match) for match in re.findall(r"^#{1,6} (.+)$", text, re.M)}
+    return {_anchor(match) for match in re.findall(r"^#{1,6} (.+)$", text, re.MULTILINE)}
 
 
 def _links(document: Path) -> list[str]:
