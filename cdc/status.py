@@ -11,13 +11,7 @@ from pyspark.sql import functions as F
 from cdc.core.config import KafkaConnection
 from cdc.core.errors import SourceError
 from cdc.raw.checkpoint import committed_offsets
-from cdc.core.tables import (
-    checkpoint_location,
-    gaps_table_location,
-    is_delta_table,
-    raw_table_location,
-    raw_table_topic,
-)
+from cdc.core.tables import checkpoint_location, gaps_table_location, is_delta_table, raw_table_location, raw_table_topic
 from cdc.core.source import KafkaTopics
 from cdc.core.storage import Storage
 from refine.expectations import expectations_location

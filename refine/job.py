@@ -37,47 +37,18 @@ from cdc.core.shared_tables import retrying_conflicts
 from cdc.core.storage import Storage, normalize_location
 from cdc.core.streaming import ProgressReports, batch_error, ending_on_request, failure, stop_queries, with_trigger
 from refine.columns import connect_type, declared_schemas, declared_types
-from refine.deleted import (
-    deleted_location,
-    record_deletes,
-    record_snapshot_removals,
-    record_truncate,
-    with_deleted_images,
-    without_resurrections,
-)
+from refine.deleted import deleted_location, record_deletes, record_snapshot_removals, record_truncate, with_deleted_images, without_resurrections
 from refine.envelope import ConnectSchema, ConnectType, Op
-from refine.flattened import (
-    as_envelope,
-    has_lsn,
-    is_flattened,
-    parse_flattened,
-    remember_schema,
-    remembered_schema,
-    with_key_columns,
-)
+from refine.flattened import as_envelope, has_lsn, is_flattened, parse_flattened, remember_schema, remembered_schema, with_key_columns
 from refine.keyless import applied_location, merge_keyless_changes
-from refine.latest import (
-    SnapshotStart,
-    at_or_after,
-    from_snapshot_start,
-    last_snapshot_start,
-    latest_per_key,
-    resets_table,
-)
+from refine.latest import SnapshotStart, at_or_after, from_snapshot_start, last_snapshot_start, latest_per_key, resets_table
 from refine.flatten import array_element, child_table_name
 from refine.history import CHANGE, ChangeOp, apply_history, closing_versions, debezium_history_spec, debezium_versions
 from refine.merge import COMMITTED_AT, OP, REFINED_AT, SOURCE_POSITION, merge_changes, refined_rows, refresh_children
 from refine.toast import has_placeholder, placeholder_test
 from refine.mongo import has_bare_mongo_envelopes, is_mongo, refine_mongo_batch
 from refine.decode import decoded_type
-from refine.parse import (
-    OTHER_SCHEMA,
-    first_wrapper_schemas,
-    parse_changes,
-    record_columns,
-    refused_schema,
-    wrapper_schemas,
-)
+from refine.parse import OTHER_SCHEMA, first_wrapper_schemas, parse_changes, record_columns, refused_schema, wrapper_schemas
 from refine.quarantine import quarantine, quarantine_location
 from refine.rekey import batch_states, fill_from_old_keys, is_key_change, stored_states
 from refine.rules import TableRules, history_table_name

@@ -89,7 +89,8 @@ class SparkConfig(_Strict):
 
     Example::
 
-        from cdc import SparkConfig, build_spark_session
+        from cdc import SparkConfig
+        from cdc import build_spark_session
 
         spark = build_spark_session(SparkConfig(master="local[2]", driver_memory="4g"))
     """
@@ -115,7 +116,7 @@ class SparkConfig(_Strict):
         default=True,
         description=(
             "With a local master, start the driver's JVM from the class archive `cdc jars fetch` built for this JDK "
-            "and these jars, when there is one (cdc/class_archive.py): seconds less of every fresh JVM's start."
+            "and these jars, when there is one (cdc/core/class_archive.py): seconds less of every fresh JVM's start."
         ),
     )
     garbage_collector: GarbageCollector | None = Field(
@@ -213,7 +214,8 @@ class KafkaConnection(_Strict):
 
     Example::
 
-        from cdc import KafkaConnection, Lakehouse
+        from cdc import KafkaConnection
+        from cdc import Lakehouse
 
         kafka = KafkaConnection(
             bootstrap_servers="broker:9093",
@@ -311,7 +313,8 @@ class Settings(BaseSettings):
 
     Example::
 
-        from cdc import Lakehouse, Settings
+        from cdc import Lakehouse
+        from cdc import Settings
 
         settings = Settings(warehouse="/data/warehouse", kafka={"bootstrap_servers": "broker:9092"})
         lake = Lakehouse(settings=settings)

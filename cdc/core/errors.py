@@ -16,7 +16,8 @@ class CdcError(Exception):
 
     Example::
 
-        from cdc import CdcError, Lakehouse
+        from cdc import CdcError
+        from cdc import Lakehouse
 
         try:
             Lakehouse("/tmp/warehouse").refine("no.such.topic")

@@ -181,7 +181,8 @@ def build_spark_session(config: SparkConfig | None = None) -> SparkSession:
 
     Example::
 
-        from cdc import SparkConfig, build_spark_session
+        from cdc import SparkConfig
+        from cdc import build_spark_session
 
         spark = build_spark_session(SparkConfig(app_name="nightly-refine"))
 

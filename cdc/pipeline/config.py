@@ -274,7 +274,8 @@ class Pipeline(_Model):
 
     Example::
 
-        from cdc import Lakehouse, load_pipeline
+        from cdc import Lakehouse
+        from cdc import load_pipeline
 
         pipeline = load_pipeline("examples/pipelines/shop.yaml")
         print(sorted(pipeline.sources))

@@ -52,7 +52,8 @@ class RawJobConfig(_Strict):
 
     Example::
 
-        from cdc import RawJobConfig, run_raw_job
+        from cdc import RawJobConfig
+        from cdc import run_raw_job
 
         config = RawJobConfig(
             topics={"kind": "pattern", "pattern": r"demo\\.shop\\..*"},

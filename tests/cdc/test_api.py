@@ -11,7 +11,8 @@ import pytest
 from pyspark.testing import assertDataFrameEqual
 
 import cdc
-from cdc import ConfigError, Lakehouse
+from cdc import ConfigError
+from cdc import Lakehouse
 from cdc.stack.workload import run_workload
 from refine.merge import METADATA_COLUMNS
 

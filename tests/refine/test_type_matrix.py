@@ -2,7 +2,7 @@
 Kafka, `cdc raw`, `cdc refine`), under each connector setting that changes how values are encoded: every
 cell of the refined table equals the value Postgres itself returns (psycopg), compared in a canonical
 form per kind of column (KINDS). What Debezium cannot send is listed, each a documented limit
-(docs/conformance-postgres.md); values Spark cannot hold go to the quarantine naming the column.
+(docs/reference/postgres-types.md); values Spark cannot hold go to the quarantine naming the column.
 
 One table and one connector per case, shared by the module (snapshot reads, then streamed changes).
 """
