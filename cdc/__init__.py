@@ -78,7 +78,18 @@ __all__ = [
 if TYPE_CHECKING:
     from cdc.api import Lakehouse
     from cdc.core.config import KafkaConnection, Settings, SparkConfig, load_settings
-    from cdc.core.errors import CdcError, ConfigError, ConnectorError, DependencyError, ExpectationError, OffsetGapError, SourceError, StackError, StreamError, TableError
+    from cdc.core.errors import (
+        CdcError,
+        ConfigError,
+        ConnectorError,
+        DependencyError,
+        ExpectationError,
+        OffsetGapError,
+        SourceError,
+        StackError,
+        StreamError,
+        TableError,
+    )
     from cdc.core.session import build_spark_session
     from cdc.pipeline.config import Pipeline
     from cdc.pipeline.load import load_pipeline

@@ -11,10 +11,17 @@ from pyspark.sql import functions as F
 from cdc.core.config import KafkaConnection
 from cdc.core.errors import SourceError
 from cdc.raw.checkpoint import committed_offsets
-from cdc.core.tables import checkpoint_location, gaps_table_location, is_delta_table, raw_table_location, raw_table_topic
+from cdc.core.tables import (
+    checkpoint_location,
+    gaps_table_location,
+    is_delta_table,
+    raw_table_location,
+    raw_table_topic,
+)
 from cdc.core.source import KafkaTopics
 from cdc.core.storage import Storage
 from refine.expectations import expectations_location
+from refine.progress import RefinedTableStatus, refined_table_statuses
 from refine.quarantine import quarantine_location
 
 
@@ -121,7 +128,8 @@ def _counts_by(spark: SparkSession, table: str, column: str) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class WarehouseStatus:
-    """What :func:`warehouse_status` found: each raw table with its lag, and the expectation totals.
+    """What :func:`warehouse_status` found: each raw table with its lag behind Kafka, each refined table
+    with its lag behind its raw table and its last error, and the expectation totals.
 
     Example::
 
@@ -132,16 +140,20 @@ class WarehouseStatus:
     raw_tables: list[RawTableStatus]
     expectations: list[ExpectationTotal]
     kafka_error: str | None = None  # why the lag is unknown: Kafka's end offsets could not be read
+    refined_tables: list[RefinedTableStatus] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, object]:
         return {
             "raw_tables": [table.as_dict() for table in self.raw_tables],
             "expectations": [total.as_dict() for total in self.expectations],
             "kafka_error": self.kafka_error,
+            "refined_tables": [table.as_dict() for table in self.refined_tables],
         }
 
 
 def warehouse_status(spark: SparkSession, warehouse: str, kafka: KafkaConnection) -> WarehouseStatus:
     """The status of every raw table of ``warehouse`` (Kafka gives the end offsets) and the expectation totals."""
     tables, kafka_error = raw_table_statuses(spark, warehouse, kafka)
-    return WarehouseStatus(tables, expectation_totals(spark, warehouse), kafka_error)
+    return WarehouseStatus(
+        tables, expectation_totals(spark, warehouse), kafka_error, refined_table_statuses(spark, warehouse)
+    )

@@ -30,11 +30,22 @@ def status(args: argparse.Namespace, settings: Settings) -> int:
             f"{table.topic:<32} {table.version:>7} {table.rows:>12,} {table.recorded_gaps:>4} {table.quarantined:>11,}  "
             f"{partitions}"
         )
+    if found.refined_tables:
+        print(f"\n{'refined table':<32} {'last batch':>10} {'raw version':>11} {'behind':>8}  last error")
+    for refined in found.refined_tables:
+        failure = refined.last_error
+        print(
+            f"{refined.name:<32} {_or_none(refined.last_batch):>10} {_or_none(refined.raw_version):>11} "
+            f"{_or_none(refined.behind):>8}  "
+            + (f"{failure.at} batch {failure.batch}: {failure.error}" if failure else "-")
+        )
+    # Columns as wide as their longest name.
+    width = max([24, *(len(total.expectation) for total in found.expectations)])
     if found.expectations:
-        print(f"\n{'table':<40} {'expectation':<24} {'action':<6} {'batches':>7} {'passed':>12} {'failed':>10}")
+        print(f"\n{'table':<40} {'expectation':<{width}} {'action':<6} {'batches':>7} {'passed':>12} {'failed':>10}")
     for total in found.expectations:
         print(
-            f"{total.table:<40} {total.expectation:<24} {total.action:<6} {total.batches:>7} {total.passed:>12,} "
+            f"{total.table:<40} {total.expectation:<{width}} {total.action:<6} {total.batches:>7} {total.passed:>12,} "
             f"{total.failed:>10,}"
         )
     if found.kafka_error is not None:
@@ -44,6 +55,10 @@ def status(args: argparse.Namespace, settings: Settings) -> int:
         )
         return unknown_lag
     return 0
+
+
+def _or_none(value: int | None) -> str:
+    return "-" if value is None else f"{value:,}"
 
 
 def optimize(args: argparse.Namespace, settings: Settings) -> int:
@@ -72,7 +87,8 @@ def add_commands(commands: Commands, options: Options) -> None:
         commands,
         "status",
         status,
-        "list raw tables (Delta version, rows, consumed vs end offsets: lag) and expectation totals",
+        "list raw tables (Delta version, rows, consumed vs end offsets: lag), refined tables (last batch, "
+        "raw changes not refined yet, last error) and expectation totals",
         [options.warehouse, options.as_json],
     )
     table = argparse.ArgumentParser(add_help=False)

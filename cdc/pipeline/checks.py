@@ -14,7 +14,15 @@ from pathlib import Path
 from pyspark.sql.types import ArrayType, DataType, MapType, StructType
 
 from cdc.core.errors import ConfigError
-from cdc.pipeline.config import DebeziumMongoSource, DebeziumPostgresSource, JsonEvents, Pipeline, RefinedTable, SchemaFile, ScdType
+from cdc.pipeline.config import (
+    DebeziumMongoSource,
+    DebeziumPostgresSource,
+    JsonEvents,
+    Pipeline,
+    RefinedTable,
+    SchemaFile,
+    ScdType,
+)
 from cdc.core.ddl import parse_schema
 from refine.merge import EVENT_POSITION
 from refine.flatten import array_element, child_columns, child_table_name, field_type, flat_columns

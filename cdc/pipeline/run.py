@@ -22,7 +22,16 @@ from pydantic import Field
 
 from cdc.core.config import validate
 from cdc.core.errors import ConfigError
-from cdc.pipeline.config import AvroEvents, DebeziumMongoSource, DebeziumPostgresSource, JsonEvents, Pipeline, ProtobufEvents, ScdType, Source
+from cdc.pipeline.config import (
+    AvroEvents,
+    DebeziumMongoSource,
+    DebeziumPostgresSource,
+    JsonEvents,
+    Pipeline,
+    ProtobufEvents,
+    ScdType,
+    Source,
+)
 from cdc.core.config import AvailableNow, Continuous
 from cdc.raw.config import RawJobConfig
 from cdc.core.streaming import JobThreads, stop_queries
@@ -32,7 +41,14 @@ from cdc.pipeline.events.job import EventsBatch, EventsRefineJobConfig, events_b
 from refine.expectations import Expectation
 from refine.rules import TableRules
 from refine.rebuild import rebuild_refined_table
-from refine.job import RefineBatch, RefineJobConfig, RefineRun, refined_table_location, start_refine_query, watch_refine_queries
+from refine.job import (
+    RefineBatch,
+    RefineJobConfig,
+    RefineRun,
+    refined_table_location,
+    start_refine_query,
+    watch_refine_queries,
+)
 
 RefineJob = RefineJobConfig | EventsRefineJobConfig
 

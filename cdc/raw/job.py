@@ -24,7 +24,14 @@ from cdc.core.config import Continuous
 from cdc.raw.config import GapPolicy, RawJobConfig, TopicList
 from cdc.raw.gaps import find_gaps, record_gaps
 from cdc.raw.rows import raw_rows
-from cdc.core.tables import RESET_ALLOWED_PROPERTY, checkpoint_location, gaps_table_location, has_landed_data, raw_table_location, raw_table_topic
+from cdc.core.tables import (
+    RESET_ALLOWED_PROPERTY,
+    checkpoint_location,
+    gaps_table_location,
+    has_landed_data,
+    raw_table_location,
+    raw_table_topic,
+)
 from cdc.raw.table import create_raw_table
 from cdc.core.source import KafkaTopics
 from cdc.core.storage import Storage

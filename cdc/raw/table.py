@@ -32,7 +32,16 @@ from pyspark.sql.types import (
 
 from cdc.core.errors import TableError
 from cdc.core.storage import Storage
-from cdc.core.tables import CHECKPOINT_PROPERTIES, KIND_PROPERTY, RAW_KIND, RESET_ALLOWED_PROPERTY, TOPIC_PROPERTY, add_missing_properties, clear_interrupted_creation, raw_table_properties
+from cdc.core.tables import (
+    CHECKPOINT_PROPERTIES,
+    KIND_PROPERTY,
+    RAW_KIND,
+    RESET_ALLOWED_PROPERTY,
+    TOPIC_PROPERTY,
+    add_missing_properties,
+    clear_interrupted_creation,
+    raw_table_properties,
+)
 
 PARTITION_COLUMN = "ingest_date"
 

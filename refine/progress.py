@@ -1,0 +1,131 @@
+"""How far each refined table is: its last batch, the raw changes it has not refined yet, its last error.
+
+A refine query records, at ``<warehouse>/_cdc/refine/<name>.json``, which raw table it reads and which
+refined table it writes (when it starts) and its last failure (when a batch fails). With its streaming
+checkpoint (``offsets/<batch>`` holds the raw table's Delta version the batch read up to, ``commits/<batch>``
+exists once the batch committed), that is all ``cdc status`` needs: no query runs for it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+
+from pyspark.sql import SparkSession
+
+from cdc.core.errors import CdcError
+from cdc.core.storage import Storage
+from cdc.core.tables import is_delta_table
+
+
+def progress_location(warehouse: str, name: str) -> str:
+    return f"{warehouse}/_cdc/refine/{name}.json"
+
+
+def refine_checkpoint_location(warehouse: str, name: str) -> str:
+    return f"{warehouse}/_cdc/checkpoints/refine/{name}"
+
+
+@dataclass(frozen=True)
+class RefineFailure:
+    """A refine batch's failure, as the job reported it."""
+
+    at: str  # UTC, ISO 8601
+    batch: int
+    error: str
+
+
+@dataclass(frozen=True)
+class RefinedTableStatus:
+    """One refine query's progress (``cdc status``)."""
+
+    name: str
+    refined: str
+    raw: str
+    last_batch: int | None  # the last committed micro-batch; None: none yet
+    raw_version: int | None  # the raw table's Delta version refined up to (inclusive)
+    behind: int | None  # raw changes (Change Data Feed rows) not refined yet; None: unknown
+    last_error: RefineFailure | None  # the last failure, when no batch has committed since
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def record_tables(storage: Storage, warehouse: str, name: str, raw: str, refined: str) -> None:
+    """Record which raw table the refine query ``name`` reads and which table it writes (kept: its last error)."""
+    document = _read(storage, warehouse, name)
+    if (document.get("raw"), document.get("refined")) != (raw, refined):
+        storage.write_text(progress_location(warehouse, name), json.dumps({**document, "raw": raw, "refined": refined}))
+
+
+def record_failure(storage: Storage, warehouse: str, name: str, batch: int, error: CdcError) -> None:
+    """Record the failure of batch ``batch`` of the refine query ``name``."""
+    failure = RefineFailure(datetime.now(timezone.utc).isoformat(timespec="seconds"), batch, str(error))
+    document = _read(storage, warehouse, name)
+    storage.write_text(progress_location(warehouse, name), json.dumps({**document, "last_error": asdict(failure)}))
+
+
+def refined_table_statuses(spark: SparkSession, warehouse: str) -> list[RefinedTableStatus]:
+    """The progress of every refine query of ``warehouse`` that recorded its tables."""
+    storage = Storage(spark)
+    names = sorted(
+        name.removesuffix(".json") for name in storage.list_names(f"{warehouse}/_cdc/refine") if name.endswith(".json")
+    )
+    return [_status(spark, storage, warehouse, name) for name in names]
+
+
+def _status(spark: SparkSession, storage: Storage, warehouse: str, name: str) -> RefinedTableStatus:
+    document = _read(storage, warehouse, name)
+    checkpoint = refine_checkpoint_location(warehouse, name)
+    batches = [int(batch) for batch in storage.list_names(f"{checkpoint}/commits") if batch.isdigit()]
+    last_batch = max(batches) if batches else None
+    raw_version = None if last_batch is None else _read_up_to(storage, checkpoint, last_batch)
+    failure = document.get("last_error")
+    last_error = RefineFailure(**failure) if failure and (last_batch is None or failure["batch"] > last_batch) else None
+    return RefinedTableStatus(
+        name=name,
+        refined=document["refined"],
+        raw=document["raw"],
+        last_batch=last_batch,
+        raw_version=raw_version,
+        behind=_changes_after(spark, document["raw"], raw_version),
+        last_error=last_error,
+    )
+
+
+# Delta's source offset names the version a batch stopped in and the index of the last file of it read:
+# this index when all of the version was read; a negative one (none of it) or a file's (part of it) else.
+_WHOLE_VERSION_INDEX = 2**63 - 1
+
+
+def _read_up_to(storage: Storage, checkpoint: str, batch: int) -> int | None:
+    """The raw table's last version that batch ``batch`` and those before it read completely."""
+    try:
+        offset = json.loads(storage.read_text(f"{checkpoint}/offsets/{batch}").splitlines()[-1])
+        version, index = int(offset["reservoirVersion"]), int(offset.get("index", -1))
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
+    return version if index == _WHOLE_VERSION_INDEX else version - 1
+
+
+def _changes_after(spark: SparkSession, raw: str, version: int | None) -> int | None:
+    """Rows of the raw table's Change Data Feed after ``version`` (all of it before any batch)."""
+    if not is_delta_table(spark, raw):
+        return None
+    latest = spark.sql(f"DESCRIBE HISTORY delta.`{raw}` LIMIT 1").first()
+    if latest is None:
+        return None
+    start = 0 if version is None else version + 1
+    if start > latest["version"]:
+        return 0
+    feed = spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", start).load(raw)
+    return feed.count()
+
+
+def _read(storage: Storage, warehouse: str, name: str) -> dict:
+    location = progress_location(warehouse, name)
+    try:
+        return json.loads(storage.read_text(location)) if storage.exists(location) else {}
+    except ValueError:
+        return {}  # a torn write: the next run writes it whole again
