@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable
-from typing import Annotated, NamedTuple
+from typing import NamedTuple
 
 from delta.tables import DeltaTable
 from pyspark.errors import StreamingQueryException
@@ -27,16 +27,16 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
-from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
+from pydantic import ValidationError
 
-from cdc.config import _Strict
 from cdc.errors import CdcError, ConfigError, StreamError, TableError
-from cdc.raw.config import TOPIC_NAME, Continuous, Trigger
+from cdc.raw.config import Trigger
 from cdc.raw.table import delta_properties, is_delta_table, raw_table_location, raw_table_topic
 from cdc.shared_tables import retrying_conflicts
-from cdc.storage import Storage, normalize_location
+from cdc.storage import Storage
 from cdc.streaming import ProgressReports, batch_error, ending_on_request, failure, stop_queries, with_trigger
-from refine.columns import connect_type, declared_schemas, declared_types
+from refine.columns import declared_schemas, declared_types
+from refine.config import RefineJobConfig, refined_table_location
 from refine.deleted import (
     deleted_location,
     record_deletes,
@@ -90,12 +90,6 @@ from refine.rekey import batch_states, fill_from_old_keys, is_key_change, stored
 from refine.rules import TableRules, history_table_name
 
 
-def _readable_type(spark_type: str) -> str:
-    connect_type(spark_type)  # ValueError naming the type and the supported ones
-    return spark_type
-
-
-ColumnType = Annotated[str, AfterValidator(_readable_type)]
 _KNOWN = 16  # wrapper schemas remembered per raw table and column
 
 # Wrapper schemas each raw table showed, by column, for the life of the process: a later run of
@@ -106,75 +100,8 @@ _SCHEMAS_SEEN: dict[str, dict[str, list[str]]] = {}
 _LAST_SCHEMAS: dict[str, dict[str, list[str]]] = {}
 
 
-class RefineRun(_Strict):
-    """Where the tables are and when to run: what every refine job's settings hold."""
-
-    warehouse: str = Field(description="Root of the tables: a local path or an object-store URI.")
-    trigger: Trigger = Field(default_factory=Continuous, description="Run once over what is there, or continuously.")
-
-    @field_validator("warehouse")
-    @classmethod
-    def _location(cls, warehouse: str) -> str:
-        return normalize_location(warehouse)
-
-
-class RefineJobConfig(RefineRun):
-    """One `cdc refine` run of a Debezium topic."""
-
-    table: str = Field(pattern=TOPIC_NAME, description="The raw table to refine, named by its topic.")
-    name: str | None = Field(
-        default=None,
-        pattern=TOPIC_NAME,
-        description="The refined table's name, <warehouse>/refined/<name> (and its checkpoint's); default the topic.",
-    )
-    columns: dict[str, ColumnType] | None = Field(
-        default=None,
-        description=(
-            "Column types in Spark SQL (bigint, decimal(12,2), timestamp...; timestamp_ntz(p) and time(p) take the "
-            "Postgres precision, which picks Debezium's encoding: milliseconds up to 3). For values written without a schema "
-            "(schemas.enable=false) they are the row's schema, and `key` is required; with a schema they override "
-            "decoded types (e.g. a decimal.handling.mode=string column declared decimal(12,2)). See refine/columns.py."
-        ),
-    )
-    rules: TableRules | None = Field(default=None, description="Expectations checked before the MERGE (pipelines).")
-    key: list[str] | None = Field(
-        default=None,
-        min_length=1,
-        description=("The primary-key columns of a topic written without a schema (each one of `columns`)."),
-    )
-    explode: list[str] = Field(
-        default_factory=list,
-        description=(
-            "Array columns (paths through nested documents for MongoDB) that become child tables "
-            "<warehouse>/refined/<name>__<column>, one row per element keyed by the primary key and `pos`."
-        ),
-    )
-    history: bool = Field(
-        default=False,
-        description=(
-            "Keep every version of each row in <warehouse>/refined/<name>__history (SCD type 2, refine/history.py)."
-        ),
-    )
-
-    @property
-    def target(self) -> str:
-        return self.name or self.table
-
-    @model_validator(mode="after")
-    def _key_in_columns(self) -> RefineJobConfig:
-        if self.key is not None:
-            missing = [name for name in self.key if name not in (self.columns or {})]
-            if missing:
-                raise ValueError(f"key: {', '.join(missing)} not among the declared columns")
-        return self
-
-
 # On a rebuilt refined table: the raw table's version it was rebuilt from (its stream goes on after it).
 REBUILT_FROM_PROPERTY = "cdc.rebuilt_from_raw_version"
-
-
-def refined_table_location(warehouse: str, topic: str) -> str:
-    return f"{warehouse}/refined/{topic}"
 
 
 def merged_schema(schemas: list[ConnectSchema]) -> ConnectSchema:

@@ -39,7 +39,8 @@ from cdc.errors import TableError
 from cdc.raw.table import delta_properties, is_delta_table, raw_table_location, raw_table_topic
 from cdc.storage import Storage
 from refine.deleted import deleted_location
-from refine.job import REBUILT_FROM_PROPERTY, RefineBatch, RefineJobConfig, refined_table_location
+from refine.config import refined_table_location
+from refine.job import REBUILT_FROM_PROPERTY, RefineBatch, RefineJobConfig
 from refine.keyless import applied_location, read_applied, write_applied
 from refine.quarantine import add_quarantined, quarantine_location
 from refine.rules import TableRules, history_table_name

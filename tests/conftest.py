@@ -295,7 +295,7 @@ def pipeline_run(spark, kafka: KafkaTestClient, tmp_path, monkeypatch) -> Pipeli
 @pytest.fixture
 def refined_table(spark):
     """``refined_table(warehouse, topic)``: the refined table without its metadata columns."""
-    from refine.job import refined_table_location
+    from refine.config import refined_table_location
     from refine.merge import METADATA_COLUMNS
 
     def read(warehouse: str, topic: str):

@@ -40,14 +40,8 @@ from refine.events import EventsBatch, EventsRefineJobConfig, events_batch, hist
 from refine.expectations import Expectation
 from refine.rules import TableRules
 from refine.rebuild import rebuild_refined_table
-from refine.job import (
-    RefineBatch,
-    RefineJobConfig,
-    RefineRun,
-    refined_table_location,
-    start_refine_query,
-    watch_refine_queries,
-)
+from refine.config import RefineRun, refined_table_location
+from refine.job import RefineBatch, RefineJobConfig, start_refine_query, watch_refine_queries
 
 RefineJob = RefineJobConfig | EventsRefineJobConfig
 

@@ -11,7 +11,7 @@ from pyspark.testing import assertDataFrameEqual
 
 from cdc.config import validate
 from cdc.errors import ConfigError, TableError
-from refine.job import RefineJobConfig, refined_table_location
+from refine.config import RefineJobConfig, refined_table_location
 from refine.quarantine import quarantine_location
 
 pytestmark = pytest.mark.integration

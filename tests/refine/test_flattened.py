@@ -14,7 +14,7 @@ from decimal import Decimal
 import pytest
 from pyspark.testing import assertDataFrameEqual
 
-from refine.job import refined_table_location
+from refine.config import refined_table_location
 
 pytestmark = pytest.mark.integration
 

@@ -29,7 +29,7 @@ from cdc.stack.mongo_model import (
     random_writes,
 )
 from cdc.raw.table import is_delta_table
-from refine.job import refined_table_location
+from refine.config import refined_table_location
 from refine.quarantine import quarantine_location
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,7 @@ from pyspark.testing import assertDataFrameEqual
 
 from cdc.raw.table import is_delta_table
 from cdc.stack.workload import run_workload
-from refine.job import refined_table_location
+from refine.config import refined_table_location
 from refine.merge import METADATA_COLUMNS
 
 pytestmark = pytest.mark.integration
