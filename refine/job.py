@@ -16,7 +16,6 @@ ExtractNewDocumentState (:mod:`refine.flattened`).
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable
 from typing import NamedTuple
@@ -27,7 +26,6 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
-from pydantic import ValidationError
 
 from cdc.errors import CdcError, ConfigError, StreamError, TableError
 from cdc.raw.config import Trigger
@@ -35,6 +33,7 @@ from cdc.raw.table import delta_properties, is_delta_table, raw_table_location, 
 from cdc.shared_tables import retrying_conflicts
 from cdc.storage import Storage
 from cdc.streaming import ProgressReports, batch_error, ending_on_request, failure, stop_queries, with_trigger
+from refine.batch_schemas import merged_schema, readable_key_schemas, readable_value_schemas
 from refine.columns import declared_schemas, declared_types
 from refine.config import RefineJobConfig, refined_table_location
 from refine.deleted import (
@@ -45,7 +44,7 @@ from refine.deleted import (
     with_deleted_images,
     without_resurrections,
 )
-from refine.envelope import ConnectSchema, ConnectType, Op
+from refine.envelope import ConnectSchema, Op
 from refine.flattened import (
     as_envelope,
     has_lsn,
@@ -76,7 +75,6 @@ from refine.history import (
 from refine.merge import COMMITTED_AT, OP, REFINED_AT, SOURCE_POSITION, merge_changes, refined_rows, refresh_children
 from refine.toast import has_placeholder, placeholder_test
 from refine.mongo import has_bare_mongo_envelopes, is_mongo, refine_mongo_batch
-from refine.decode import decoded_type
 from refine.parse import (
     OTHER_SCHEMA,
     first_wrapper_schemas,
@@ -102,104 +100,6 @@ _LAST_SCHEMAS: dict[str, dict[str, list[str]]] = {}
 
 # On a rebuilt refined table: the raw table's version it was rebuilt from (its stream goes on after it).
 REBUILT_FROM_PROPERTY = "cdc.rebuilt_from_raw_version"
-
-
-def merged_schema(schemas: list[ConnectSchema]) -> ConnectSchema:
-    """One envelope schema covering a batch's schemas: a column added mid-batch is in it (optional, as
-    the records before it hold none)."""
-    latest = schemas[-1]
-    rows = [schema.field_named("after") for schema in schemas]
-    fields: dict[str, dict] = {}
-    for row in rows:
-        for field in row.fields or ():
-            fields.setdefault(field.field, field.model_dump(exclude_none=True))
-    for name, field in fields.items():  # a column added or dropped within the batch: null in some records
-        if not all(any(f.field == name for f in row.fields or ()) for row in rows):
-            field["optional"] = True
-    after = {**rows[-1].model_dump(exclude_none=True), "fields": list(fields.values())}
-    envelope = latest.model_dump(exclude_none=True)
-    envelope["fields"] = [
-        {**after, "field": field["field"]} if field.get("field") in ("before", "after") else field
-        for field in envelope["fields"]
-    ]
-    return ConnectSchema.model_validate(envelope)
-
-
-def read_schema(text: str) -> tuple[ConnectSchema | None, str | None]:
-    """A wrapper schema (JSON text) as a :class:`ConnectSchema`, or None and why it is none, naming the field."""
-    try:
-        return ConnectSchema.model_validate_json(text), None
-    except ValidationError as error:
-        first = error.errors()[0]
-        names, node = [], None
-        try:
-            node = json.loads(text)
-        except ValueError:
-            pass
-        for part in first["loc"]:  # the Connect field names along the error's path
-            if isinstance(node, dict) and part in node:
-                node = node[part]
-            elif isinstance(node, list) and isinstance(part, int) and part < len(node):
-                node = node[part]
-                if isinstance(node, dict) and "field" in node:
-                    names.append(str(node["field"]))
-            else:
-                break
-        found = f" (found {first['input']!r})" if isinstance(first.get("input"), (str, int, float)) else ""
-        where = f"field {'.'.join(names)}: " if names else ""
-        return None, f"{where}the schema is no Kafka Connect schema: {first['msg']}{found}"
-
-
-def _envelope_problem(schema: ConnectSchema) -> str | None:
-    """Why a Debezium envelope's schema cannot be read (its row images are no structs)."""
-    for image in ("before", "after"):
-        field = schema.field_named(image)
-        if field.type != ConnectType.STRUCT:
-            return f"field {image}: the schema's type is {field.type.value}, not struct"
-    return None
-
-
-def readable_value_schemas(texts: list[str]) -> tuple[list[ConnectSchema], list[str], dict[str, str]]:
-    """The value schemas of a batch that can be read, their texts, and the others' texts with why.
-    When some are Debezium envelopes, schemas of another kind (rows, another connector's) are refused:
-    one topic holds one kind."""
-    read = {text: read_schema(text) for text in texts}
-    refused = {text: f"value {why}" for text, (_, why) in read.items() if why is not None}
-    valid = {text: schema for text, (schema, _) in read.items() if schema is not None}
-    envelopes = {text: schema for text, schema in valid.items() if not is_flattened(schema) and not is_mongo(schema)}
-    if envelopes:
-        for text, schema in valid.items():
-            if text not in envelopes:
-                refused[text] = (
-                    "value schema is no Debezium envelope (before, after, source, op), as the topic's others are"
-                )
-            elif (why := _envelope_problem(schema)) is not None:
-                refused[text] = f"value schema: {why}"
-    kept = [text for text in texts if text in valid and text not in refused]
-    return [valid[text] for text in kept], kept, refused
-
-
-def readable_key_schemas(texts: list[str], value_schema: ConnectSchema) -> tuple[list[str], dict[str, str]]:
-    """The key schemas of a batch whose fields are all columns of the value's rows, of the same type;
-    the others' texts with why (a change is applied by its key's columns)."""
-    columns = {field.field: field for field in value_schema.field_named("after").fields or ()}
-    refused = {}
-    for text in texts:
-        schema, why = read_schema(text)
-        if schema is not None:
-            for field in schema.fields or () if schema.type == ConnectType.STRUCT else ():
-                if field.field not in columns:
-                    why = f"field {field.field} of the key's schema is no column of the value's rows"
-                elif decoded_type(field) != decoded_type(columns[field.field]):
-                    why = (
-                        f"field {field.field} is {decoded_type(field).simpleString()} in the key's schema and "
-                        f"{decoded_type(columns[field.field]).simpleString()} in the value's"
-                    )
-                if why:
-                    break
-        if why is not None:
-            refused[text] = f"key {why}"
-    return [text for text in texts if text not in refused], refused
 
 
 class BatchFacts(NamedTuple):
