@@ -55,25 +55,11 @@ from refine.flattened import (
     with_key_columns,
 )
 from refine.keyless import applied_location, merge_keyless_changes
-from refine.latest import (
-    SnapshotStart,
-    at_or_after,
-    from_snapshot_start,
-    last_snapshot_start,
-    latest_per_key,
-    resets_table,
-)
+from refine.latest import SnapshotStart, last_snapshot_start, latest_per_key
 from refine.flatten import array_element, child_table_name
-from refine.history import (
-    CHANGE,
-    ChangeOp,
-    apply_history,
-    closing_versions,
-    debezium_history_spec,
-    debezium_versions,
-)
-from refine.merge import COMMITTED_AT, OP, REFINED_AT, SOURCE_POSITION, merge_changes, refined_rows, refresh_children
-from refine.toast import has_placeholder, placeholder_test
+from refine.history import record_debezium_history
+from refine.merge import merge_changes, refresh_children
+from refine.toast import has_placeholder
 from refine.mongo import has_bare_mongo_envelopes, is_mongo, refine_mongo_batch
 from refine.parse import (
     OTHER_SCHEMA,
@@ -418,63 +404,8 @@ class RefineBatch:
     def _record_history(
         self, spark: SparkSession, changes: DataFrame, key_columns: list[str], columns: list[str], truncated: bool
     ) -> None:
-        """Every change of the batch as a version of its row (TOAST placeholders take the previous
-        version's value); each truncate (or snapshot start) closes the versions open before it."""
-        spec = debezium_history_spec(key_columns, list(SOURCE_POSITION))
-        row_changes = changes.where(F.col("op").isin(Op.READ.value, Op.CREATE.value, Op.UPDATE.value, Op.DELETE.value))
-        versions = debezium_versions(refined_rows(row_changes, columns))
-        versions = self.rules.passing_versions(versions, F.col(CHANGE) == ChangeOp.DELETE.value)
-        unchanged = {
-            f.name: test
-            for f in versions.schema
-            if f.name in columns and (test := placeholder_test(f.dataType)) is not None
-        }
-        location = self._history_location()
-        position = [F.col(c) for c in SOURCE_POSITION]
-        # The batch's resets, in order: a handful of positions, not data.
-        truncates = (
-            []
-            if not truncated
-            else (
-                changes.where(resets_table())
-                .select("source_lsn", "kafka_offset", "kafka_partition", "source_committed_at", "op")
-                .distinct()
-                .orderBy("source_lsn", "kafka_offset")
-                .collect()
-            )
-        )
-        done = None  # versions up to here are applied
-        for truncate in truncates:
-            at = [F.lit(truncate.source_lsn), F.lit(truncate.kafka_offset)]
-            part = versions.where(~at_or_after(position, at))
-            apply_history(
-                spark, location, part if done is None else part.where(at_or_after(position, done)), spec, unchanged
-            )
-            history = spark.read.format("delta").load(location)
-            if truncate.op == Op.READ.value and not history.where(at_or_after(position, at)).isEmpty():
-                done = at
-                continue  # a replayed old snapshot: the history already holds what came after it
-            closing = closing_versions(
-                history,
-                spec,
-                versions.schema,
-                dict(zip(SOURCE_POSITION, truncate[:2])),
-                {
-                    COMMITTED_AT: F.lit(truncate.source_committed_at),
-                    OP: F.lit(truncate.op),
-                    REFINED_AT: F.current_timestamp(),
-                },
-            )
-            if truncate.op == Op.READ.value:  # a snapshot: the keys the batch changes from its first read on stay open
-                start = SnapshotStart(truncate.kafka_partition, truncate.kafka_offset, truncate.source_lsn)
-                changed = row_changes.where(from_snapshot_start(start)).select(
-                    *[F.col(f"key.`{k}`").alias(k) for k in key_columns]
-                )
-                closing = closing.join(changed, key_columns, "left_anti")
-            apply_history(spark, location, closing, spec, unchanged)
-            done = at
-        apply_history(
-            spark, location, versions if done is None else versions.where(at_or_after(position, done)), spec, unchanged
+        record_debezium_history(
+            spark, self._history_location(), changes, key_columns, columns, self.rules.passing_versions, truncated
         )
 
 
