@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import NamedTuple
 
 from delta.tables import DeltaTable
 from pyspark.errors import StreamingQueryException
@@ -33,6 +32,7 @@ from cdc.raw.table import delta_properties, is_delta_table, raw_table_location, 
 from cdc.shared_tables import retrying_conflicts
 from cdc.storage import Storage
 from cdc.streaming import ProgressReports, batch_error, ending_on_request, failure, stop_queries, with_trigger
+from refine.batch_facts import BatchFacts, batch_facts
 from refine.batch_schemas import merged_schema, readable_key_schemas, readable_value_schemas
 from refine.columns import declared_schemas, declared_types
 from refine.config import RefineJobConfig, refined_table_location
@@ -44,7 +44,7 @@ from refine.deleted import (
     with_deleted_images,
     without_resurrections,
 )
-from refine.envelope import ConnectSchema, Op
+from refine.envelope import ConnectSchema
 from refine.flattened import (
     as_envelope,
     has_lsn,
@@ -55,14 +55,12 @@ from refine.flattened import (
     with_key_columns,
 )
 from refine.keyless import applied_location, merge_keyless_changes
-from refine.latest import SnapshotStart, last_snapshot_start, latest_per_key
+from refine.latest import latest_per_key
 from refine.flatten import array_element, child_table_name
 from refine.history import record_debezium_history
 from refine.merge import merge_changes, refresh_children
-from refine.toast import has_placeholder
 from refine.mongo import has_bare_mongo_envelopes, is_mongo, refine_mongo_batch
 from refine.parse import (
-    OTHER_SCHEMA,
     first_wrapper_schemas,
     parse_changes,
     record_columns,
@@ -70,7 +68,7 @@ from refine.parse import (
     wrapper_schemas,
 )
 from refine.quarantine import quarantine, quarantine_location
-from refine.rekey import batch_states, fill_from_old_keys, is_key_change, stored_states
+from refine.rekey import batch_states, fill_from_old_keys, stored_states
 from refine.rules import TableRules, history_table_name
 
 
@@ -86,45 +84,6 @@ _LAST_SCHEMAS: dict[str, dict[str, list[str]]] = {}
 
 # On a rebuilt refined table: the raw table's version it was rebuilt from (its stream goes on after it).
 REBUILT_FROM_PROPERTY = "cdc.rebuilt_from_raw_version"
-
-
-class BatchFacts(NamedTuple):
-    """What a batch's parsed changes hold, read in one pass: which steps it needs."""
-
-    problems: int  # records that did not decode
-    truncated_at: tuple[int, int] | None  # source position of the last truncate
-    snapshot_from: SnapshotStart | None  # the last snapshot start (see resets_table)
-    key_changes: bool  # a primary-key change (Debezium's key headers)
-    deletes: bool
-    placeholders: bool  # a TOAST placeholder in a row image after a change
-    other_schemas: int  # records of a schema the parser was not built for (only_schemas)
-    records: int
-
-
-def batch_facts(changes: DataFrame) -> BatchFacts:
-    row = changes.agg(
-        F.count(F.when(F.col("problem").isNotNull(), 1)).alias("problems"),
-        F.max(F.when(F.col("op") == Op.TRUNCATE.value, F.struct("source_lsn", "kafka_offset"))).alias("truncate"),
-        last_snapshot_start().alias("snapshot"),
-        F.coalesce(F.max(is_key_change(F.col("kafka_headers"))), F.lit(False)).alias("key_changes"),
-        F.coalesce(F.max(F.col("op") == Op.DELETE.value), F.lit(False)).alias("deletes"),
-        F.coalesce(F.max(has_placeholder(F.col("after"), changes.schema["after"].dataType)), F.lit(False)).alias(
-            "toast"
-        ),
-        F.count(F.when(F.col("problem") == OTHER_SCHEMA, 1)).alias("other_schemas"),
-        F.count(F.lit(1)).alias("records"),
-    ).first()
-    truncate = tuple(row.truncate) if row.truncate else None
-    return BatchFacts(
-        row.problems,
-        truncate,
-        SnapshotStart.of(row.snapshot),
-        row.key_changes,
-        row.deletes,
-        row.toast,
-        row.other_schemas,
-        row.records,
-    )
 
 
 def _has_bare_envelopes(records: DataFrame) -> bool:
