@@ -24,7 +24,6 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
 
 from cdc.errors import CdcError, ConfigError, StreamError, TableError
 from cdc.raw.config import Trigger
@@ -32,18 +31,11 @@ from cdc.raw.table import delta_properties, is_delta_table, raw_table_location, 
 from cdc.shared_tables import retrying_conflicts
 from cdc.storage import Storage
 from cdc.streaming import ProgressReports, batch_error, ending_on_request, failure, stop_queries, with_trigger
-from refine.batch_facts import BatchFacts, batch_facts
+from refine.batch_facts import batch_facts
 from refine.batch_schemas import merged_schema, readable_key_schemas, readable_value_schemas
 from refine.columns import declared_schemas, declared_types
 from refine.config import RefineJobConfig, refined_table_location
-from refine.deleted import (
-    deleted_location,
-    record_deletes,
-    record_snapshot_removals,
-    record_truncate,
-    with_deleted_images,
-    without_resurrections,
-)
+from refine.deleted import deleted_location
 from refine.envelope import ConnectSchema
 from refine.flattened import (
     as_envelope,
@@ -54,11 +46,9 @@ from refine.flattened import (
     remembered_schema,
     with_key_columns,
 )
+from refine.keyed import KeyedTables, merge_keyed_batch
 from refine.keyless import applied_location, merge_keyless_changes
-from refine.latest import latest_per_key
-from refine.flatten import array_element, child_table_name
-from refine.history import record_debezium_history
-from refine.merge import merge_changes, refresh_children
+from refine.flatten import child_table_name
 from refine.mongo import has_bare_mongo_envelopes, is_mongo, refine_mongo_batch
 from refine.parse import (
     first_wrapper_schemas,
@@ -68,7 +58,6 @@ from refine.parse import (
     wrapper_schemas,
 )
 from refine.quarantine import quarantine, quarantine_location
-from refine.rekey import batch_states, fill_from_old_keys, stored_states
 from refine.rules import TableRules, history_table_name
 
 
@@ -101,6 +90,17 @@ class RefineBatch:
         self.refined = refined_table_location(config.warehouse, config.target)
         self.deleted = deleted_location(config.warehouse, config.target)
         self.applied = applied_location(config.warehouse, config.target)
+        history = refined_table_location(config.warehouse, history_table_name(config.target))
+        self.tables = KeyedTables(
+            name=config.target,
+            refined=self.refined,
+            deleted=self.deleted,
+            children={
+                path: refined_table_location(config.warehouse, child_table_name(config.target, path))
+                for path in config.explode
+            },
+            history=history if config.history else None,
+        )
         self.error: CdcError | None = None
         self.rules = config.rules or TableRules(table=config.target, topic=config.table, warehouse=config.warehouse)
         self.batch_id = -1
@@ -167,8 +167,8 @@ class RefineBatch:
                 quarantine_at=quarantine_location(self.config.warehouse),
                 rules=self.rules,
                 batch_id=self.batch_id,
-                children={path: self._child_location(path) for path in self.config.explode},
-                history_at=self._history_location() if self.config.history else None,
+                children=self.tables.children,
+                history_at=self.tables.history,
             )
             return
         schemas = schemas or [known for known in [remembered_schema(spark, self.refined)] if known]
@@ -297,7 +297,7 @@ class RefineBatch:
                 self._refuse_keyless()
                 merge_keyless_changes(spark, self.refined, self.applied, valid, columns)
             else:
-                self._merge_keyed(spark, valid, key_schema, columns, facts)
+                merge_keyed_batch(spark, valid, key_schema, columns, facts, self.tables, self.rules, self.batch_id)
             return True
         finally:
             parsed.unpersist()
@@ -309,63 +309,6 @@ class RefineBatch:
                     f"{setting} needs a primary key: the source table has none (Kafka keys are null)",
                     table=self.config.target,
                 )
-
-    def _history_location(self) -> str:
-        return refined_table_location(self.config.warehouse, history_table_name(self.config.target))
-
-    def _child_location(self, path: str) -> str:
-        return refined_table_location(self.config.warehouse, child_table_name(self.config.target, path))
-
-    def _check_explode(self, row_type: StructType) -> None:
-        for path in self.config.explode:
-            try:
-                array_element(row_type, path)
-            except ConfigError as error:
-                raise ConfigError(f"explode: {error.message}", table=self.config.target) from None
-
-    def _merge_keyed(
-        self, spark: SparkSession, changes: DataFrame, key_schema: ConnectSchema, columns: list[str], facts: BatchFacts
-    ) -> None:
-        key_columns = [field.field for field in key_schema.fields or ()]
-        self._check_explode(changes.schema["after"].dataType)
-        truncated_at, reset = facts.truncated_at, facts.truncated_at is not None or facts.snapshot_from is not None
-        filled, stored = changes, None
-        if facts.key_changes:  # only then are stored rows read (a scan of the refined table)
-            stored = stored_states(spark, [self.refined, self.deleted], key_columns, changes.schema["after"].dataType)
-            filled = fill_from_old_keys(changes, key_schema, stored)
-        latest = latest_per_key(filled, key_columns, truncated_at, facts.placeholders, facts.snapshot_from)
-        if facts.deletes:
-            latest = with_deleted_images(latest, batch_states(filled), stored)
-        with self.rules.enforced_changes(spark, latest, columns, key_columns, self.batch_id) as rows:
-            rows = rows.persist()  # computed once from the tables as they were
-            try:
-                if facts.deletes:
-                    record_deletes(spark, self.deleted, rows, key_columns)
-                if truncated_at is not None:
-                    record_truncate(spark, self.deleted, truncated_at)
-                snapshot_at = None if facts.snapshot_from is None else facts.snapshot_from.position
-                if snapshot_at is not None:
-                    record_snapshot_removals(spark, self.deleted, self.refined, rows, key_columns, snapshot_at)
-                guarded = without_resurrections(spark, self.deleted, rows, key_columns)
-                keys = rows.select(*[F.col(f"`{key}`") for key in key_columns])  # cached with rows
-                merge_changes(
-                    spark, self.refined, guarded, key_columns, truncated_at, keys=keys, snapshot_at=snapshot_at
-                )
-                for path in self.config.explode:
-                    refresh_children(
-                        spark, self.refined, self._child_location(path), keys, key_columns, path, truncated=reset
-                    )
-            finally:
-                rows.unpersist()
-        if self.config.history:
-            self._record_history(spark, filled, key_columns, columns, truncated=reset)
-
-    def _record_history(
-        self, spark: SparkSession, changes: DataFrame, key_columns: list[str], columns: list[str], truncated: bool
-    ) -> None:
-        record_debezium_history(
-            spark, self._history_location(), changes, key_columns, columns, self.rules.passing_versions, truncated
-        )
 
 
 def run_batch_retrying_conflicts(refine_batch: Callable[[], None], batch_id: int, conflicts: dict[int, int]) -> None:

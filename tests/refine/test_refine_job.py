@@ -84,7 +84,7 @@ def test_a_batch_refused_by_another_writers_commit_runs_again_and_the_job_goes_o
     from py4j.protocol import Py4JJavaError
 
     from cdc.config import validate
-    from refine import job
+    from refine import keyed
     from refine.job import RefineJobConfig, run_refine_job
 
     run_workload(stack_config.postgres.dsn(), customers=3, seed=14)
@@ -92,7 +92,7 @@ def test_a_batch_refused_by_another_writers_commit_runs_again_and_the_job_goes_o
     kafka.wait_for_last_value(topic, lambda value: value is None)
     warehouse = str(tmp_path)
     land(warehouse, topic)
-    merge_changes, refused = job.merge_changes, []
+    merge_changes, refused = keyed.merge_changes, []
 
     def refused_once_after_its_commit(*args, **kwargs) -> None:
         merge_changes(*args, **kwargs)  # it landed: the batch's rerun must change nothing more
@@ -105,7 +105,7 @@ def test_a_batch_refused_by_another_writers_commit_runs_again_and_the_job_goes_o
                 ),
             )
 
-    monkeypatch.setattr(job, "merge_changes", refused_once_after_its_commit)
+    monkeypatch.setattr(keyed, "merge_changes", refused_once_after_its_commit)
     printed: list[str] = []
     config = validate(
         RefineJobConfig, {"table": topic, "warehouse": warehouse, "trigger": {"kind": "available_now"}}, "refine job"
