@@ -25,7 +25,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql import functions as F
 
-from cdc.errors import CdcError, ConfigError, StreamError, TableError
+from cdc.errors import CdcError, StreamError, TableError
 from cdc.raw.config import Trigger
 from cdc.raw.table import delta_properties, is_delta_table, raw_table_location, raw_table_topic
 from cdc.shared_tables import retrying_conflicts
@@ -47,7 +47,7 @@ from refine.flattened import (
     with_key_columns,
 )
 from refine.keyed import KeyedTables, merge_keyed_batch
-from refine.keyless import applied_location, merge_keyless_changes
+from refine.keyless import applied_location, merge_keyless_batch
 from refine.flatten import child_table_name
 from refine.mongo import has_bare_mongo_envelopes, is_mongo, refine_mongo_batch
 from refine.parse import (
@@ -293,22 +293,22 @@ class RefineBatch:
             if no_readable_key:
                 return True
             if key_schema is None:
-                self.rules.refuse_unchecked("tables without a primary key")
-                self._refuse_keyless()
-                merge_keyless_changes(spark, self.refined, self.applied, valid, columns)
+                merge_keyless_batch(
+                    spark,
+                    valid,
+                    columns,
+                    location=self.refined,
+                    applied_at=self.applied,
+                    rules=self.rules,
+                    explode=self.config.explode,
+                    history=self.config.history,
+                    table=self.config.target,
+                )
             else:
                 merge_keyed_batch(spark, valid, key_schema, columns, facts, self.tables, self.rules, self.batch_id)
             return True
         finally:
             parsed.unpersist()
-
-    def _refuse_keyless(self) -> None:
-        for wanted, setting in [(self.config.explode, "explode"), (self.config.history, "SCD type 2 (history)")]:
-            if wanted:
-                raise ConfigError(
-                    f"{setting} needs a primary key: the source table has none (Kafka keys are null)",
-                    table=self.config.target,
-                )
 
 
 def run_batch_retrying_conflicts(refine_batch: Callable[[], None], batch_id: int, conflicts: dict[int, int]) -> None:
