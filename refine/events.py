@@ -36,7 +36,7 @@ from cdc.streaming import batch_error
 from refine.avro_events import AvroDecoder
 from refine.flatten import child_rows, child_table_name, column, flat_name, flatten
 from refine.config import RefineRun, refined_table_location
-from refine.job import run_batch_retrying_conflicts
+from refine.batch import run_batch_retrying_conflicts
 from refine.merge import EVENT_POSITION, OFFSET, PARTITION, REFINED_AT, append_rows, merge_latest, replace_children
 from refine.history import HistorySpec
 from refine.protobuf_events import ProtobufDecoder

@@ -1,6 +1,6 @@
 """Running what a pipeline file declares: `cdc raw --pipeline` and `cdc refine --pipeline`.
 
-Refined tables of Debezium Postgres and MongoDB sources go through :mod:`refine.job` (which tells
+Refined tables of Debezium Postgres and MongoDB sources go through :mod:`refine.batch` (which tells
 MongoDB topics by the envelope), those of JSON, Avro and Protobuf event sources through
 :mod:`refine.events` (Avro decoded by :mod:`refine.avro_events`, Protobuf by
 :mod:`refine.protobuf_events`), each with its expectations, exploded child tables and history
@@ -40,8 +40,9 @@ from refine.events import EventsBatch, EventsRefineJobConfig, events_batch, hist
 from refine.expectations import Expectation
 from refine.rules import TableRules
 from refine.rebuild import rebuild_refined_table
-from refine.config import RefineRun, refined_table_location
-from refine.job import RefineBatch, RefineJobConfig, start_refine_query, watch_refine_queries
+from refine.batch import RefineBatch
+from refine.config import RefineJobConfig, RefineRun, refined_table_location
+from refine.job import start_refine_query, watch_refine_queries
 
 RefineJob = RefineJobConfig | EventsRefineJobConfig
 

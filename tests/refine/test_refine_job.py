@@ -342,10 +342,11 @@ def test_batches_are_parsed_with_the_last_schemas_or_again_when_a_record_has_ano
     """A batch is parsed in one pass with the wrapper schemas of the last batch (in a new process:
     of the raw table's first record); a batch holding another is parsed again from its records, and
     its changes are still counted once."""
-    import refine.job
+    import refine.batch
     from cdc.config import validate
     from cdc.raw.table import raw_table_location
-    from refine.job import RefineBatch, RefineJobConfig, run_refine_job
+    from refine.batch import RefineBatch
+    from refine.job import RefineJobConfig, run_refine_job
 
     dsn, warehouse = stack_config.postgres.dsn(), str(tmp_path)
     topic = f"{postgres_connector.topic_prefix}.shop.orders"
@@ -358,7 +359,7 @@ def test_batches_are_parsed_with_the_last_schemas_or_again_when_a_record_has_ano
         conn.execute("INSERT INTO shop.orders VALUES (0, 101, 'pending', 5, '2026-03-03 00:00:00', 'first note')")
     kafka.wait_for_last_value(topic, lambda value: value is not None and b"first note" in value)
     land(warehouse, topic)
-    monkeypatch.setattr(refine.job, "_LAST_SCHEMAS", {})  # as in a new process
+    monkeypatch.setattr(refine.batch, "_LAST_SCHEMAS", {})  # as in a new process
     parsed_again = []
     refine_again = RefineBatch._refine
     monkeypatch.setattr(RefineBatch, "_refine", lambda self, *args: parsed_again.append(1) or refine_again(self, *args))
