@@ -20,7 +20,7 @@ from cdc.errors import CdcError, TableError
 from cdc.raw.table import raw_table_location
 from cdc.shared_tables import retrying_conflicts
 from cdc.streaming import batch_error
-from refine.batch_facts import batch_facts
+from refine.batch_facts import BatchFacts, batch_facts
 from refine.batch_schemas import merged_schema, readable_key_schemas, readable_value_schemas
 from refine.columns import declared_schemas, declared_types
 from refine.config import RefineJobConfig, refined_table_location
@@ -133,48 +133,60 @@ class RefineBatch:
         return self._refine_rows(spark, records, [schema], texts, guessed=True)
 
     def _refine(self, spark: SparkSession, records: DataFrame) -> None:
-        # The batch's distinct schemas (a handful of strings, not data), found from those seen before.
-        texts = wrapper_schemas(records, {column: self.known_schemas.get(column, []) for column in ("value", "key")})
-        for column, found in texts.items():
-            self.known_schemas[column] = list(dict.fromkeys([*found, *self.known_schemas.get(column, ())]))[:_KNOWN]
+        """Refine a batch by the wrapper schemas its records hold: MongoDB documents, Postgres envelopes
+        or flattened rows (with or without the wrapper), or, with none readable, records to quarantine."""
+        texts = self._wrapper_schemas(records)
         schemas, value_texts, refused = readable_value_schemas(texts["value"])
         _LAST_SCHEMAS[self.raw] = {"value": value_texts[-1:], "key": texts["key"][-1:]} if value_texts else None
         bare_mongo = not texts["value"] and has_bare_mongo_envelopes(records)  # documents need no declared columns
         if not texts["value"] and not bare_mongo and _has_bare_envelopes(records):
             return self._refine_schemaless(spark, records)
         if bare_mongo or (schemas and is_mongo(schemas[-1])):
-            refine_mongo_batch(
-                spark,
-                records,
-                refined=self.refined,
-                raw=self.raw,
-                topic=self.config.table,
-                quarantine_at=quarantine_location(self.config.warehouse),
-                rules=self.rules,
-                batch_id=self.batch_id,
-                children=self.tables.children,
-                history_at=self.tables.history,
-            )
-            return
+            return self._refine_mongo(spark, records)
         schemas = schemas or [known for known in [remembered_schema(spark, self.refined)] if known]
         if not schemas:  # tombstones (their deletes came before them), and values that are no envelope
-            problem = F.when(
-                F.col("value").isNull(), F.lit("value is not UTF-8 text (its bytes are in the raw table's value_bytes)")
-            )
-            if (refusal := refused_schema(F.col("value"), refused)) is not None:
-                problem = problem.when(refusal.isNotNull(), refusal)
-            problem = problem.otherwise(F.lit("value is not a Debezium JSON envelope"))
-            quarantine(
-                spark,
-                quarantine_location(self.config.warehouse),
-                self.raw,
-                self.config.table,
-                records.where(F.col("value").isNotNull() | F.col("value_bytes").isNotNull()).select(
-                    *record_columns(), F.col("value").alias("raw_value"), problem.alias("problem")
-                ),
-            )
-            return
+            return self._quarantine_unreadable(spark, records, refused)
         self._refine_rows(spark, records, schemas, {**texts, "value": value_texts}, refused=refused)
+
+    def _wrapper_schemas(self, records: DataFrame) -> dict[str, list[str]]:
+        """The batch's distinct wrapper schemas by column (a handful of strings, not data), found from
+        those seen before, which they join."""
+        texts = wrapper_schemas(records, {column: self.known_schemas.get(column, []) for column in ("value", "key")})
+        for column, found in texts.items():
+            self.known_schemas[column] = list(dict.fromkeys([*found, *self.known_schemas.get(column, ())]))[:_KNOWN]
+        return texts
+
+    def _refine_mongo(self, spark: SparkSession, records: DataFrame) -> None:
+        refine_mongo_batch(
+            spark,
+            records,
+            refined=self.refined,
+            raw=self.raw,
+            topic=self.config.table,
+            quarantine_at=quarantine_location(self.config.warehouse),
+            rules=self.rules,
+            batch_id=self.batch_id,
+            children=self.tables.children,
+            history_at=self.tables.history,
+        )
+
+    def _quarantine_unreadable(self, spark: SparkSession, records: DataFrame, refused: dict[str, str]) -> None:
+        """Quarantine a batch without a readable schema, each record with why (tombstones go nowhere)."""
+        problem = F.when(
+            F.col("value").isNull(), F.lit("value is not UTF-8 text (its bytes are in the raw table's value_bytes)")
+        )
+        if (refusal := refused_schema(F.col("value"), refused)) is not None:
+            problem = problem.when(refusal.isNotNull(), refusal)
+        problem = problem.otherwise(F.lit("value is not a Debezium JSON envelope"))
+        quarantine(
+            spark,
+            quarantine_location(self.config.warehouse),
+            self.raw,
+            self.config.table,
+            records.where(F.col("value").isNotNull() | F.col("value_bytes").isNotNull()).select(
+                *record_columns(), F.col("value").alias("raw_value"), problem.alias("problem")
+            ),
+        )
 
     def _refine_rows(
         self,
@@ -277,23 +289,34 @@ class RefineBatch:
             columns = [field.field for field in value_schema.field_named("after").fields or ()]
             if no_readable_key:
                 return True
-            if key_schema is None:
-                merge_keyless_batch(
-                    spark,
-                    valid,
-                    columns,
-                    location=self.refined,
-                    applied_at=self.applied,
-                    rules=self.rules,
-                    explode=self.config.explode,
-                    history=self.config.history,
-                    table=self.config.target,
-                )
-            else:
-                merge_keyed_batch(spark, valid, key_schema, columns, facts, self.tables, self.rules, self.batch_id)
+            self._merge(spark, valid, key_schema, columns, facts)
             return True
         finally:
             parsed.unpersist()
+
+    def _merge(
+        self,
+        spark: SparkSession,
+        changes: DataFrame,
+        key_schema: ConnectSchema | None,
+        columns: list[str],
+        facts: BatchFacts,
+    ) -> None:
+        """Apply the batch's valid ``changes`` by their table's path: keyed, or keyless when the Kafka keys are null."""
+        if key_schema is None:
+            merge_keyless_batch(
+                spark,
+                changes,
+                columns,
+                location=self.refined,
+                applied_at=self.applied,
+                rules=self.rules,
+                explode=self.config.explode,
+                history=self.config.history,
+                table=self.config.target,
+            )
+        else:
+            merge_keyed_batch(spark, changes, key_schema, columns, facts, self.tables, self.rules, self.batch_id)
 
 
 def run_batch_retrying_conflicts(refine_batch: Callable[[], None], batch_id: int, conflicts: dict[int, int]) -> None:
