@@ -16,36 +16,22 @@ from collections.abc import Callable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from cdc.errors import CdcError, TableError
+from cdc.errors import CdcError
 from cdc.raw.table import raw_table_location
 from cdc.shared_tables import retrying_conflicts
 from cdc.streaming import batch_error
 from refine.batch_facts import BatchFacts, batch_facts
-from refine.batch_schemas import merged_schema, readable_key_schemas, readable_value_schemas
-from refine.columns import declared_schemas, declared_types
+from refine.batch_schemas import readable_value_schemas
 from refine.config import RefineJobConfig, refined_table_location
 from refine.deleted import deleted_location
 from refine.envelope import ConnectSchema
-from refine.flattened import (
-    as_envelope,
-    has_lsn,
-    is_flattened,
-    parse_flattened,
-    remember_schema,
-    remembered_schema,
-    with_key_columns,
-)
+from refine.flattened import is_flattened, remember_schema, remembered_schema
 from refine.keyed import KeyedTables, merge_keyed_batch
 from refine.keyless import applied_location, merge_keyless_batch
 from refine.flatten import child_table_name
 from refine.mongo import has_bare_mongo_envelopes, is_mongo, refine_mongo_batch
-from refine.parse import (
-    first_wrapper_schemas,
-    parse_changes,
-    record_columns,
-    refused_schema,
-    wrapper_schemas,
-)
+from refine.parse import first_wrapper_schemas, record_columns, refused_schema, wrapper_schemas
+from refine.parse_batch import ParsedBatch, parse_rows, parse_schemaless
 from refine.quarantine import quarantine, quarantine_location
 from refine.rules import TableRules, history_table_name
 
@@ -197,79 +183,28 @@ class RefineBatch:
         guessed: bool = False,
         refused: dict[str, str] | None = None,
     ) -> bool:
-        """Refine Postgres envelopes or flattened rows of the value ``schemas`` (in order of appearance)
-        and the wrapper schema ``texts``; ``guessed``: see :meth:`_apply`; ``refused``: value schema
-        texts the batch cannot be read with, and why (their records go to the quarantine)."""
-        flattened = is_flattened(schemas[-1])
-        value_schema = merged_schema([as_envelope(schema) if flattened else schema for schema in schemas])
-        key_texts, refused_keys = texts["key"], {}
-        if not flattened:
-            key_texts, refused_keys = readable_key_schemas(texts["key"], value_schema)
-            if guessed and refused_keys:
-                return False
-        # None: no primary key (or none readable: then only the quarantine is written, see _apply)
-        key_schema = ConnectSchema.model_validate_json(key_texts[-1]) if key_texts else None
-        if flattened:
-            if key_schema is None:
-                raise TableError(
-                    "flattened rows (ExtractNewRecordState) of a table without a primary key cannot "
-                    "be refined: without `before`, a delete cannot say which row it removes",
-                    table=self.raw,
-                )
-            value_schema = with_key_columns(value_schema, key_schema)
-        changes = (
-            parse_flattened(records, key_schema, value_schema, has_lsn(schemas[-1]), texts, only_schemas=guessed)
-            if flattened
-            else parse_changes(
-                records,
-                key_schema,
-                value_schema,
-                schema_texts={**texts, "key": key_texts},
-                only_schemas=guessed,
-                refused_schemas={"value": refused or {}, "key": refused_keys},
-            )
-        )
-        applied = self._apply(
-            spark,
-            records,
-            declared_types(changes, self.config.columns or {}),
-            value_schema,
-            key_schema,
-            guessed,
-            no_readable_key=bool(refused_keys) and key_schema is None,
-        )
-        if applied and flattened:
+        """Refine Postgres envelopes or flattened rows (:func:`refine.parse_batch.parse_rows`); False, with
+        nothing written, when the schemas were ``guessed`` and a record holds another."""
+        parsed = parse_rows(records, schemas, texts, self.config.columns or {}, self.raw, guessed, refused)
+        if parsed is None:
+            return False
+        applied = self._apply(spark, records, parsed, guessed)
+        if applied and is_flattened(schemas[-1]):
             remember_schema(spark, self.refined, schemas[-1])
         return applied
 
     def _refine_schemaless(self, spark: SparkSession, records: DataFrame) -> None:
         """Values without the ``{schema, payload}`` wrapper: Postgres envelopes read with the declared columns."""
-        if not self.config.columns or not self.config.key:
-            raise TableError(
-                "the topic's values carry no schema (schemas.enable=false): declare the refined table's `columns` "
-                "(name: Spark type) and its `key` in the refine job's configuration",
-                table=self.raw,
-            )
-        value_schema, key_schema = declared_schemas(self.config.columns, self.config.key)
-        changes = parse_changes(records, key_schema, value_schema, wrapped=False)
-        self._apply(spark, records, declared_types(changes, self.config.columns), value_schema, key_schema)
+        self._apply(spark, records, parse_schemaless(records, self.config.columns, self.config.key, self.raw))
 
-    def _apply(
-        self,
-        spark: SparkSession,
-        records: DataFrame,
-        changes: DataFrame,
-        value_schema: ConnectSchema,
-        key_schema: ConnectSchema | None,
-        guessed: bool = False,
-        no_readable_key: bool = False,
-    ) -> bool:
-        """Apply the batch's parsed changes; False, with nothing written, when the schemas were
-        ``guessed`` and a record holds another. ``no_readable_key``: the batch's keys have schemas that
-        cannot be read (so went to the quarantine): the table is keyed, and only the quarantine is written."""
+    def _apply(self, spark: SparkSession, records: DataFrame, batch: ParsedBatch, guessed: bool = False) -> bool:
+        """Quarantine the parsed ``batch``'s undecodable records and apply its changes; False, with nothing
+        written, when the schemas were ``guessed`` and a record holds another."""
         # Parsed once, for the facts below, the quarantine and the MERGEs; the raw value only where a
         # problem needs it.
-        parsed = changes.withColumn("raw_value", F.when(F.col("problem").isNotNull(), F.col("raw_value"))).persist()
+        parsed = batch.changes.withColumn(
+            "raw_value", F.when(F.col("problem").isNotNull(), F.col("raw_value"))
+        ).persist()
         try:
             facts = batch_facts(parsed)
             if guessed and facts.other_schemas:
@@ -286,10 +221,10 @@ class RefineBatch:
                 )
             records.unpersist()  # the parsed changes are cached now
             valid = (parsed.where("problem IS NULL") if facts.problems else parsed).drop("raw_value")
-            columns = [field.field for field in value_schema.field_named("after").fields or ()]
-            if no_readable_key:
+            columns = [field.field for field in batch.value_schema.field_named("after").fields or ()]
+            if batch.no_readable_key:
                 return True
-            self._merge(spark, valid, key_schema, columns, facts)
+            self._merge(spark, valid, batch.key_schema, columns, facts)
             return True
         finally:
             parsed.unpersist()
