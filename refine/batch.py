@@ -25,16 +25,15 @@ from refine.batch_schemas import readable_value_schemas
 from refine.config import RefineJobConfig, refined_table_location
 from refine.deleted import deleted_location
 from refine.envelope import ConnectSchema
+from refine.flatten import child_table_name
 from refine.flattened import is_flattened, remember_schema, remembered_schema
 from refine.keyed import KeyedTables, merge_keyed_batch
 from refine.keyless import applied_location, merge_keyless_batch
-from refine.flatten import child_table_name
 from refine.mongo import has_bare_mongo_envelopes, is_mongo, refine_mongo_batch
 from refine.parse import first_wrapper_schemas, record_columns, refused_schema, wrapper_schemas
 from refine.parse_batch import ParsedBatch, parse_rows, parse_schemaless
 from refine.quarantine import quarantine, quarantine_location
 from refine.rules import TableRules, history_table_name
-
 
 _KNOWN = 16  # wrapper schemas remembered per raw table and column
 

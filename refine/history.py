@@ -29,10 +29,10 @@ from collections.abc import Callable
 from enum import Enum
 
 from delta.tables import DeltaTable
+from pydantic import Field, model_validator
 from pyspark.sql import Column, DataFrame, Row, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, StructField, StructType
-from pydantic import Field, model_validator
 
 from cdc.config import _Strict
 from cdc.errors import ConfigError
