@@ -43,7 +43,7 @@ from connectors.client import ConnectClient  # noqa: E402
 from connectors.definitions import ConnectorDefinition  # noqa: E402
 from cdc.core.tables import raw_table_location  # noqa: E402
 from cdc.core.source import KafkaTopics  # noqa: E402
-from refine.job import refined_table_location  # noqa: E402
+from refine.config import refined_table_location  # noqa: E402
 
 
 def start_job(args: list[str], log: Path) -> subprocess.Popen:

@@ -46,7 +46,8 @@ from cdc.raw.table import create_raw_table
 from cdc.core.tables import raw_table_location  # noqa: E402
 from cdc.core.session import build_spark_session, job_spark_config  # noqa: E402
 from refine.envelope import COMMON_SOURCE_FIELDS, ConnectSchema  # noqa: E402
-from refine.job import RefineJobConfig, refined_table_location, run_refine_job  # noqa: E402
+from refine.config import refined_table_location  # noqa: E402
+from refine.job import RefineJobConfig, run_refine_job  # noqa: E402
 from refine.latest import latest_per_key  # noqa: E402
 from refine.merge import LSN, OP, ensure_refined_table, refined_rows  # noqa: E402
 from refine.parse import parse_changes  # noqa: E402

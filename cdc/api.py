@@ -39,7 +39,8 @@ from cdc.raw.config import RawJobConfig
 from cdc.raw.job import TopicSummary, run_raw_job
 from cdc.status import WarehouseStatus, warehouse_status
 from cdc.sync import SyncJobConfig, run_sync_job
-from refine.job import RefineJobConfig, refined_table_location, run_refine_job
+from refine.config import RefineJobConfig, refined_table_location
+from refine.job import run_refine_job
 from refine.rebuild import RebuiltTable, rebuild_refined_table
 
 Say = Callable[[str], None]

@@ -27,7 +27,14 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from cdc.core.tables import delta_properties, is_delta_table
 from refine.decode import decode
 from refine.envelope import FLATTENED_METADATA_FIELDS, ConnectSchema, Op
-from refine.parse import change_columns, decoding_problems, of_known_schemas, record_columns, with_other_schemas, wrapped_payload
+from refine.parse import (
+    change_columns,
+    decoding_problems,
+    of_known_schemas,
+    record_columns,
+    with_other_schemas,
+    wrapped_payload,
+)
 
 ENVELOPE_FIELDS = ("op", "source")
 SCHEMA_PROPERTY = "cdc.flattened.schema"  # the refined table's last row schema (Connect JSON)

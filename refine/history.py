@@ -25,20 +25,21 @@ should grow with the position (they do for a database's commit times).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import Enum
 
 from delta.tables import DeltaTable
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pydantic import Field, model_validator
+from pyspark.sql import Column, DataFrame, Row, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, StructField, StructType
-from pydantic import Field, model_validator
 
 from cdc.core.config import _Strict
 from cdc.core.errors import ConfigError
 from refine.envelope import Op
-from refine.latest import at_or_after
-from refine.merge import COMMITTED_AT, OP, ensure_refined_table
-from refine.toast import ValueTest
+from refine.latest import SnapshotStart, at_or_after, from_snapshot_start, resets_table
+from refine.merge import COMMITTED_AT, OP, REFINED_AT, SOURCE_POSITION, ensure_refined_table, refined_rows
+from refine.toast import ValueTest, placeholder_test
 
 VALID_FROM, VALID_TO, IS_CURRENT, IS_DELETED = "_cdc_valid_from", "_cdc_valid_to", "_cdc_is_current", "_cdc_is_deleted"
 HISTORY_COLUMNS = (VALID_FROM, VALID_TO, IS_CURRENT, IS_DELETED)
@@ -228,3 +229,82 @@ def apply_history(
         .whenNotMatchedInsert(values={f"`{f.name}`": F.col(f"s.`{f.name}`") for f in updates.schema})
         .execute()
     )
+
+
+def record_debezium_history(
+    spark: SparkSession,
+    location: str,
+    changes: DataFrame,
+    key_columns: list[str],
+    columns: list[str],
+    passing: Callable[[DataFrame, Column], DataFrame],
+    truncated: bool,
+) -> None:
+    """Every change of a batch of parsed Debezium ``changes`` as a version of its row in the history
+    table at ``location`` (TOAST placeholders take the previous version's value); with ``truncated``,
+    each truncate (or snapshot start) closes the versions open before it. ``passing``: the versions that
+    pass the table's expectations (:meth:`refine.rules.TableRules.passing_versions`)."""
+    spec = debezium_history_spec(key_columns, list(SOURCE_POSITION))
+    row_changes = changes.where(F.col("op").isin(Op.READ.value, Op.CREATE.value, Op.UPDATE.value, Op.DELETE.value))
+    versions = debezium_versions(refined_rows(row_changes, columns))
+    versions = passing(versions, F.col(CHANGE) == ChangeOp.DELETE.value)
+    unchanged = {
+        f.name: test
+        for f in versions.schema
+        if f.name in columns and (test := placeholder_test(f.dataType)) is not None
+    }
+    position = [F.col(c) for c in SOURCE_POSITION]
+    done = None  # versions up to here are applied
+    for reset in _batch_resets(changes) if truncated else []:
+        at = [F.lit(reset.source_lsn), F.lit(reset.kafka_offset)]
+        part = versions.where(~at_or_after(position, at))
+        apply_history(
+            spark, location, part if done is None else part.where(at_or_after(position, done)), spec, unchanged
+        )
+        history = spark.read.format("delta").load(location)
+        if reset.op == Op.READ.value and not history.where(at_or_after(position, at)).isEmpty():
+            done = at
+            continue  # a replayed old snapshot: the history already holds what came after it
+        closing = _closed_by_reset(history, spec, versions.schema, reset, row_changes, key_columns)
+        apply_history(spark, location, closing, spec, unchanged)
+        done = at
+    apply_history(
+        spark, location, versions if done is None else versions.where(at_or_after(position, done)), spec, unchanged
+    )
+
+
+def _batch_resets(changes: DataFrame) -> list[Row]:
+    """The batch's truncates and snapshot starts, in order: a handful of positions, not data."""
+    return (
+        changes.where(resets_table())
+        .select("source_lsn", "kafka_offset", "kafka_partition", "source_committed_at", "op")
+        .distinct()
+        .orderBy("source_lsn", "kafka_offset")
+        .collect()
+    )
+
+
+def _closed_by_reset(
+    history: DataFrame,
+    spec: HistorySpec,
+    columns: StructType,
+    reset: Row,
+    row_changes: DataFrame,
+    key_columns: list[str],
+) -> DataFrame:
+    """The delete versions a truncate or snapshot start (``reset``) closes the open versions of the
+    ``history`` with; a snapshot leaves open the keys the batch changes from its first read on."""
+    closing = closing_versions(
+        history,
+        spec,
+        columns,
+        dict(zip(SOURCE_POSITION, reset[:2])),
+        {COMMITTED_AT: F.lit(reset.source_committed_at), OP: F.lit(reset.op), REFINED_AT: F.current_timestamp()},
+    )
+    if reset.op == Op.READ.value:
+        start = SnapshotStart(reset.kafka_partition, reset.kafka_offset, reset.source_lsn)
+        changed = row_changes.where(from_snapshot_start(start)).select(
+            *[F.col(f"key.`{k}`").alias(k) for k in key_columns]
+        )
+        closing = closing.join(changed, key_columns, "left_anti")
+    return closing

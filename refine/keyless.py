@@ -34,10 +34,12 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
+from cdc.core.errors import ConfigError
 from cdc.core.tables import is_delta_table
 from refine.envelope import Op
 from refine.latest import SnapshotStart, at_or_after, from_snapshot_start, last_snapshot_start
 from refine.merge import COMMITTED_AT, LSN, OFFSET, OP, REFINED_AT, ensure_refined_table
+from refine.rules import TableRules
 from refine.toast import replace_placeholders
 
 ROW_HASH, COPY = "_cdc_row_hash", "_cdc_copy"
@@ -213,3 +215,27 @@ def merge_keyless_changes(
         write_applied(spark, applied_at, *mark.last, version)
     finally:
         rows.unpersist()
+
+
+def merge_keyless_batch(
+    spark: SparkSession,
+    changes: DataFrame,
+    columns: list[str],
+    *,
+    location: str,
+    applied_at: str,
+    rules: TableRules,
+    explode: list[str],
+    history: bool,
+    table: str,
+) -> None:
+    """Apply a batch's valid parsed ``changes`` (of the refined ``columns``) to the keyless refined table
+    ``table`` at ``location`` (:func:`merge_keyless_changes`). Expectations (``rules``) are not checked
+    on such rows yet, and exploded arrays and a history need a primary key: a ConfigError for any of them."""
+    rules.refuse_unchecked("tables without a primary key")
+    for wanted, setting in [(explode, "explode"), (history, "SCD type 2 (history)")]:
+        if wanted:
+            raise ConfigError(
+                f"{setting} needs a primary key: the source table has none (Kafka keys are null)", table=table
+            )
+    merge_keyless_changes(spark, location, applied_at, changes, columns)

@@ -25,7 +25,13 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, StructField, StructType
 
 from cdc.core.errors import TableError
-from cdc.core.tables import CHECKPOINT_PROPERTIES, KIND_PROPERTY, add_missing_properties, clear_interrupted_creation, is_delta_table
+from cdc.core.tables import (
+    CHECKPOINT_PROPERTIES,
+    KIND_PROPERTY,
+    add_missing_properties,
+    clear_interrupted_creation,
+    is_delta_table,
+)
 from cdc.core.functions import helpers_available
 from cdc.core.storage import Storage
 from refine.envelope import Op

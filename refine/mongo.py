@@ -53,10 +53,35 @@ from pyspark.sql.types import (
 
 from cdc.core.tables import is_delta_table
 from refine.envelope import TOMBSTONE, ConnectSchema, Op
-from refine.extended_json import JSON_TEXT_METADATA, decode, is_json_text, json_text, variant_json_text, document_type, fits, is_null, known, member, merge_types, to_variant, variant_type
+from refine.extended_json import (
+    JSON_TEXT_METADATA,
+    decode,
+    is_json_text,
+    json_text,
+    variant_json_text,
+    document_type,
+    fits,
+    is_null,
+    known,
+    member,
+    merge_types,
+    to_variant,
+    variant_type,
+)
 from refine.flatten import array_element
 from refine.history import HISTORY_KIND, apply_history, debezium_history_spec, debezium_versions
-from refine.merge import COMMITTED_AT, LSN, METADATA_COLUMNS, OFFSET, OP, PARTITION, REFINED_AT, ensure_refined_table, merge_changes, refresh_children
+from refine.merge import (
+    COMMITTED_AT,
+    LSN,
+    METADATA_COLUMNS,
+    OFFSET,
+    OP,
+    PARTITION,
+    REFINED_AT,
+    ensure_refined_table,
+    merge_changes,
+    refresh_children,
+)
 from refine.patch import apply_patch, leaf_type, path_type, resolve
 from refine.quarantine import quarantine
 from refine.rules import TableRules

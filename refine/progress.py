@@ -32,7 +32,7 @@ class RefineFailure:
     """A refine batch's failure, as the job reported it."""
 
     at: str  # UTC, ISO 8601
-    batch: int
+    batch: int | None  # None: the stream stopped outside a batch
     error: str
 
 
@@ -59,8 +59,9 @@ def record_tables(storage: Storage, warehouse: str, name: str, raw: str, refined
         storage.write_text(progress_location(warehouse, name), json.dumps({**document, "raw": raw, "refined": refined}))
 
 
-def record_failure(storage: Storage, warehouse: str, name: str, batch: int, error: CdcError) -> None:
-    """Record the failure of batch ``batch`` of the refine query ``name``."""
+def record_failure(storage: Storage, warehouse: str, name: str, error: CdcError) -> None:
+    """Record the failure of the refine query ``name`` (its batch is in the error's context)."""
+    batch = error.context.get("batch")
     failure = RefineFailure(datetime.now(timezone.utc).isoformat(timespec="seconds"), batch, str(error))
     document = _read(storage, warehouse, name)
     storage.write_text(progress_location(warehouse, name), json.dumps({**document, "last_error": asdict(failure)}))
@@ -82,7 +83,11 @@ def _status(spark: SparkSession, storage: Storage, warehouse: str, name: str) ->
     last_batch = max(batches) if batches else None
     raw_version = None if last_batch is None else _read_up_to(storage, checkpoint, last_batch)
     failure = document.get("last_error")
-    last_error = RefineFailure(**failure) if failure and (last_batch is None or failure["batch"] > last_batch) else None
+    last_error = None
+    if failure and (
+        last_batch is None or _after(failure["at"], storage.last_modified(f"{checkpoint}/commits/{last_batch}"))
+    ):
+        last_error = RefineFailure(**failure)  # no batch has committed since
     return RefinedTableStatus(
         name=name,
         refined=document["refined"],
@@ -97,6 +102,10 @@ def _status(spark: SparkSession, storage: Storage, warehouse: str, name: str) ->
 # Delta's source offset names the version a batch stopped in and the index of the last file of it read:
 # this index when all of the version was read; a negative one (none of it) or a file's (part of it) else.
 _WHOLE_VERSION_INDEX = 2**63 - 1
+
+
+def _after(at: str, seconds: float) -> bool:
+    return datetime.fromisoformat(at).timestamp() >= int(seconds)
 
 
 def _read_up_to(storage: Storage, checkpoint: str, batch: int) -> int | None:

@@ -39,7 +39,8 @@ from cdc.core.errors import TableError
 from cdc.core.tables import delta_properties, is_delta_table, raw_table_location, raw_table_topic
 from cdc.core.storage import Storage
 from refine.deleted import deleted_location
-from refine.job import REBUILT_FROM_PROPERTY, RefineBatch, RefineJobConfig, refined_table_location
+from refine.config import RefineJobConfig, refined_table_location
+from refine.batch import RefineBatch
 from refine.keyless import applied_location, read_applied, write_applied
 from refine.quarantine import add_quarantined, quarantine_location
 from refine.rules import TableRules, history_table_name
@@ -49,6 +50,9 @@ from refine.flatten import child_table_name
 RECORDS_PER_BATCH = 2_000_000
 # Table properties Delta manages itself: not copied from a staged table to its live one.
 _PROTOCOL_PROPERTIES = ("delta.minReaderVersion", "delta.minWriterVersion", "delta.feature.")
+
+# On a rebuilt refined table: the raw table's version it was rebuilt from (its stream goes on after it).
+REBUILT_FROM_PROPERTY = "cdc.rebuilt_from_raw_version"
 
 
 @dataclass(frozen=True)

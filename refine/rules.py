@@ -21,7 +21,13 @@ from pydantic import Field
 
 from cdc.core.config import _Strict
 from cdc.core.errors import ConfigError
-from refine.expectations import Expectation, ExpectationsConfig, check_expectations, enforce_expectations, split_by_expectations
+from refine.expectations import (
+    Expectation,
+    ExpectationsConfig,
+    check_expectations,
+    enforce_expectations,
+    split_by_expectations,
+)
 from refine.history import ChangeOp, HistorySpec, apply_history
 from refine.envelope import Op
 from refine.merge import OFFSET, OP, PARTITION, refined_rows

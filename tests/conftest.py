@@ -296,7 +296,7 @@ def pipeline_run(spark, kafka: KafkaTestClient, tmp_path, monkeypatch) -> Pipeli
 @pytest.fixture
 def refined_table(spark):
     """``refined_table(warehouse, topic)``: the refined table without its metadata columns."""
-    from refine.job import refined_table_location
+    from refine.config import refined_table_location
     from refine.merge import METADATA_COLUMNS
 
     def read(warehouse: str, topic: str):
@@ -360,6 +360,7 @@ def cdc_process(kafka: KafkaTestClient):
         # commit ~3 s sooner (C2 compiles for long runs, on the cores the job needs now).
         "CDC_SPARK__CONF": '{"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}',
     }
+
     def start(args: list[str], log_dir: Path | None = None) -> CdcProcess:
         return CdcProcess(args, {**env, "CDC_SPARK__LOG_DIR": str(log_dir)} if log_dir else env)
 

@@ -22,7 +22,7 @@ from cdc.core.source import KafkaTopics
 from cdc.stack.game_events import GameEvents, generate_game_events, produce_game_events
 from cdc.core.storage import Storage, normalize_location
 from refine.flatten import child_table_name
-from refine.job import refined_table_location
+from refine.config import refined_table_location
 from refine.merge import OFFSET, PARTITION, REFINED_AT
 from refine.quarantine import quarantine_location
 

@@ -21,7 +21,7 @@ from cdc.stack.events import ChangeEvent, read_events
 from cdc.stack.workload import TABLES, run_workload
 from connectors import definitions
 from connectors.client import ConnectClient
-from refine.job import refined_table_location
+from refine.config import refined_table_location
 from refine.merge import METADATA_COLUMNS
 
 

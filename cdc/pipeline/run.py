@@ -1,6 +1,6 @@
 """Running what a pipeline file declares: `cdc raw --pipeline` and `cdc refine --pipeline`.
 
-Refined tables of Debezium Postgres and MongoDB sources go through :mod:`refine.job` (which tells
+Refined tables of Debezium Postgres and MongoDB sources go through :mod:`refine.batch` (which tells
 MongoDB topics by the envelope), those of JSON, Avro and Protobuf event sources through
 :mod:`cdc.pipeline.events.job` (Avro decoded by :mod:`cdc.pipeline.events.avro`, Protobuf by
 :mod:`cdc.pipeline.events.protobuf`), each with its expectations, exploded child tables and history
@@ -41,14 +41,9 @@ from cdc.pipeline.events.job import EventsBatch, EventsRefineJobConfig, events_b
 from refine.expectations import Expectation
 from refine.rules import TableRules
 from refine.rebuild import rebuild_refined_table
-from refine.job import (
-    RefineBatch,
-    RefineJobConfig,
-    RefineRun,
-    refined_table_location,
-    start_refine_query,
-    watch_refine_queries,
-)
+from refine.batch import RefineBatch
+from refine.config import RefineJobConfig, RefineRun, refined_table_location
+from refine.job import start_refine_query, watch_refine_queries
 
 RefineJob = RefineJobConfig | EventsRefineJobConfig
 
@@ -258,7 +253,7 @@ def run_pipeline_refine(
             except BaseException:
                 stop_queries(queries.values(), stop, say)
                 raise
-            counts |= watch_refine_queries(queries, say, stop, batches)
+            counts |= watch_refine_queries(queries, say, stop, batches, config.warehouse)
     finally:
         if threads.threads:
             stop.set()

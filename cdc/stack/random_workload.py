@@ -339,7 +339,7 @@ def compare(
     from pyspark.sql.types import ArrayType, IntegerType, StringType, StructField, StructType
 
     from refine.flatten import child_table_name
-    from refine.job import refined_table_location
+    from refine.config import refined_table_location
     from refine.rules import history_table_name
 
     types = {

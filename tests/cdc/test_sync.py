@@ -18,7 +18,7 @@ from cdc.raw.config import RawJobConfig
 from cdc.core.tables import is_delta_table
 from cdc.stack.workload import run_workload
 from cdc.sync import SyncJobConfig, run_sync_job
-from refine.job import RefineJobConfig, refined_table_location
+from refine.config import RefineJobConfig, refined_table_location
 
 CONTINUOUS = {"kind": "continuous", "interval_s": 0.5}
 

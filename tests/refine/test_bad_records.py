@@ -17,7 +17,7 @@ import psycopg
 import pytest
 from pyspark.testing import assertDataFrameEqual
 
-from refine.job import refined_table_location
+from refine.config import refined_table_location
 from refine.merge import METADATA_COLUMNS
 from cdc.stack.postgres import remove_connector
 from refine.quarantine import quarantine_location

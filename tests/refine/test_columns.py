@@ -11,7 +11,7 @@ from pyspark.testing import assertDataFrameEqual
 
 from cdc.core.config import validate
 from cdc.core.errors import ConfigError, TableError
-from refine.job import RefineJobConfig, refined_table_location
+from refine.config import RefineJobConfig, refined_table_location
 from refine.quarantine import quarantine_location
 
 pytestmark = pytest.mark.integration
@@ -213,7 +213,7 @@ def test_string_mode_decimals_become_the_declared_decimal(
 ):
     """Compact JSON, as JsonConverter writes it, is parsed in one pass with the guessed schemas; JSON
     with spaces after its schemas are found. Either way the undecodable record is quarantined."""
-    from refine.job import RefineBatch
+    from refine.batch import RefineBatch
 
     searched = []  # batches whose schemas were searched for
     search = RefineBatch._refine

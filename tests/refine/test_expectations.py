@@ -7,7 +7,13 @@ from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from cdc.core.errors import ConfigError, ExpectationError
-from refine.expectations import FAILED, ExpectationsConfig, enforce_expectations, expectations_location, split_by_expectations
+from refine.expectations import (
+    FAILED,
+    ExpectationsConfig,
+    enforce_expectations,
+    expectations_location,
+    split_by_expectations,
+)
 from refine.quarantine import quarantine_location
 
 ROWS = "id long, amount int, email string, kafka_partition int, kafka_offset long"

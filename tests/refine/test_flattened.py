@@ -14,7 +14,7 @@ from decimal import Decimal
 import pytest
 from pyspark.testing import assertDataFrameEqual
 
-from refine.job import refined_table_location
+from refine.config import refined_table_location
 
 pytestmark = pytest.mark.integration
 
@@ -83,7 +83,7 @@ def test_flattened_rows_are_upserted_and_deleted_in_lsn_order(
 ):
     """JsonConverter writes compact JSON: batches are then parsed in one pass with the last batch's
     schemas. Values with spaces are read all the same, after their schemas are found."""
-    from refine.job import RefineBatch
+    from refine.batch import RefineBatch
 
     topic = kafka.create_topic(f"{unique_name}.shop.items")
     warehouse = str(tmp_path)

@@ -10,7 +10,17 @@ from pyspark.testing import assertDataFrameEqual
 
 import refine.merge
 from cdc.core.tables import CHECKPOINT_PROPERTIES
-from refine.merge import AUTO_COMPACT_PROPERTY, COMMITTED_AT, LSN, OFFSET, OP, REFINED_AT, ensure_refined_table, key_filter, merge_changes
+from refine.merge import (
+    AUTO_COMPACT_PROPERTY,
+    COMMITTED_AT,
+    LSN,
+    OFFSET,
+    OP,
+    REFINED_AT,
+    ensure_refined_table,
+    key_filter,
+    merge_changes,
+)
 
 KEYS = ["id", "region"]  # a composite key: the filter hashes the key's columns together
 ROW_TYPES = f"id int, region string, name string, {LSN} long, {OFFSET} long, {COMMITTED_AT} timestamp, {OP} string"

@@ -20,7 +20,7 @@ from pyspark.testing import assertDataFrameEqual
 
 from refine.envelope import COMMON_SOURCE_FIELDS
 from refine.expectations import expectations_location
-from refine.job import refined_table_location
+from refine.config import refined_table_location
 from refine.quarantine import quarantine_location
 
 pytestmark = pytest.mark.integration

@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 from cdc.stack.mongo_harness import connector_records
 from cdc.stack.mongo_model import Binary, Collection, Date, Decimal128, Int64, ObjectId, Update, as_json, random_writes
 from cdc.core.tables import is_delta_table
-from refine.job import refined_table_location
+from refine.config import refined_table_location
 from refine.quarantine import quarantine_location
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,7 @@ from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from cdc.core.config import validate
-from refine.job import RefineJobConfig, refined_table_location
+from refine.config import RefineJobConfig, refined_table_location
 from refine.quarantine import quarantine_location
 from refine.rebuild import raw_chunks, rebuild_refined_table
 

@@ -13,7 +13,7 @@ from pyspark.testing import assertDataFrameEqual
 
 from cdc.core.tables import is_delta_table
 from cdc.stack.workload import run_workload
-from refine.job import refined_table_location
+from refine.config import refined_table_location
 from refine.merge import METADATA_COLUMNS
 
 pytestmark = pytest.mark.integration
@@ -84,7 +84,7 @@ def test_a_batch_refused_by_another_writers_commit_runs_again_and_the_job_goes_o
     from py4j.protocol import Py4JJavaError
 
     from cdc.core.config import validate
-    from refine import job
+    from refine import keyed
     from refine.job import RefineJobConfig, run_refine_job
 
     run_workload(stack_config.postgres.dsn(), customers=3, seed=14)
@@ -92,7 +92,7 @@ def test_a_batch_refused_by_another_writers_commit_runs_again_and_the_job_goes_o
     kafka.wait_for_last_value(topic, lambda value: value is None)
     warehouse = str(tmp_path)
     land(warehouse, topic)
-    merge_changes, refused = job.merge_changes, []
+    merge_changes, refused = keyed.merge_changes, []
 
     def refused_once_after_its_commit(*args, **kwargs) -> None:
         merge_changes(*args, **kwargs)  # it landed: the batch's rerun must change nothing more
@@ -105,7 +105,7 @@ def test_a_batch_refused_by_another_writers_commit_runs_again_and_the_job_goes_o
                 ),
             )
 
-    monkeypatch.setattr(job, "merge_changes", refused_once_after_its_commit)
+    monkeypatch.setattr(keyed, "merge_changes", refused_once_after_its_commit)
     printed: list[str] = []
     config = validate(
         RefineJobConfig, {"table": topic, "warehouse": warehouse, "trigger": {"kind": "available_now"}}, "refine job"
@@ -342,10 +342,11 @@ def test_batches_are_parsed_with_the_last_schemas_or_again_when_a_record_has_ano
     """A batch is parsed in one pass with the wrapper schemas of the last batch (in a new process:
     of the raw table's first record); a batch holding another is parsed again from its records, and
     its changes are still counted once."""
-    import refine.job
+    import refine.batch
     from cdc.core.config import validate
     from cdc.core.tables import raw_table_location
-    from refine.job import RefineBatch, RefineJobConfig, run_refine_job
+    from refine.batch import RefineBatch
+    from refine.job import RefineJobConfig, run_refine_job
 
     dsn, warehouse = stack_config.postgres.dsn(), str(tmp_path)
     topic = f"{postgres_connector.topic_prefix}.shop.orders"
@@ -358,7 +359,7 @@ def test_batches_are_parsed_with_the_last_schemas_or_again_when_a_record_has_ano
         conn.execute("INSERT INTO shop.orders VALUES (0, 101, 'pending', 5, '2026-03-03 00:00:00', 'first note')")
     kafka.wait_for_last_value(topic, lambda value: value is not None and b"first note" in value)
     land(warehouse, topic)
-    monkeypatch.setattr(refine.job, "_LAST_SCHEMAS", {})  # as in a new process
+    monkeypatch.setattr(refine.batch, "_LAST_SCHEMAS", {})  # as in a new process
     parsed_again = []
     refine_again = RefineBatch._refine
     monkeypatch.setattr(RefineBatch, "_refine", lambda self, *args: parsed_again.append(1) or refine_again(self, *args))

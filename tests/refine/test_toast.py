@@ -11,7 +11,7 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from refine.job import batch_facts
+from refine.batch_facts import batch_facts
 from refine.latest import latest_per_key
 from refine.toast import TOAST_PLACEHOLDER, TOAST_PLACEHOLDER_HSTORE, TOAST_PLACEHOLDER_UUID, has_placeholder
 

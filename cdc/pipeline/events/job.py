@@ -35,7 +35,8 @@ from cdc.core.tables import raw_table_location
 from cdc.core.streaming import batch_error
 from cdc.pipeline.events.avro import AvroDecoder
 from refine.flatten import child_rows, child_table_name, column, flat_name, flatten
-from refine.job import RefineRun, refined_table_location, run_batch_retrying_conflicts
+from refine.config import RefineRun, refined_table_location
+from refine.batch import run_batch_retrying_conflicts
 from refine.merge import EVENT_POSITION, OFFSET, PARTITION, REFINED_AT, append_rows, merge_latest, replace_children
 from refine.history import HistorySpec
 from cdc.pipeline.events.protobuf import ProtobufDecoder

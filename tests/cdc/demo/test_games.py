@@ -10,7 +10,7 @@ from cdc.demo import PIPELINES
 from cdc.demo.games import games_demo
 from cdc.pipeline.load import load_pipeline
 from cdc.stack.game_events import generate_game_events
-from refine.job import refined_table_location
+from refine.config import refined_table_location
 from refine.quarantine import quarantine_location
 
 pytestmark = pytest.mark.integration

@@ -8,7 +8,7 @@ from cdc.core.config import Settings
 from cdc.demo import PIPELINES
 from cdc.demo.shop import shop_demo
 from cdc.pipeline.load import load_pipeline
-from refine.job import refined_table_location
+from refine.config import refined_table_location
 from refine.merge import METADATA_COLUMNS
 
 pytestmark = pytest.mark.integration

@@ -8,7 +8,13 @@ from delta.tables import DeltaTable
 from pyspark.testing import assertDataFrameEqual
 
 from cdc.core.config import AvailableNow, Continuous
-from cdc.pipeline.business import BusinessTableConfig, RefreshMode, changed_groups, refresh_business_table, run_business_tables
+from cdc.pipeline.business import (
+    BusinessTableConfig,
+    RefreshMode,
+    changed_groups,
+    refresh_business_table,
+    run_business_tables,
+)
 
 SESSIONS = "player string, session_id long, started_at timestamp"
 PER_PLAYER = (

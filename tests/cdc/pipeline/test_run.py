@@ -16,7 +16,7 @@ from cdc.raw.config import GapPolicy
 from cdc.core.tables import is_delta_table
 from cdc.stack.workload import run_workload
 from cdc.pipeline.events.job import EventsRefineJobConfig
-from refine.job import RefineJobConfig, refined_table_location
+from refine.config import RefineJobConfig, refined_table_location
 from refine.expectations import expectations_location
 from refine.merge import METADATA_COLUMNS
 from refine.quarantine import quarantine_location

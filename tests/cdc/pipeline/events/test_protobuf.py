@@ -21,7 +21,20 @@ from pyspark.testing import assertDataFrameEqual
 
 from cdc.core.errors import ConfigError
 from cdc.pipeline.config import SchemaFile, SchemaRegistry
-from cdc.pipeline.events.protobuf import ProtobufDecoder, ProtobufDecoding, Unfit, compile_schema_file, decode_protobuf, framing_header, indexed_messages, message_descriptor, message_converter, message_indexes, protobuf_event_schema, schema_file
+from cdc.pipeline.events.protobuf import (
+    ProtobufDecoder,
+    ProtobufDecoding,
+    Unfit,
+    compile_schema_file,
+    decode_protobuf,
+    framing_header,
+    indexed_messages,
+    message_descriptor,
+    message_converter,
+    message_indexes,
+    protobuf_event_schema,
+    schema_file,
+)
 from refine.quarantine import quarantine_location
 
 FIXTURE = Path(__file__).resolve().parents[3] / "fixtures" / "fitness.proto"

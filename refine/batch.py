@@ -1,0 +1,264 @@
+"""The foreachBatch function of `cdc refine` (:class:`RefineBatch`).
+
+Per micro-batch: the records are parsed and decoded in Spark with the Debezium schemas of the last
+batch, in one pass; a batch that holds others (a handful of distinct strings) has them read on the
+driver first (:mod:`refine.batch_schemas`), and is parsed with them; undecodable records go to the
+quarantine; the changes are applied by the path their table takes, each of which can be rerun or
+replayed any number of times: keyed (the last change per key, by LSN then offset, MERGEd with position
+guards: :mod:`refine.keyed`, its history: :mod:`refine.history`), keyless (:mod:`refine.keyless`) or
+MongoDB documents (:mod:`refine.mongo`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from cdc.core.errors import CdcError
+from cdc.core.tables import raw_table_location
+from cdc.core.shared_tables import retrying_conflicts
+from cdc.core.streaming import batch_error
+from refine.batch_facts import BatchFacts, batch_facts
+from refine.batch_schemas import readable_value_schemas
+from refine.config import RefineJobConfig, refined_table_location
+from refine.deleted import deleted_location
+from refine.envelope import ConnectSchema
+from refine.flatten import child_table_name
+from refine.flattened import is_flattened, remember_schema, remembered_schema
+from refine.keyed import KeyedTables, merge_keyed_batch
+from refine.keyless import applied_location, merge_keyless_batch
+from refine.mongo import has_bare_mongo_envelopes, is_mongo, refine_mongo_batch
+from refine.parse import first_wrapper_schemas, record_columns, refused_schema, wrapper_schemas
+from refine.parse_batch import ParsedBatch, parse_rows, parse_schemaless
+from refine.quarantine import quarantine, quarantine_location
+from refine.rules import TableRules, history_table_name
+
+_KNOWN = 16  # wrapper schemas remembered per raw table and column
+
+# Wrapper schemas each raw table showed, by column, for the life of the process: a later run of
+# the table in the same process (`--available-now`, a pipeline's refresh) starts from them.
+_SCHEMAS_SEEN: dict[str, dict[str, list[str]]] = {}
+# The wrapper schemas, by column, of each raw table's last batch (the newest of them, when it held
+# several): the guess the next batch is parsed with (RefineBatch._refine_with_guessed_schemas).
+_LAST_SCHEMAS: dict[str, dict[str, list[str]]] = {}
+
+
+def _has_bare_envelopes(records: DataFrame) -> bool:
+    """Values that are Debezium envelopes without the ``{schema, payload}`` wrapper."""
+    return not records.where(F.get_json_object("value", "$.op").isNotNull()).isEmpty()
+
+
+class RefineBatch:
+    """The foreachBatch function of `cdc refine`."""
+
+    def __init__(self, config: RefineJobConfig, *, raw_location: str | None = None) -> None:
+        self.config = config
+        # Another warehouse's raw table: a rebuild (refine/rebuild.py) refines into staging tables.
+        self.raw = raw_location or raw_table_location(config.warehouse, config.table)
+        self.refined = refined_table_location(config.warehouse, config.target)
+        self.deleted = deleted_location(config.warehouse, config.target)
+        self.applied = applied_location(config.warehouse, config.target)
+        history = refined_table_location(config.warehouse, history_table_name(config.target))
+        self.tables = KeyedTables(
+            name=config.target,
+            refined=self.refined,
+            deleted=self.deleted,
+            children={
+                path: refined_table_location(config.warehouse, child_table_name(config.target, path))
+                for path in config.explode
+            },
+            history=history if config.history else None,
+        )
+        self.error: CdcError | None = None
+        self.rules = config.rules or TableRules(table=config.target, topic=config.table, warehouse=config.warehouse)
+        self.batch_id = -1
+        self.records_read: dict[int, int] = {}  # records of each batch (by id), counted once
+        self.conflicts: dict[int, int] = {}  # how often each batch (by id) ran again after a conflict
+        # Wrapper schemas seen, by column: the next batch's start (a hint: only those found are used).
+        self.known_schemas = _SCHEMAS_SEEN.setdefault(self.raw, {})
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        self.batch_id = batch_id
+        try:
+            run_batch_retrying_conflicts(lambda: self._refine_batch(batch), batch_id, self.conflicts)
+        except Exception as error:
+            # Raised again by watch_refine_queries: Spark's own message would bury it.
+            self.error = batch_error(error, self.config.target, batch_id)
+            raise
+
+    def _refine_batch(self, batch: DataFrame) -> None:
+        spark = batch.sparkSession
+        records = batch.where(F.col("_change_type") == "insert")  # raw tables only append
+        try:
+            if not self._refine_with_guessed_schemas(spark, records):
+                # Cached: read from the raw table once (Spark counts a source's rows per read).
+                records = records.persist()
+                self._refine(spark, records)
+        finally:
+            records.unpersist()
+
+    def _refine_with_guessed_schemas(self, spark: SparkSession, records: DataFrame) -> bool:
+        """Refine a batch of Postgres envelopes or flattened rows in one pass over its records, parsed
+        with the wrapper schemas of the last batch (in a new process: of the raw table's first record,
+        read apart from the batch): most batches hold just those. False, with nothing written, when a
+        record holds another, or is no compact wrapper: the batch is then refined as :meth:`_refine` does.
+
+        The one pass saves caching the records (Debezium's JSON, ~2 KB each) and the pass that finds
+        their schemas: a warm refine of 300k changes into 1M rows took ~6.9 s instead of ~8.5 s."""
+        if self.raw not in _LAST_SCHEMAS:
+            _LAST_SCHEMAS[self.raw] = first_wrapper_schemas(spark.read.format("delta").load(self.raw))
+        if (texts := _LAST_SCHEMAS[self.raw]) is None:
+            return False
+        schemas, _, refused = readable_value_schemas(texts["value"])
+        if refused or is_mongo(schemas[0]) or (is_flattened(schemas[0]) and not texts["key"]):
+            return False
+        schema = schemas[0]
+        return self._refine_rows(spark, records, [schema], texts, guessed=True)
+
+    def _refine(self, spark: SparkSession, records: DataFrame) -> None:
+        """Refine a batch by the wrapper schemas its records hold: MongoDB documents, Postgres envelopes
+        or flattened rows (with or without the wrapper), or, with none readable, records to quarantine."""
+        texts = self._wrapper_schemas(records)
+        schemas, value_texts, refused = readable_value_schemas(texts["value"])
+        _LAST_SCHEMAS[self.raw] = {"value": value_texts[-1:], "key": texts["key"][-1:]} if value_texts else None
+        bare_mongo = not texts["value"] and has_bare_mongo_envelopes(records)  # documents need no declared columns
+        if not texts["value"] and not bare_mongo and _has_bare_envelopes(records):
+            return self._refine_schemaless(spark, records)
+        if bare_mongo or (schemas and is_mongo(schemas[-1])):
+            return self._refine_mongo(spark, records)
+        schemas = schemas or [known for known in [remembered_schema(spark, self.refined)] if known]
+        if not schemas:  # tombstones (their deletes came before them), and values that are no envelope
+            return self._quarantine_unreadable(spark, records, refused)
+        self._refine_rows(spark, records, schemas, {**texts, "value": value_texts}, refused=refused)
+
+    def _wrapper_schemas(self, records: DataFrame) -> dict[str, list[str]]:
+        """The batch's distinct wrapper schemas by column (a handful of strings, not data), found from
+        those seen before, which they join."""
+        texts = wrapper_schemas(records, {column: self.known_schemas.get(column, []) for column in ("value", "key")})
+        for column, found in texts.items():
+            self.known_schemas[column] = list(dict.fromkeys([*found, *self.known_schemas.get(column, ())]))[:_KNOWN]
+        return texts
+
+    def _refine_mongo(self, spark: SparkSession, records: DataFrame) -> None:
+        refine_mongo_batch(
+            spark,
+            records,
+            refined=self.refined,
+            raw=self.raw,
+            topic=self.config.table,
+            quarantine_at=quarantine_location(self.config.warehouse),
+            rules=self.rules,
+            batch_id=self.batch_id,
+            children=self.tables.children,
+            history_at=self.tables.history,
+        )
+
+    def _quarantine_unreadable(self, spark: SparkSession, records: DataFrame, refused: dict[str, str]) -> None:
+        """Quarantine a batch without a readable schema, each record with why (tombstones go nowhere)."""
+        problem = F.when(
+            F.col("value").isNull(), F.lit("value is not UTF-8 text (its bytes are in the raw table's value_bytes)")
+        )
+        if (refusal := refused_schema(F.col("value"), refused)) is not None:
+            problem = problem.when(refusal.isNotNull(), refusal)
+        problem = problem.otherwise(F.lit("value is not a Debezium JSON envelope"))
+        quarantine(
+            spark,
+            quarantine_location(self.config.warehouse),
+            self.raw,
+            self.config.table,
+            records.where(F.col("value").isNotNull() | F.col("value_bytes").isNotNull()).select(
+                *record_columns(), F.col("value").alias("raw_value"), problem.alias("problem")
+            ),
+        )
+
+    def _refine_rows(
+        self,
+        spark: SparkSession,
+        records: DataFrame,
+        schemas: list[ConnectSchema],
+        texts: dict[str, list[str]],
+        guessed: bool = False,
+        refused: dict[str, str] | None = None,
+    ) -> bool:
+        """Refine Postgres envelopes or flattened rows (:func:`refine.parse_batch.parse_rows`); False, with
+        nothing written, when the schemas were ``guessed`` and a record holds another."""
+        parsed = parse_rows(records, schemas, texts, self.config.columns or {}, self.raw, guessed, refused)
+        if parsed is None:
+            return False
+        applied = self._apply(spark, records, parsed, guessed)
+        if applied and is_flattened(schemas[-1]):
+            remember_schema(spark, self.refined, schemas[-1])
+        return applied
+
+    def _refine_schemaless(self, spark: SparkSession, records: DataFrame) -> None:
+        """Values without the ``{schema, payload}`` wrapper: Postgres envelopes read with the declared columns."""
+        self._apply(spark, records, parse_schemaless(records, self.config.columns, self.config.key, self.raw))
+
+    def _apply(self, spark: SparkSession, records: DataFrame, batch: ParsedBatch, guessed: bool = False) -> bool:
+        """Quarantine the parsed ``batch``'s undecodable records and apply its changes; False, with nothing
+        written, when the schemas were ``guessed`` and a record holds another."""
+        # Parsed once, for the facts below, the quarantine and the MERGEs; the raw value only where a
+        # problem needs it.
+        parsed = batch.changes.withColumn(
+            "raw_value", F.when(F.col("problem").isNotNull(), F.col("raw_value"))
+        ).persist()
+        try:
+            facts = batch_facts(parsed)
+            if guessed and facts.other_schemas:
+                return False
+            # Spark counts a record each time the batch is read: a batch parsed again would count twice.
+            self.records_read[self.batch_id] = facts.records
+            if facts.problems:
+                quarantine(
+                    spark,
+                    quarantine_location(self.config.warehouse),
+                    self.raw,
+                    self.config.table,
+                    parsed.where("problem IS NOT NULL"),
+                )
+            records.unpersist()  # the parsed changes are cached now
+            valid = (parsed.where("problem IS NULL") if facts.problems else parsed).drop("raw_value")
+            columns = [field.field for field in batch.value_schema.field_named("after").fields or ()]
+            if batch.no_readable_key:
+                return True
+            self._merge(spark, valid, batch.key_schema, columns, facts)
+            return True
+        finally:
+            parsed.unpersist()
+
+    def _merge(
+        self,
+        spark: SparkSession,
+        changes: DataFrame,
+        key_schema: ConnectSchema | None,
+        columns: list[str],
+        facts: BatchFacts,
+    ) -> None:
+        """Apply the batch's valid ``changes`` by their table's path: keyed, or keyless when the Kafka keys are null."""
+        if key_schema is None:
+            merge_keyless_batch(
+                spark,
+                changes,
+                columns,
+                location=self.refined,
+                applied_at=self.applied,
+                rules=self.rules,
+                explode=self.config.explode,
+                history=self.config.history,
+                table=self.config.target,
+            )
+        else:
+            merge_keyed_batch(spark, changes, key_schema, columns, facts, self.tables, self.rules, self.batch_id)
+
+
+def run_batch_retrying_conflicts(refine_batch: Callable[[], None], batch_id: int, conflicts: dict[int, int]) -> None:
+    """Run a micro-batch, and again while another writer's commit (`cdc optimize` compacting the refined
+    table, say) makes Delta refuse one of its writes: a batch replays harmlessly, as after a crash,
+    so the job goes on instead of stopping. ``conflicts`` counts the reruns by batch id."""
+
+    def count(_: BaseException) -> None:
+        conflicts[batch_id] = conflicts.get(batch_id, 0) + 1
+
+    retrying_conflicts(refine_batch, on_conflict=count)

@@ -1,0 +1,88 @@
+"""The settings of a `cdc refine` job (:class:`RefineJobConfig`), and where its refined tables are."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import AfterValidator, Field, field_validator, model_validator
+
+from cdc.core.config import _Strict
+from cdc.core.config import TOPIC_NAME, Continuous, Trigger
+from cdc.core.storage import normalize_location
+from refine.columns import connect_type
+from refine.rules import TableRules
+
+
+def _readable_type(spark_type: str) -> str:
+    connect_type(spark_type)  # ValueError naming the type and the supported ones
+    return spark_type
+
+
+ColumnType = Annotated[str, AfterValidator(_readable_type)]
+
+
+class RefineRun(_Strict):
+    """Where the tables are and when to run: what every refine job's settings hold."""
+
+    warehouse: str = Field(description="Root of the tables: a local path or an object-store URI.")
+    trigger: Trigger = Field(default_factory=Continuous, description="Run once over what is there, or continuously.")
+
+    @field_validator("warehouse")
+    @classmethod
+    def _location(cls, warehouse: str) -> str:
+        return normalize_location(warehouse)
+
+
+class RefineJobConfig(RefineRun):
+    """One `cdc refine` run of a Debezium topic."""
+
+    table: str = Field(pattern=TOPIC_NAME, description="The raw table to refine, named by its topic.")
+    name: str | None = Field(
+        default=None,
+        pattern=TOPIC_NAME,
+        description="The refined table's name, <warehouse>/refined/<name> (and its checkpoint's); default the topic.",
+    )
+    columns: dict[str, ColumnType] | None = Field(
+        default=None,
+        description=(
+            "Column types in Spark SQL (bigint, decimal(12,2), timestamp...; timestamp_ntz(p) and time(p) take the "
+            "Postgres precision, which picks Debezium's encoding: milliseconds up to 3). For values written without a schema "
+            "(schemas.enable=false) they are the row's schema, and `key` is required; with a schema they override "
+            "decoded types (e.g. a decimal.handling.mode=string column declared decimal(12,2)). See refine/columns.py."
+        ),
+    )
+    rules: TableRules | None = Field(default=None, description="Expectations checked before the MERGE (pipelines).")
+    key: list[str] | None = Field(
+        default=None,
+        min_length=1,
+        description=("The primary-key columns of a topic written without a schema (each one of `columns`)."),
+    )
+    explode: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Array columns (paths through nested documents for MongoDB) that become child tables "
+            "<warehouse>/refined/<name>__<column>, one row per element keyed by the primary key and `pos`."
+        ),
+    )
+    history: bool = Field(
+        default=False,
+        description=(
+            "Keep every version of each row in <warehouse>/refined/<name>__history (SCD type 2, refine/history.py)."
+        ),
+    )
+
+    @property
+    def target(self) -> str:
+        return self.name or self.table
+
+    @model_validator(mode="after")
+    def _key_in_columns(self) -> RefineJobConfig:
+        if self.key is not None:
+            missing = [name for name in self.key if name not in (self.columns or {})]
+            if missing:
+                raise ValueError(f"key: {', '.join(missing)} not among the declared columns")
+        return self
+
+
+def refined_table_location(warehouse: str, topic: str) -> str:
+    return f"{warehouse}/refined/{topic}"

@@ -1,0 +1,60 @@
+"""A refined table's progress as `cdc status` reports it: its last batch, the raw version refined up to,
+the raw changes it has not refined yet (counted from the raw table's Change Data Feed, an oracle of its
+own), and its last failure until a batch commits again."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import pytest
+
+from cdc import Lakehouse, StreamError
+from cdc.stack.workload import run_workload
+from refine.progress import refined_table_statuses
+
+
+def test_status_follows_a_refined_tables_batches_lag_and_last_error(
+    spark, kafka, stack_config, postgres_connector, tmp_path
+):
+    run_workload(stack_config.postgres.dsn(), customers=2, seed=61)
+    topic = f"{postgres_connector.topic_prefix}.shop.orders"
+    kafka.wait_for_last_value(topic, lambda value: value is None)  # the workload ends with a delete
+    warehouse = str(tmp_path)
+    lake = Lakehouse(warehouse, spark=spark, kafka={"bootstrap_servers": kafka.bootstrap_servers}, say=lambda _: None)
+    lake.land([topic])
+    raw_rows = spark.read.format("delta").load(f"{warehouse}/raw/{topic}").count()
+
+    # A file where the refined table goes: the first batch fails.
+    (tmp_path / "refined").mkdir()
+    (tmp_path / "refined" / topic).write_text("not a table")
+    with pytest.raises(StreamError):
+        lake.refine(topic)
+    [failed] = refined_table_statuses(spark, warehouse)
+    assert (failed.name, failed.raw, failed.refined) == (
+        topic,
+        f"{warehouse}/raw/{topic}",
+        f"{warehouse}/refined/{topic}",
+    )
+    assert (failed.last_batch, failed.raw_version, failed.behind) == (None, None, raw_rows)
+    assert failed.last_error is not None and failed.last_error.batch == 0
+    assert "a refine batch failed" in failed.last_error.error
+
+    (tmp_path / "refined" / topic).unlink()
+    shutil.rmtree(tmp_path / "_cdc" / "checkpoints" / "refine" / topic, ignore_errors=True)
+    assert lake.refine(topic) == raw_rows
+    [refined] = lake.status().refined_tables
+    raw_version = spark.sql(f"DESCRIBE HISTORY delta.`{warehouse}/raw/{topic}` LIMIT 1").first()["version"]
+    assert (refined.last_batch, refined.raw_version, refined.behind, refined.last_error) == (0, raw_version, 0, None)
+
+    # New changes landed and not refined yet are counted as behind.
+    before = len(kafka.records(topic))
+    more = run_workload(stack_config.postgres.dsn(), customers=1, seed=62).expected_events("orders")
+    deadline = time.monotonic() + 60
+    while len(kafka.records(topic)) < before + more:
+        assert time.monotonic() < deadline, "the second workload's changes did not reach Kafka"
+        time.sleep(0.5)
+    newly = sum(summary.rows for summary in lake.land([topic]))
+    assert newly == more
+    [behind] = lake.status().refined_tables
+    assert (behind.last_batch, behind.behind) == (0, newly)
