@@ -26,6 +26,13 @@ class RefineRun(_Strict):
 
     warehouse: str = Field(description="Root of the tables: a local path or an object-store URI.")
     trigger: Trigger = Field(default_factory=Continuous, description="Run once over what is there, or continuously.")
+    fail_on_quarantine: bool = Field(
+        default=False,
+        description=(
+            "End the run with QuarantineError (exit 11) when it sent records to the quarantine; every other "
+            "change is applied all the same."
+        ),
+    )
 
     @field_validator("warehouse")
     @classmethod
@@ -34,7 +41,17 @@ class RefineRun(_Strict):
 
 
 class RefineJobConfig(RefineRun):
-    """One `cdc refine` run of a Debezium topic."""
+    """One `cdc refine` run of a Debezium topic.
+
+    Example::
+
+        from cdc import RefineJobConfig, run_refine_job
+
+        config = RefineJobConfig(
+            table="demo.shop.orders", warehouse="/data/warehouse", trigger={"kind": "available_now"}
+        )
+        run_refine_job(spark, config)
+    """
 
     table: str = Field(pattern=TOPIC_NAME, description="The raw table to refine, named by its topic.")
     name: str | None = Field(

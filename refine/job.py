@@ -15,6 +15,7 @@ ExtractNewDocumentState (:mod:`refine.flattened`).
 from __future__ import annotations
 
 import threading
+from datetime import datetime, timezone
 from collections.abc import Callable
 
 from delta.tables import DeltaTable
@@ -22,14 +23,15 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from cdc.core.errors import CdcError, StreamError, TableError
+from cdc.core.errors import CdcError, QuarantineError, StreamError, TableError
 from cdc.core.config import Trigger
 from cdc.core.tables import delta_properties, is_delta_table, raw_table_location, raw_table_topic
 from cdc.core.storage import Storage
 from cdc.core.streaming import ProgressReports, ending_on_request, failure, stop_queries, with_trigger
 from refine.batch import RefineBatch
-from refine.config import RefineJobConfig, refined_table_location
-from refine.progress import record_failure, record_tables, refine_checkpoint_location
+from refine.config import RefineJobConfig, RefineRun, refined_table_location
+from refine.progress import record_failure, record_tables, recorded_raw_table, refine_checkpoint_location
+from refine.quarantine import quarantine_location, quarantined_since
 from refine.rebuild import REBUILT_FROM_PROPERTY
 
 
@@ -141,12 +143,45 @@ def run_refine_job(
     say: Callable[[str], None] = print,
     stop: threading.Event | None = None,
 ) -> int:
-    """Refine the raw table into ``<warehouse>/refined/<name>``; return the number of changes read."""
+    """Refine the raw table into ``<warehouse>/refined/<name>``; return the number of changes read.
+
+    A continuous run goes on until ``stop`` is set; a failed batch raises a :class:`~cdc.core.errors.CdcError`
+    naming the table and the batch (recorded for ``cdc status``).
+
+    Example (:class:`cdc.Lakehouse`'s ``refine`` builds the config and calls this)::
+
+        changes = run_refine_job(spark, RefineJobConfig(table="demo.shop.orders", warehouse="/data/warehouse"))
+    """
+    since = datetime.now(timezone.utc)
     batch = RefineBatch(config)
     query = start_refine_query(spark, config.warehouse, config.table, config.target, batch, config.trigger)
     changes = watch_refine_queries(
         {config.target: query}, say, stop or threading.Event(), {config.target: batch}, config.warehouse
     )
-    changes = changes[config.target]
-    say(f"refine {config.target}: {changes:,} changes -> {refined_table_location(config.warehouse, config.target)}")
-    return changes
+    fail_if_quarantined(config, summarize_run(spark, config.warehouse, changes, since, say))
+    return changes[config.target]
+
+
+def summarize_run(
+    spark: SparkSession, warehouse: str, changes: dict[str, int], since: datetime, say: Callable[[str], None]
+) -> dict[str, int]:
+    """Say what the run did to each table: the changes it read, and the records it sent to the
+    quarantine (with where to look); return those counts."""
+    quarantine, storage = quarantine_location(warehouse), Storage(spark)
+    quarantined = {}
+    for name, count in changes.items():
+        raw = recorded_raw_table(storage, warehouse, name)
+        quarantined[name] = 0 if raw is None else quarantined_since(spark, quarantine, raw, since)
+        line = f"refine {name}: {count:,} changes -> {refined_table_location(warehouse, name)}"
+        if quarantined[name]:
+            line += f"; {quarantined[name]:,} records quarantined (in {quarantine}, source_table {raw})"
+        say(line)
+    return quarantined
+
+
+def fail_if_quarantined(config: RefineRun, quarantined: dict[str, int]) -> None:
+    """:class:`QuarantineError` when the run quarantined records and ``config.fail_on_quarantine``."""
+    if config.fail_on_quarantine and (total := sum(quarantined.values())):
+        tables = ", ".join(name for name, count in quarantined.items() if count)
+        quarantine = quarantine_location(config.warehouse)
+        raise QuarantineError(f"{total:,} records went to the quarantine ({tables})", quarantine=quarantine)

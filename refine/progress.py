@@ -138,3 +138,8 @@ def _read(storage: Storage, warehouse: str, name: str) -> dict:
         return json.loads(storage.read_text(location)) if storage.exists(location) else {}
     except ValueError:
         return {}  # a torn write: the next run writes it whole again
+
+
+def recorded_raw_table(storage: Storage, warehouse: str, name: str) -> str | None:
+    """The raw table the refine query ``name`` reads, as it recorded when it started."""
+    return _read(storage, warehouse, name).get("raw")

@@ -6,11 +6,14 @@ partition and offset, the raw value and the reason. A replayed batch does not ad
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
 from cdc.core.shared_tables import merge_into_shared_table
+from cdc.core.tables import is_delta_table
 
 QUARANTINE_SCHEMA = StructType(
     [
@@ -58,3 +61,11 @@ def add_quarantined(spark: SparkSession, location: str, rows: DataFrame) -> None
             .whenNotMatchedInsertAll()
         ),
     )
+
+
+def quarantined_since(spark: SparkSession, location: str, source_table: str, since: datetime) -> int:
+    """Records of ``source_table`` the quarantine at ``location`` received at ``since`` or later."""
+    if not is_delta_table(spark, location):
+        return 0
+    table = spark.read.format("delta").load(location)
+    return table.where((F.col("source_table") == source_table) & (F.col("quarantined_at") >= F.lit(since))).count()

@@ -126,6 +126,17 @@ class StreamError(CdcError):
     exit_code = 9
 
 
+class QuarantineError(CdcError):
+    """A run asked to fail on quarantined records (``fail_on_quarantine``, ``cdc refine
+    --fail-on-quarantine``) sent some to the quarantine; every other change was applied.
+
+    Example: a scheduled ``cdc refine --table demo.shop.orders --available-now --fail-on-quarantine``
+    exits 11 after a run that quarantined a malformed record, so that the scheduler alerts.
+    """
+
+    exit_code = 11
+
+
 class ExpectationError(CdcError):
     """Rows broke an expectation whose action is ``fail``: names the table, the expectation and an offending key.
 

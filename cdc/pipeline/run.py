@@ -12,6 +12,7 @@ tables when run once, on their own interval when run continuously. A declaration
 from __future__ import annotations
 
 import threading
+from datetime import datetime, timezone
 from collections.abc import Callable
 from typing import Any
 
@@ -43,7 +44,7 @@ from refine.rules import TableRules
 from refine.rebuild import rebuild_refined_table
 from refine.batch import RefineBatch
 from refine.config import RefineJobConfig, RefineRun, refined_table_location
-from refine.job import start_refine_query, watch_refine_queries
+from refine.job import fail_if_quarantined, start_refine_query, summarize_run, watch_refine_queries
 
 RefineJob = RefineJobConfig | EventsRefineJobConfig
 
@@ -226,6 +227,7 @@ def run_pipeline_refine(
     table on its own ``trigger_interval_s``.
     """
     stop = stop or threading.Event()
+    since = datetime.now(timezone.utc)
     jobs = refine_jobs(pipeline, config)
     if config.rebuild:
         for job in jobs:
@@ -258,8 +260,8 @@ def run_pipeline_refine(
         if threads.threads:
             stop.set()
             threads.join()
-    for name, count in counts.items():
-        say(f"refine {name}: {count:,} records -> {refined_table_location(config.warehouse, name)}")
+    quarantined = summarize_run(spark, config.warehouse, counts, since, say)
     if once and not stop.is_set():
         run_business_tables(spark, business, config.trigger, stop, say)
+    fail_if_quarantined(config, quarantined)
     return counts
