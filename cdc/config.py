@@ -12,7 +12,7 @@ import json
 import os
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar, Union
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -57,7 +57,7 @@ class ProvidedJars(_Strict):
     kind: Literal["provided"] = "provided"
 
 
-JarsSource = Annotated[Union[MavenJars, LocalJars, ProvidedJars], Field(discriminator="kind")]
+JarsSource = Annotated[MavenJars | LocalJars | ProvidedJars, Field(discriminator="kind")]
 
 
 class GarbageCollector(str, Enum):

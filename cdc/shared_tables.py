@@ -74,7 +74,7 @@ def condition_of(error: BaseException) -> str | None:
     return get_condition() if callable(get_condition) else None
 
 
-def _java_condition(java) -> str | None:  # noqa: ANN001 - a py4j JavaObject
+def _java_condition(java) -> str | None:
     try:
         return java.getErrorClass()
     except Exception:  # noqa: BLE001 - not a SparkThrowable

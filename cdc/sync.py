@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Collection
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 from pyspark.sql import SparkSession
@@ -46,7 +46,7 @@ class PipelineRefinement(_Strict):
     run: PipelineRefineConfig = Field(description="Where the tables are and when to run.")
 
 
-Refinement = Annotated[Union[TopicsRefinement, PipelineRefinement], Field(discriminator="kind")]
+Refinement = Annotated[TopicsRefinement | PipelineRefinement, Field(discriminator="kind")]
 
 
 class SyncJobConfig(_Strict):
@@ -123,7 +123,7 @@ def _refinements(
                 waiting = {
                     table: rows
                     for table, rows in waiting.items()
-                    if not is_delta_table(spark, table) or rows and not has_landed_data(spark, table)
+                    if not is_delta_table(spark, table) or (rows and not has_landed_data(spark, table))
                 }
                 if waiting and stop.wait(0.5):
                     return

@@ -71,9 +71,9 @@ def _document_path(document: Any, loc: tuple[Any, ...]) -> str:
     parts: list[Any] = []
     node = document
     for i, part in enumerate(loc):
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+        if (isinstance(node, dict) and part in node) or (
+            isinstance(node, list) and isinstance(part, int) and part < len(node)
+        ):
             node = node[part]
         elif i < len(loc) - 1 or part == "[key]":
             continue  # a discriminated union's tag, or pydantic's marker of a dict key

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from enum import Enum
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
@@ -46,7 +46,7 @@ class TopicPattern(_Strict):
         return pattern
 
 
-TopicSelection = Annotated[Union[TopicList, TopicPattern], Field(discriminator="kind")]
+TopicSelection = Annotated[TopicList | TopicPattern, Field(discriminator="kind")]
 
 
 class AvailableNow(_Strict):
@@ -62,7 +62,7 @@ class Continuous(_Strict):
     interval_s: float = Field(default=2.0, gt=0, description="Seconds between micro-batches.")
 
 
-Trigger = Annotated[Union[AvailableNow, Continuous], Field(discriminator="kind")]
+Trigger = Annotated[AvailableNow | Continuous, Field(discriminator="kind")]
 
 
 class GapPolicy(str, Enum):

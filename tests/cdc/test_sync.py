@@ -112,8 +112,10 @@ def test_continuous_sync_follows_postgres_and_stops_on_sigterm(
         wait_for(
             lambda: (
                 process.poll() is not None
-                or is_delta_table(spark, location)
-                and refined_table(warehouse, topic).where(F.col("full_name") == f"Synced {topic}").count() == 1
+                or (
+                    is_delta_table(spark, location)
+                    and refined_table(warehouse, topic).where(F.col("full_name") == f"Synced {topic}").count() == 1
+                )
             ),
             600,
             "the change in the refined table",

@@ -107,7 +107,7 @@ def test_schemaless_temporal_columns_are_read_in_the_encoding_their_precision_gi
         "id": n,
         "local3": local3,
         "local6": local6,
-        "opens": opens,  # noqa: E731
+        "opens": opens,
         "closes": closes,
         "moments": [local3 - local3 % 1000, -1000],
     }
@@ -160,10 +160,7 @@ def test_a_new_snapshot_resets_the_table_from_its_first_read_in_kafka_order(
     row = lambda n, name: {"id": n, "name": name}  # noqa: E731
     produce = lambda records: kafka.produce(
         topic,
-        [
-            (json.dumps({"id": v["after"]["id"]}).encode(), json.dumps(v).encode())  # noqa: E731
-            for v in records
-        ],
+        [(json.dumps({"id": v["after"]["id"]}).encode(), json.dumps(v).encode()) for v in records],
     )
     refined = lambda: spark.read.format("delta").load(refined_table_location(warehouse, topic)).select("id", "name")  # noqa: E731
 

@@ -63,7 +63,7 @@ def test_debezium_and_event_topics_land_byte_for_byte(
 ):
     run_workload(stack_config.postgres.dsn(), customers=3, seed=3)  # deletes bring tombstones (null values)
     debezium_topics = [f"{postgres_connector.topic_prefix}.shop.{table}" for table in TABLES]
-    read_events(kafka.bootstrap_servers, {topic: 1 for topic in debezium_topics})  # the topics exist
+    read_events(kafka.bootstrap_servers, dict.fromkeys(debezium_topics, 1))  # the topics exist
     events = kafka.create_topic(f"{unique_name}.events", partitions=3)
     kafka.produce(
         events,
