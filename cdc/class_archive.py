@@ -120,7 +120,7 @@ def _land_and_refine(spark, warehouse: str) -> None:
     feed = f"{warehouse}/_training_feed"
     refine = RefineJobConfig(table=TRAINING_TOPIC, warehouse=warehouse, trigger={"kind": "available_now"})
     for first, envelopes in enumerate(
-        [_envelopes(range(1, 6), "c"), _envelopes(range(2, 5), "u") + [("{}", "{not json")]]
+        [_envelopes(range(1, 6), "c"), [*_envelopes(range(2, 5), "u"), ("{}", "{not json")]]
     ):
         records = spark.createDataFrame(
             [

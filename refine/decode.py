@@ -187,7 +187,7 @@ def decode(value: Column, schema: ConnectSchema) -> Column:
         case ConnectType.BYTES:
             return F.try_to_binary(value, F.lit("base64"))
         case ConnectType.STRUCT:
-            fields = [f for f in schema.fields or ()]
+            fields = list(schema.fields or ())
             return F.when(value.isNull(), F.lit(None)).otherwise(
                 F.struct(*[decode(value[f.field], f).alias(f.field) for f in fields])
             )

@@ -122,7 +122,7 @@ def raw_chunks(records: DataFrame, records_per_batch: int) -> list[DataFrame]:
         return [records]
     parts = -(-total // records_per_batch)
     bounds = records.approxQuantile("batch_id", [i / parts for i in range(1, parts)], 0.001)
-    edges = sorted(set(int(bound) for bound in bounds))
+    edges = sorted({int(bound) for bound in bounds})
     chunks, lower = [], None
     for edge in edges:
         chunks.append(

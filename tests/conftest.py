@@ -148,11 +148,15 @@ SOURCE_TABLES = {
         "customer_id long, order_no int, status string, amount decimal(10,2), ordered_at timestamp_ntz",
     ),
     "customers": (
-        "SELECT id, email, full_name, balance, credit_limit, signed_up_at, birth_date, profile::text, tags, "
-        "external_id::text, is_active, notes, avatar FROM shop.customers",
-        "id long, email string, full_name string, balance decimal(12,2), credit_limit decimal(38,18), "
-        "signed_up_at timestamp, birth_date date, profile string, tags array<string>, external_id string, "
-        "is_active boolean, notes string, avatar binary",
+        (
+            "SELECT id, email, full_name, balance, credit_limit, signed_up_at, birth_date, profile::text, tags, "
+            "external_id::text, is_active, notes, avatar FROM shop.customers"
+        ),
+        (
+            "id long, email string, full_name string, balance decimal(12,2), credit_limit decimal(38,18), "
+            "signed_up_at timestamp, birth_date date, profile string, tags array<string>, external_id string, "
+            "is_active boolean, notes string, avatar binary"
+        ),
     ),
     "page_views": (
         "SELECT customer_id, url, viewed_at FROM shop.page_views",

@@ -110,10 +110,14 @@ def render_svg(graph: Graph) -> str:
     width = MARGIN * 2 + len(columns) * (NODE_W + GAP_X) - GAP_X
     height = MARGIN * 2 + 24 + max((len(nodes) for nodes in columns), default=0) * (NODE_H + GAP_Y)
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
-        'font-family="sans-serif" font-size="12">',
-        '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" '
-        'orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" fill="#6b7280"/></marker></defs>',
+        (
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+            'font-family="sans-serif" font-size="12">'
+        ),
+        (
+            '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" '
+            'orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" fill="#6b7280"/></marker></defs>'
+        ),
     ]
     for x, nodes in enumerate(columns):
         kinds = sorted({node.kind for node in nodes}, key=KINDS.index)

@@ -64,7 +64,8 @@ def test_archive_options_come_before_the_users_and_only_for_a_local_driver(tmp_p
     archive.parent.mkdir(parents=True)
     archive.write_bytes(b"")
     options = spark_conf(config)["spark.driver.extraJavaOptions"].split()
-    assert options[0] == f"-XX:SharedArchiveFile={archive}" and options[-1] == "-XX:TieredStopAtLevel=1"
+    assert options[0] == f"-XX:SharedArchiveFile={archive}"
+    assert options[-1] == "-XX:TieredStopAtLevel=1"
     assert "spark.driver.extraJavaOptions" not in spark_conf(
         config.model_copy(update={"conf": {}, "class_archive": False})
     )

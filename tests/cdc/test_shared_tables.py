@@ -88,13 +88,15 @@ def converted_without_message(java_exception) -> AnalysisException:
 def test_a_conflict_without_a_message_is_told_by_its_condition_or_its_java_exception(spark):
     jvm = spark.sparkContext._jvm
     refused = converted_without_message(jvm.io.delta.exceptions.ProtocolChangedException(None))
-    assert str(refused) == "" and shared_tables.condition_of(refused) == "DELTA_PROTOCOL_CHANGED"
+    assert str(refused) == ""
+    assert shared_tables.condition_of(refused) == "DELTA_PROTOCOL_CHANGED"
     assert shared_tables.is_conflict(refused)
     # Delta's conflicts extend ConcurrentModificationException, here as the cause of another error.
     wrapped = converted_without_message(
         jvm.java.lang.RuntimeException(None, jvm.java.util.ConcurrentModificationException())
     )
-    assert str(wrapped) == "" and shared_tables.is_conflict(wrapped)
+    assert str(wrapped) == ""
+    assert shared_tables.is_conflict(wrapped)
     assert not shared_tables.is_conflict(converted_without_message(jvm.java.lang.RuntimeException()))
     assert shared_tables.is_conflict(Py4JJavaError("", jvm.io.delta.exceptions.ConcurrentAppendException("")))
 

@@ -28,7 +28,8 @@ def test_sasl_becomes_a_quoted_jaas_config():
 
 def test_secrets_never_print():
     connection = sasl()
-    assert SECRET not in repr(connection) and SECRET not in str(connection.model_dump())
+    assert SECRET not in repr(connection)
+    assert SECRET not in str(connection.model_dump())
     assert redact(f"login failed for {SECRET}", connection.secrets()) == "login failed for **********"
 
 

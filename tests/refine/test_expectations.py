@@ -100,7 +100,7 @@ def test_fail_stops_naming_table_expectation_and_a_key(spark, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "condition, reason",
+    ("condition", "reason"),
     [
         ("amout > 0", "UNRESOLVED_COLUMN"),
         ("amount >", "PARSE_SYNTAX_ERROR"),

@@ -154,7 +154,7 @@ def value(
 
 
 T0 = 1_763_700_000_000  # source.ts_ms of the snapshot
-ADA, EVE, HAL = ('{"$oid": "64b7f0c2a1b2c3d4e5f6%04x"}' % n for n in (0x718, 0x719, 0x71A))
+ADA, EVE, HAL = (f'{{"$oid": "64b7f0c2a1b2c3d4e5f6{n:04x}"}}' for n in (0x718, 0x719, 0x71A))
 BOB, SEVEN, DOC, BIG, GUS = '"bob"', "7", '{"a": 1, "b": "x"}', "9007199254740993", '"gus"'
 
 ADA_DOC = (

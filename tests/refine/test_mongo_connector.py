@@ -165,7 +165,7 @@ def test_scripted_writes_refine_to_the_model_documents(spark, kafka, land_and_re
 
 
 @pytest.mark.parametrize(
-    "mode,schemas",
+    ("mode", "schemas"),
     [
         ("change_streams_update_full", True),
         ("change_streams", True),

@@ -284,8 +284,10 @@ def test_a_proto2_string_that_is_not_utf8_is_a_problem_of_its_own_record(
     problems, events = problems_and_events(decoded)
     assert problems == [
         None,
-        "the Legacy message does not fit the events' schema: Could not convert b'\\xff\\xfe' "
-        "with type bytes: was not a utf8 string",
+        (
+            "the Legacy message does not fit the events' schema: Could not convert b'\\xff\\xfe' "
+            "with type bytes: was not a utf8 string"
+        ),
         None,
     ]
     # Fields with presence (proto2: all of them) are null when unset: neither `required` nor defaults apply.
@@ -330,8 +332,10 @@ def test_framed_values_are_read_by_their_schema_id_and_message_indexes(
         "the value is 3 bytes: shorter than the header of Confluent's wire format (magic byte 0, 4-byte schema id)",
         "the value is not a Protobuf fitness.Reading message (schema id 1): Wire format was corrupt",
         "the message indexes after schema id 1 are not readable: the value ends inside a varint",
-        "the fitness.Reading message (schema id 1) does not fit the events' schema: field time: Timestamp "
-        "253402300800s 0ns is outside years 1 to 9999",
+        (
+            "the fitness.Reading message (schema id 1) does not fit the events' schema: field time: Timestamp "
+            "253402300800s 0ns is outside years 1 to 9999"
+        ),
         "no value (a null record)",
     ]
     assert [(event["device_id"], event["time"], event["heart_rate"]) for event in events[:2]] == [

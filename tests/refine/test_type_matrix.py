@@ -781,7 +781,7 @@ def _decimal(value, case: str):
 def _time_micros(value, case: str) -> int:
     """``HH:MM:SS[.ffffff][zone]`` as microseconds of the day in UTC (to the millisecond with
     time.precision.mode=connect)."""
-    hours, minutes, seconds, fraction, utc, sign, zone_hours, zone_minutes = _TIME.fullmatch(value).groups()
+    hours, minutes, seconds, fraction, _utc, sign, zone_hours, zone_minutes = _TIME.fullmatch(value).groups()
     micros = ((int(hours) * 60 + int(minutes)) * 60 + int(seconds)) * 1_000_000 + int(
         (fraction or "0").ljust(6, "0")[:6]
     )

@@ -102,7 +102,8 @@ def _decodes(value: bytes) -> bool:
 
 def test_sessions_have_the_fast_utf8_check(spark):
     """Built with the default jars, a session has the project's function: raw_rows uses it."""
-    assert spark.catalog.functionExists(IS_UTF8_FUNCTION) and IS_UTF8_FUNCTION in registered_helpers
+    assert spark.catalog.functionExists(IS_UTF8_FUNCTION)
+    assert IS_UTF8_FUNCTION in registered_helpers
     assert "cdc_is_utf8" in str(is_utf8(F.col("value")))
 
 
