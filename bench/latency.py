@@ -230,7 +230,8 @@ def measure(args: argparse.Namespace, settings: Settings) -> None:
             measured = [end[row_id] - start[row_id] for row_id in ids if row_id in start and row_id in end]
             if measured:
                 print(
-                    f"{label if segment == 'latency' else '':<34} {segment:<36} p50 {statistics.median(measured):6.2f} s, "
+                    f"{label if segment == 'latency' else '':<34} {segment:<36} "
+                    f"p50 {statistics.median(measured):6.2f} s, "
                     f"p95 {percentile(measured, 0.95):6.2f} s, max {max(measured):6.2f} s"
                 )
     with psycopg.connect(dsn, autocommit=True) as conn:

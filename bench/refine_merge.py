@@ -381,7 +381,8 @@ def main() -> None:
         print(f"refined table of {size:,} rows", flush=True)
         results[size] = bench_size(spark, size, args.changes, args.batch, args.rounds, args.updates, args.rows_per_file)
     print(
-        f"\n{'table rows':>12} {'changes/s':>10} {'Delta MERGE alone/s':>20} {'batch run s':>12} {'MERGE s':>8} {'naive s':>8}"
+        f"\n{'table rows':>12} {'changes/s':>10} {'Delta MERGE alone/s':>20} {'batch run s':>12} {'MERGE s':>8} "
+        f"{'naive s':>8}"
     )
     for size, result in results.items():
         print(

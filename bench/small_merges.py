@@ -71,7 +71,8 @@ def main() -> None:
                 window = sorted(times[name][-args.window :])
                 files = spark.sql(f"DESCRIBE DETAIL delta.`{location}`").head().numFiles
                 print(
-                    f"MERGEs {batch - args.window + 1:4d}-{batch:<4d} {name:15s} median {statistics.median(window):.3f} s, "
+                    f"MERGEs {batch - args.window + 1:4d}-{batch:<4d} {name:15s} "
+                    f"median {statistics.median(window):.3f} s, "
                     f"p90 {window[int(len(window) * 0.9)]:.3f} s, max {window[-1]:.3f} s, {files} files",
                     flush=True,
                 )

@@ -90,7 +90,7 @@ def restart_failed_tasks(client: ConnectClient, name: str, timeout_s: float = 18
     while time.monotonic() < deadline:
         try:
             status = client.status(name)
-        except Exception:  # the worker is still starting
+        except Exception:  # noqa: BLE001 - the worker is still starting
             time.sleep(1)
             continue
         states = [status["connector"]["state"]] + [task["state"] for task in status.get("tasks", [])]
@@ -212,9 +212,8 @@ def soak(args: argparse.Namespace, settings, stack: LocalStack, seed: int) -> in
             f"soak: seed {seed}; {workload.counts.transactions} transactions, {workload.counts.changes} changed rows "
             f"({', '.join(f'{kind} {count}' for kind, count in sorted(workload.counts.statements.items()))})"
         )
-        print(
-            f"soak: faults: {sum(faults.values())} ({', '.join(f'{kind} {count}' for kind, count in faults.items()) or 'none'})"
-        )
+        fault_counts = ", ".join(f"{kind} {count}" for kind, count in faults.items()) or "none"
+        print(f"soak: faults: {sum(faults.values())} ({fault_counts})")
         print(
             f"soak: rows compared: {sum(result.rows for result in results)} "
             f"({', '.join(f'{result.name} {result.rows}' for result in results)})"

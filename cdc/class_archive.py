@@ -69,7 +69,9 @@ def _train(archive: Path) -> Path:
     conf = json.loads(os.environ.get("CDC_SPARK__CONF") or "{}")
     conf["spark.driver.extraJavaOptions"] = " ".join([f"-XX:ArchiveClassesAtExit={partial}", *_QUIET])
     env = {**os.environ, "CDC_SPARK__CONF": json.dumps(conf)}
-    result = subprocess.run([sys.executable, "-m", "cdc.class_archive"], env=env, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "cdc.class_archive"], env=env, capture_output=True, text=True, check=False
+    )
     if result.returncode != 0 or not partial.exists() or partial.stat().st_size == 0:
         tail = "\n".join((result.stdout + result.stderr).splitlines()[-15:])
         partial.unlink(missing_ok=True)

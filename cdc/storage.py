@@ -99,6 +99,6 @@ class Storage:
             fs.mkdirs(path.getParent())
             fs.create(path, True).close()
             fs.delete(path, False)
-        except Exception as error:  # py4j wraps the JVM's IOException
+        except Exception as error:  # noqa: BLE001 - py4j wraps the JVM's IOException
             reason = str(error).split("\n", 2)[1] if "\n" in str(error) else str(error)
             raise TableError(f"the warehouse is not writable: {reason.strip()}", location=location) from None

@@ -116,7 +116,7 @@ class JobThreads:
         def run() -> None:
             try:
                 job()
-            except BaseException as error:  # raised in the main thread by join()
+            except BaseException as error:  # noqa: BLE001 - raised in the main thread by join()
                 self.errors.append(error)
                 self.stop.set()
 

@@ -11,8 +11,8 @@ config registers (name -> Delta location). Each refresh is one of:
   aggregate one of ``count``, ``sum``, ``min``, ``max``, ``avg`` and every expression deterministic,
   no ``HAVING``, no subquery. Then only the groups whose keys appear in the table's Change Data
   Feed since the last refreshed version (before and after images, so a row moving between groups
-  refreshes both) are recomputed from the table's current rows (only theirs are aggregated) and MERGEd: a group that is gone is
-  deleted. Since whole groups are recomputed, min and max stay exact under updates and deletes;
+  refreshes both) are recomputed from the table's current rows (only theirs are aggregated) and MERGEd:
+  a group that is gone is deleted. Since whole groups are recomputed, min and max stay exact under updates and deletes;
 - **full** otherwise (joins, windows, unions, a changed query, the first refresh, a Change Data Feed
   that no longer covers the versions): the query's result atomically overwrites the table.
 
@@ -210,8 +210,8 @@ def _register_views(spark: SparkSession, config: BusinessTableConfig) -> str | N
     """Register the query's views; return the location of one that has no table yet (nothing registered then)."""
     tables: dict[str, list[str]] = {view: [normalize_location(location)] for view, location in config.views.items()}
     storage = Storage(spark)
-    for view, folder in config.split_views.items():
-        folder = normalize_location(folder)
+    for view, split_folder in config.split_views.items():
+        folder = normalize_location(split_folder)
         locations = [f"{folder}/{name}" for name in storage.list_names(folder)]
         tables[view] = [location for location in locations if is_delta_table(spark, location)]
         if not tables[view]:
@@ -282,7 +282,7 @@ def _incremental(
             .load(shape.source)
         )
         changed = changes.select(*[F.col(f"`{column}`").alias(key) for key, column in shape.keys.items()]).distinct()
-        changed.schema  # analysed now: a feed that does not cover the versions fails here
+        _ = changed.schema  # analysed now: a feed that does not cover the versions fails here
     except AnalysisException as error:
         return f"the source's Change Data Feed does not cover the versions: {str(error).splitlines()[0]}"
     merge_changed_groups(spark, config.location, result, changed, list(shape.keys))

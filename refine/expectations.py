@@ -135,8 +135,10 @@ def split(checked: DataFrame, expectations: list[Expectation]) -> tuple[DataFram
     """(passing rows, violations) of evaluated rows. Passing: no drop or fail expectation failed (warn
     failures stay). Violations: every row that failed any expectation, with ``_cdc_failed_expectations``."""
     passed = [F.col(_passed(i)) for i in range(len(expectations))]
-    blocking = [p for p, e in zip(passed, expectations) if e.action is not ExpectationAction.WARN]
-    failed_names = F.array_compact(F.array(*[F.when(~p, F.lit(e.name)) for p, e in zip(passed, expectations)]))
+    blocking = [p for p, e in zip(passed, expectations, strict=True) if e.action is not ExpectationAction.WARN]
+    failed_names = F.array_compact(
+        F.array(*[F.when(~p, F.lit(e.name)) for p, e in zip(passed, expectations, strict=True)])
+    )
     helpers = [_passed(i) for i in range(len(expectations))]
     keep = functools.reduce(operator.and_, blocking, F.lit(True))
     passing = checked.where(keep).drop(*helpers)

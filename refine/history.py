@@ -53,7 +53,8 @@ class ChangeOp(str, Enum):
 
 
 def op_of_debezium(op: Column) -> Column:
-    """The ChangeOp of a Debezium op (``d`` deletes; ``c``, ``u``, ``r`` upsert), e.g. of a refined row's ``_cdc_op``."""
+    """The ChangeOp of a Debezium op (``d`` deletes; ``c``, ``u``, ``r`` upsert), e.g. of a refined row's
+    ``_cdc_op``."""
     return F.when(op == Op.DELETE.value, F.lit(ChangeOp.DELETE.value)).otherwise(F.lit(ChangeOp.UPSERT.value))
 
 

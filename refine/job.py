@@ -131,9 +131,10 @@ class RefineJobConfig(RefineRun):
         default=None,
         description=(
             "Column types in Spark SQL (bigint, decimal(12,2), timestamp...; timestamp_ntz(p) and time(p) take the "
-            "Postgres precision, which picks Debezium's encoding: milliseconds up to 3). For values written without a schema "
-            "(schemas.enable=false) they are the row's schema, and `key` is required; with a schema they override "
-            "decoded types (e.g. a decimal.handling.mode=string column declared decimal(12,2)). See refine/columns.py."
+            "Postgres precision, which picks Debezium's encoding: milliseconds up to 3). For values written without a "
+            "schema (schemas.enable=false) they are the row's schema, and `key` is required; with a schema they "
+            "override decoded types (e.g. a decimal.handling.mode=string column declared decimal(12,2)). "
+            "See refine/columns.py."
         ),
     )
     rules: TableRules | None = Field(default=None, description="Expectations checked before the MERGE (pipelines).")

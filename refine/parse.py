@@ -102,7 +102,7 @@ def wrapper_schemas(records: DataFrame, known: dict[str, Sequence[str]]) -> dict
         row = records.agg(*firsts).first()
         searching = {}
         for column, schemas in candidates.items():
-            at = {schema: first for schema, first in zip(schemas, row[column].known) if first is not None}
+            at = {schema: first for schema, first in zip(schemas, row[column].known, strict=True) if first is not None}
             if (first := row[column].unmatched) is None:
                 found[column] = sorted(at, key=at.__getitem__)
             else:

@@ -474,7 +474,7 @@ class _Reader:
     def _message(self, payload: bytes, written_with: str, hint: str) -> tuple[dict | None, str | None]:
         try:
             parsed = self.parse(payload)
-        except Exception as error:  # the parser's DecodeError (any failure to parse: the value is the cause)
+        except Exception as error:  # noqa: BLE001 - the parser's DecodeError (any failure to parse: the value is the cause)
             return None, (
                 f"the value is not a Protobuf {self.decoding.message} message{written_with}: "
                 f"{_parse_error(error)}{hint}"

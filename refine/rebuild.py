@@ -141,8 +141,10 @@ def _table_pairs(config: RefineJobConfig, staging: str) -> list[tuple[str, str]]
     if config.history:
         names.append(history_table_name(config.target))
     pairs = [(refined_table_location(config.warehouse, name), refined_table_location(staging, name)) for name in names]
-    for side in (deleted_location, applied_location):
-        pairs.append((side(config.warehouse, config.target), side(staging, config.target)))
+    pairs.extend(
+        (side(config.warehouse, config.target), side(staging, config.target))
+        for side in (deleted_location, applied_location)
+    )
     return pairs
 
 

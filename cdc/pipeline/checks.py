@@ -173,8 +173,8 @@ def sql_tables(sql: str) -> set[str]:
     text = _COMMENTS_AND_STRINGS.sub(" ", sql)
     ctes = {name.lower() for name in _CTE.findall(text)}
     names = set()
-    for name, call in _TABLE_REFERENCE.findall(text):
-        name = name.strip("`")
+    for reference, call in _TABLE_REFERENCE.findall(text):
+        name = reference.strip("`")
         if not call and "." not in name and name.lower() not in ctes:
             names.add(name)
     return names

@@ -151,7 +151,8 @@ def render_svg(graph: Graph) -> str:
 
 def render_html(graph: Graph, title: str) -> str:
     legend = " ".join(
-        f'<span style="background:{COLOURS[kind]};border:1px solid #4b5563;padding:2px 8px;margin-right:6px">{kind}</span>'
+        f'<span style="background:{COLOURS[kind]};border:1px solid #4b5563;'
+        f'padding:2px 8px;margin-right:6px">{kind}</span>'
         for kind in KINDS
     )
     return (

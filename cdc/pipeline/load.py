@@ -109,6 +109,7 @@ def _schema_files_under(pipeline: Pipeline, base_dir: Path) -> Pipeline:
         schema = getattr(source, "schema_", None)
         if isinstance(schema, SchemaFile) and not schema.path.is_absolute():
             absolute = schema.model_copy(update={"path": (base_dir / schema.path).absolute()})
-            source = source.model_copy(update={"schema_": absolute})
-        sources[name] = source
+            sources[name] = source.model_copy(update={"schema_": absolute})
+        else:
+            sources[name] = source
     return pipeline.model_copy(update={"sources": sources})

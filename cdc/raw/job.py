@@ -246,11 +246,14 @@ def run_raw_job(
                     _raise_failure(run, config)
                     for line in progress_lines(run):
                         say(line)
-                if isinstance(config.trigger, Continuous) and not isinstance(config.topics, TopicList):
-                    if time.monotonic() - last_scan > TOPIC_RESCAN_S:
-                        for topic in set(resolve_topics(config, kafka)) - runs.keys():
-                            start(topic)
-                        last_scan = time.monotonic()
+                if (
+                    isinstance(config.trigger, Continuous)
+                    and not isinstance(config.topics, TopicList)
+                    and time.monotonic() - last_scan > TOPIC_RESCAN_S
+                ):
+                    for topic in set(resolve_topics(config, kafka)) - runs.keys():
+                        start(topic)
+                    last_scan = time.monotonic()
             for run in runs.values():
                 _raise_failure(run, config)
                 for line in progress_lines(run):
@@ -260,7 +263,8 @@ def run_raw_job(
     summaries = [TopicSummary(run.topic, run.table, run.rows, run.batches) for run in runs.values()]
     for summary in summaries:
         say(
-            f"raw {summary.topic}: landed {summary.rows:,} records in {summary.batches} micro-batches -> {summary.table}"
+            f"raw {summary.topic}: landed {summary.rows:,} records in {summary.batches} micro-batches "
+            f"-> {summary.table}"
         )
     return summaries
 
