@@ -1,9 +1,10 @@
 """Shared fixtures: one Spark session and one real CDC stack for the whole test run.
 
 The stack runs on ports of its own (55432, 59092-3, 58083, shifted by CDC_TEST_PORT_OFFSET when set, so
-that two checkouts can test side by side) so that tests never touch a demo stack on the default ports. With CDC_TEST_STACK=docker it is started from docker/compose.yml through
-testcontainers instead (where a Docker engine exists). A component that is missing makes the tests
-that need it fail with the reason; nothing is skipped.
+that two checkouts can test side by side) so that tests never touch a demo stack on the default ports.
+With CDC_TEST_STACK=docker it is started from docker/compose.yml through testcontainers instead (where
+a Docker engine exists). A component that is missing makes the tests that need it fail with the reason;
+nothing is skipped.
 """
 
 from __future__ import annotations

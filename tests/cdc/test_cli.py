@@ -57,13 +57,13 @@ def test_after_a_stop_signal_py4j_failures_are_not_logged(caplog):
     try:
         # Before a stop, py4j's own failures are logged as py4j logs them (a failed micro-batch's Python Proxy
         # traceback is kept out by every session cdc.spark builds: see test_bad_records; not what this test is about).
-        logging.error("Exception while sending command.")
+        logging.getLogger().error("Exception while sending command.")
         stop = _stop_on_signals()
         os.kill(os.getpid(), signal.SIGTERM)
         assert stop.wait(5)
-        logging.error("Exception while sending command.")
+        logging.getLogger().error("Exception while sending command.")
         proxy.error(proxy_failure)
-        logging.error("something else")
+        logging.getLogger().error("something else")
     finally:
         for logger in (logging.getLogger(), proxy):
             logger.removeFilter(_not_py4j_failures_after_jvm_exit)

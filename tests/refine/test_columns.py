@@ -144,7 +144,8 @@ def test_schemaless_temporal_columns_are_read_in_the_encoding_their_precision_gi
                 [ms(-1000), ms(-1000)],
             ),
         ],
-        "id long, local3 timestamp_ntz, local6 timestamp_ntz, opens string, closes string, moments array<timestamp_ntz>",
+        "id long, local3 timestamp_ntz, local6 timestamp_ntz, "
+        "opens string, closes string, moments array<timestamp_ntz>",
     )
     for _ in range(2):  # a rerun changes nothing
         land_and_refine(warehouse, topic, columns=TEMPORAL_COLUMNS, key=["id"])

@@ -116,9 +116,11 @@ def test_invalid_sql_is_a_config_error_before_any_row_is_read(spark, tmp_path, c
         topic="t",
         expectations=[{"name": "bad_one", "condition": condition, "action": "drop"}],
     )
-    with pytest.raises(ConfigError, match="expectation 'bad_one'") as raised:
-        with enforce_expectations(spark, rows, bad, str(tmp_path), 1):
-            pass
+    with (
+        pytest.raises(ConfigError, match="expectation 'bad_one'") as raised,
+        enforce_expectations(spark, rows, bad, str(tmp_path), 1),
+    ):
+        pass
     assert reason in str(raised.value)
 
 

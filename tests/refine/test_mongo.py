@@ -168,7 +168,8 @@ ADA_DOC = (
 
 def first_batch(topic: str) -> list[tuple[bytes, bytes | None]]:
     """Snapshot reads, inserts, full and updateDescription-only updates, a replace, deletes with
-    their tombstones, ids of every kind, an undecodable record and a field whose type drifts (its column becomes JSON text)."""
+    their tombstones, ids of every kind, an undecodable record and a field whose type drifts (its column
+    becomes JSON text)."""
     k = lambda document_id: key(topic, document_id)  # noqa: E731
     v = lambda *args, **kwargs: value(topic, *args, **kwargs)  # noqa: E731
     return [

@@ -183,7 +183,7 @@ def test_random_writes_refine_to_the_model_documents(
     topic = kafka.create_topic(records[0]["topic"])
     warehouse = str(tmp_path)
     rng = random.Random(seed)
-    cuts = sorted(rng.sample(range(1, len(records)), 2)) + [len(records)]  # batches of random sizes
+    cuts = [*sorted(rng.sample(range(1, len(records)), 2)), len(records)]  # batches of random sizes
     start = 0
     for cut in cuts:
         key, value = ("key", "value") if schemas else ("key_bare", "value_bare")

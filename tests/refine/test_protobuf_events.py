@@ -196,8 +196,12 @@ def test_message_indexes_name_messages_by_their_path():
     assert message_indexes(b"\x02\x96\x01", 0) == ((75,), 3)  # zigzag 150 is 75
     assert framing_header((2,), 7) == b"\x00\x00\x00\x00\x07\x02\x04"
     assert framing_header((0,), 7) == b"\x00\x00\x00\x00\x07\x00"
-    for cut in (b"\x04\x00", b"\x80", b"\x01"):  # an index missing, a varint cut short, a negative count
-        with pytest.raises(ValueError):
+    for cut, reason in (
+        (b"\x04\x00", "a count of 2 message indexes"),  # an index missing
+        (b"\x80", "the value ends inside a varint"),
+        (b"\x01", "a count of -1 message indexes"),
+    ):
+        with pytest.raises(ValueError, match=reason):
             message_indexes(cut, 0)
 
 
@@ -404,7 +408,7 @@ def test_a_registry_decoder_reads_each_writers_message_as_the_latest(
         f"the Protobuf schema of subject broken-value (id {broken}) at the schema registry {schema_registry.url} "
         'does not compile: registered.proto:1:32: "strin" is not defined.'
     )
-    with pytest.raises(ConfigError, match="^message: the Protobuf schema has no message 'fitness.Nope'"):
+    with pytest.raises(ConfigError, match=r"^message: the Protobuf schema has no message 'fitness.Nope'"):
         ProtobufDecoder(SchemaFile(kind="file", path=FIXTURE), "fitness", "fitness.Nope")
 
 

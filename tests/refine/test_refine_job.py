@@ -112,7 +112,8 @@ def test_a_batch_refused_by_another_writers_commit_runs_again_and_the_job_goes_o
         RefineJobConfig, {"table": topic, "warehouse": warehouse, "trigger": {"kind": "available_now"}}, "refine job"
     )
     run_refine_job(spark, config, say=printed.append)
-    assert refused and any(
+    assert refused
+    assert any(
         line.startswith(f"refine {topic} batch 0: ")
         and line.endswith("(run again after 1 conflicting commit(s) by another writer)")
         for line in printed
@@ -227,7 +228,9 @@ def test_a_recreated_connectors_snapshot_leaves_the_refined_tables_equal_to_post
             )
         )
         reads = [payload["source"]["snapshot"] for payload in payloads[first_marker + 1 :] if payload["op"] == "r"]
-        assert reads and reads[0] in ("first", "first_in_data_collection") and reads[-1].startswith("last"), reads
+        assert reads, reads
+        assert reads[0] in ("first", "first_in_data_collection"), reads
+        assert reads[-1].startswith("last"), reads
 
 
 ORDERS_WITH_NOTE = (

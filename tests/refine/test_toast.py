@@ -128,7 +128,10 @@ INSERT INTO shop.toast_shapes SELECT 1, 0, repeat('n', 4000), jsonb_build_object
     decode(repeat('ab', 4000), 'hex'), ARRAY(SELECT repeat('t', 40) FROM generate_series(1, 100)),
     ARRAY(SELECT g FROM generate_series(1, 1000) g), ARRAY(SELECT g::bigint * 3 FROM generate_series(1, 600) g),
     ARRAY(SELECT md5(g::text)::uuid FROM generate_series(1, 200) g),
-    hstore(ARRAY(SELECT 'k' || g FROM generate_series(1, 200) g), ARRAY(SELECT repeat('v', 20) FROM generate_series(1, 200)))
+    hstore(
+        ARRAY(SELECT 'k' || g FROM generate_series(1, 200) g),
+        ARRAY(SELECT repeat('v', 20) FROM generate_series(1, 200))
+    )
 """
 SOURCE_COLUMNS = "id, n, note, doc::text, blob, tags, scores, counts, ids::text[], hstore_to_json(attrs)::text"
 REFINED_TYPES = (

@@ -140,7 +140,8 @@ def test_a_schema_file_is_found_beside_the_pipeline_file(tmp_path, monkeypatch):
         (
             pipeline(refined={"bad-name": {"source": "game_events"}}),
             (
-                "refined.bad-name: 'bad-name' is not a valid name: letters, digits and single underscores, starting with a "
+                "refined.bad-name: 'bad-name' is not a valid name: letters, digits and single underscores, "
+                "starting with a "
                 "letter (`__` is kept for child tables)"
             ),
         ),
@@ -208,7 +209,8 @@ def test_a_schema_file_is_found_beside_the_pipeline_file(tmp_path, monkeypatch):
                 refined={"players": {"source": "db", "keys": ["id"]}},
             ),
             (
-                "refined.players.keys: applies to event sources only: a Debezium table's key is its primary key and its "
+                "refined.players.keys: applies to event sources only: a Debezium table's "
+                "key is its primary key and its "
                 "changes are ordered by their source position (source 'db' is debezium_postgres)"
             ),
         ),
@@ -218,7 +220,8 @@ def test_a_schema_file_is_found_beside_the_pipeline_file(tmp_path, monkeypatch):
                 refined={"players": {"source": "db", "flatten": {"keep": ["address"]}}},
             ),
             (
-                "refined.players.flatten: applies to event sources only: a MongoDB table keeps nested documents as struct "
+                "refined.players.flatten: applies to event sources only: a MongoDB table "
+                "keeps nested documents as struct "
                 "columns, typed from Extended JSON"
             ),
         ),

@@ -147,7 +147,10 @@ def test_an_invalid_pipeline_stops_the_commands_before_spark_starts(tmp_path, ca
     assert (
         capsys.readouterr().err.splitlines()
         == [
-            f"cdc: error: invalid pipeline: sources: Dictionary should have at least 1 item after validation, not 0 (file={file})"
+            (
+                "cdc: error: invalid pipeline: sources: Dictionary should have at least 1 item "
+                f"after validation, not 0 (file={file})"
+            )
         ]
         * 2
     )
@@ -352,7 +355,7 @@ def test_a_continuous_pipeline_refreshes_business_tables_on_their_interval(
     def run() -> None:
         try:
             run_pipeline_refine(spark, Pipeline.model_validate(document), config, lines.append, stop)
-        except BaseException as error:  # raised in the test below
+        except BaseException as error:  # noqa: BLE001 - raised in the test below
             failures.append(error)
 
     thread = threading.Thread(target=run, daemon=True)
@@ -365,7 +368,8 @@ def test_a_continuous_pipeline_refreshes_business_tables_on_their_interval(
     finally:
         stop.set()
         thread.join(120)
-    assert not thread.is_alive() and not failures, failures
+    assert not thread.is_alive()
+    assert not failures, failures
     assertDataFrameEqual(
         pipeline_run.table("activity", "business"),
         spark.sql(ACTIVITY.replace("FROM scores", f"FROM delta.`{pipeline_run.warehouse}/refined/scores`")),
@@ -385,7 +389,8 @@ def test_a_bad_or_failed_expectation_stops_the_refine_naming_it(spark, kafka, pi
     for _ in range(2):  # the batch is not committed: a rerun fails the same way
         assert pipeline_run(failing) == ExpectationError.exit_code
         error = capsys.readouterr().err
-        assert "rows broke a fail expectation" in error and "expectation=no_negative" in error, error
+        assert "rows broke a fail expectation" in error, error
+        assert "expectation=no_negative" in error, error
         assert not is_delta_table(spark, f"{pipeline_run.warehouse}/refined/scores")
 
 
@@ -503,7 +508,9 @@ def test_a_debezium_table_with_history_and_an_exploded_array(
     assert {row.notes for row in versions[a]} == {notes}
     assert len(notes) > 2000
     assert [(row._cdc_is_current, row._cdc_is_deleted) for row in versions[a]] == [(False, False)] * 4 + [(True, False)]
-    assert all(row._cdc_valid_to == after._cdc_valid_from for row, after in zip(versions[a], versions[a][1:]))
+    assert all(
+        row._cdc_valid_to == after._cdc_valid_from for row, after in zip(versions[a], versions[a][1:], strict=False)
+    )
     assert [(row._cdc_op, row._cdc_is_current, row._cdc_is_deleted) for row in versions[b]] == [
         ("c", False, False),
         ("d", False, True),

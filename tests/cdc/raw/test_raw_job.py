@@ -267,7 +267,7 @@ def test_raw_tables_refuse_reset_rewrite_and_strangers(spark, kafka, tmp_path, u
     run_raw_job(spark, config, say=lambda line: None)
     table = raw_table_location(str(tmp_path), topic)
 
-    with pytest.raises(TableError, match="refusing to reset a raw table .* --force-destroy-raw-data"):
+    with pytest.raises(TableError, match=r"refusing to reset a raw table .* --force-destroy-raw-data"):
         run_raw_job(spark, raw_job(tmp_path, [topic], kafka.bootstrap_servers, reset=True), say=lambda line: None)
     assert spark.read.format("delta").load(table).count() == 10
 

@@ -60,7 +60,8 @@ def test_payload_columns_are_written_without_dictionary_or_statistics(spark, kaf
     for column in PAYLOAD_COLUMNS:
         assert chunks[column], column
         for chunk in chunks[column]:
-            assert not chunk.has_dictionary_page and chunk.statistics is None, (column, chunk)
+            assert not chunk.has_dictionary_page, (column, chunk)
+            assert chunk.statistics is None, (column, chunk)
     # The other columns keep Parquet's defaults.
     assert all(chunk.has_dictionary_page and chunk.statistics is not None for chunk in chunks["topic"])
 
