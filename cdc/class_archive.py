@@ -43,7 +43,10 @@ def archive_path(cache_dir: Path, java: str, jars: list[str]) -> Path:
     parts = [str(jdk), release.read_text() if release.exists() else ""]
     # The JVM maps an archive only for the class path it was written with, jar for jar (path, size
     # and time): another virtualenv's pyspark, even of the same version, needs an archive of its own.
-    parts += [f"{path} {Path(path).stat().st_size} {Path(path).stat().st_mtime_ns}" for path in [*pyspark_jars, *jars]]
+    parts += [
+        f"{path} {Path(path).stat().st_size} {Path(path).stat().st_mtime_ns}"
+        for path in [*map(str, pyspark_jars), *jars]
+    ]
     digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
     return cache_dir / "class-archives" / f"spark-{digest}.jsa"
 
@@ -93,6 +96,7 @@ def _training_run() -> None:
     with tempfile.TemporaryDirectory(prefix="cdc-class-archive-") as warehouse:
         _land_and_refine(spark, warehouse)
     gateway = SparkContext._gateway
+    assert gateway is not None  # the session above started it
     spark.stop()
     # The JVM exits when its standard input closes, and writes the archive as it exits.
     gateway.proc.stdin.close()
@@ -154,12 +158,13 @@ def _land_and_refine(spark, warehouse: str) -> None:
     ).collect()
 
 
+_ID_FIELD = {"type": "int64", "optional": False, "field": "id"}
 _ROW = {
     "type": "struct",
     "optional": True,
     "name": "train.public.items.Value",
     "fields": [
-        {"type": "int64", "optional": False, "field": "id"},
+        _ID_FIELD,
         {"type": "string", "optional": True, "field": "name"},
         {
             "type": "bytes",
@@ -173,7 +178,7 @@ _ROW = {
         {"type": "int64", "optional": True, "name": "io.debezium.time.MicroTimestamp", "version": 1, "field": "seen"},
     ],
 }
-_KEY_SCHEMA = {"type": "struct", "optional": False, "name": "train.public.items.Key", "fields": [_ROW["fields"][0]]}
+_KEY_SCHEMA = {"type": "struct", "optional": False, "name": "train.public.items.Key", "fields": [_ID_FIELD]}
 
 
 def _value_schema() -> dict:

@@ -102,9 +102,11 @@ def _no_failure_logs(record: logging.LogRecord) -> bool:
 def _show_failure_logs(spark: SparkSession, show: bool) -> None:
     from pyspark.logger import PySparkLogger
 
-    level = spark._jvm.org.apache.logging.log4j.Level.ERROR if show else spark._jvm.org.apache.logging.log4j.Level.OFF
+    jvm = spark._jvm
+    assert jvm is not None  # a live session has its JVM gateway
+    level = jvm.org.apache.logging.log4j.Level.ERROR if show else jvm.org.apache.logging.log4j.Level.OFF
     for engine in _STREAM_ENGINES:
-        spark._jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(engine, level)
+        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(engine, level)
     for name in _FAILURE_LOGGERS:
         logger = logging.getLogger(name) if name.startswith("py4j") else PySparkLogger.getLogger(name)
         (logger.removeFilter if show else logger.addFilter)(_no_failure_logs)

@@ -72,7 +72,7 @@ def raw_table_statuses(spark: SparkSession, warehouse: str, kafka: KafkaConnecti
             RawTableStatus(
                 topic=topic,
                 table=location,
-                version=DeltaTable.forPath(spark, location).history(1).select("version").head()[0],
+                version=DeltaTable.forPath(spark, location).history(1).select("version").collect()[0][0],
                 rows=spark.read.format("delta").load(location).count(),
                 recorded_gaps=gaps.get(location, 0),
                 quarantined=quarantined.get(location, 0),

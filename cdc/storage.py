@@ -23,7 +23,7 @@ class Storage:
     """File operations on any Hadoop-supported file system, run on the driver."""
 
     def __init__(self, spark: SparkSession) -> None:
-        self._jvm = spark._jvm
+        self._jvm: Any = spark._jvm  # py4j's view of the JVM: untyped
         self._conf = spark._jsc.hadoopConfiguration()
 
     def _fs(self, location: str) -> tuple[Any, Any]:

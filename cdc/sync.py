@@ -94,7 +94,7 @@ def run_sync_job(
             if not stop.is_set():
                 refine()
         return landed
-    landed: list[TopicSummary] = []
+    landed = []
     threads = JobThreads(stop)
     threads.start("raw", lambda: landed.extend(run_raw_job(spark, config.raw, say_whole, stop)))
     for name, refine in _refinements(spark, config, say_whole, stop).items():
@@ -105,14 +105,14 @@ def run_sync_job(
 
 def _refinements(
     spark: SparkSession, config: SyncJobConfig, say: Callable[[str], None], stop: threading.Event, wait: bool = True
-) -> dict[str, Callable[[], None]]:
+) -> dict[str, Callable[[], object]]:
     """Each refinement, by name, as a call that first waits (until ``stop``) for the raw tables it reads.
     Without ``wait`` (after a landing run once) it starts at once: a table still missing or empty is
     the refinement's own clear error, not a wait that never ends."""
 
     def once_landed(
         topics: list[str], refine: Callable[[], object], with_rows: Collection[str] = ()
-    ) -> Callable[[], None]:
+    ) -> Callable[[], object]:
         """``refine`` once the raw tables of ``topics`` exist, and those of ``with_rows`` hold rows."""
         if not wait:
             return refine
@@ -143,8 +143,9 @@ def _refinements(
             ]
             return {pipeline.name: once_landed(config.refined_topics, refine_all, inferred)}
         case TopicsRefinement(jobs=jobs):
-            return {
-                job.target: once_landed([job.table], lambda job=job: run_refine_job(spark, job, say, stop))
-                for job in jobs
-            }
+
+            def refine_one(job: RefineJobConfig) -> Callable[[], object]:
+                return lambda: run_refine_job(spark, job, say, stop)
+
+            return {job.target: once_landed([job.table], refine_one(job)) for job in jobs}
     raise AssertionError(f"unknown refinement {config.refine!r}")

@@ -75,8 +75,8 @@ def pipeline_graph(pipeline: Pipeline) -> Graph:
     for name in pipeline.business:
         by_name[name] = graph.add(Node("business", name, f"every {pipeline.business[name].trigger_interval_s:g} s"))
     known = table_names(pipeline)
-    for name, table in pipeline.business.items():
-        for reference in sorted(sql_tables(table.sql) & known.keys()):
+    for name, business in pipeline.business.items():
+        for reference in sorted(sql_tables(business.sql) & known.keys()):
             graph.add(by_name[name], after=by_name[reference])
     return graph
 

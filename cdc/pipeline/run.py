@@ -240,17 +240,18 @@ def run_pipeline_refine(
     groups = [[job] for job in jobs] if once else [jobs]
     # Run continuously, each business table is refreshed on its own interval in a thread until ``stop``.
     threads = JobThreads(stop)
+
+    def refresh(table: BusinessTableConfig, interval: Continuous) -> Callable[[], object]:
+        return lambda: run_business_tables(spark, [table], interval, stop, say)
+
     for table in [] if once else business:
         interval = Continuous(interval_s=pipeline.business[table.name].trigger_interval_s)
-        threads.start(
-            f"business {table.name}",
-            lambda table=table, interval=interval: run_business_tables(spark, [table], interval, stop, say),
-        )
+        threads.start(f"business {table.name}", refresh(table, interval))
     counts: dict[str, int] = {}
     try:
         for group in groups:
             queries: dict[str, StreamingQuery] = {}
-            batches: dict[str, RefineBatch | EventsBatch] = {}
+            batches: dict[str, object] = {}
             try:
                 for job in group:
                     queries[job.target], batches[job.target] = _start(spark, job)

@@ -78,6 +78,7 @@ class LandBatch:
     def __call__(self, records: DataFrame, batch_id: int) -> None:
         spark = records.sparkSession
         query_id = spark.sparkContext.getLocalProperty("sql.streaming.queryId")
+        assert query_id is not None  # set in every micro-batch of a query
         if self.config.on_gap is GapPolicy.RECORD and batch_id > 0:
             # failOnDataLoss is off in this mode: find what Kafka deleted before this batch read it.
             start = batch_end_offsets(Storage(spark), self.checkpoint, batch_id - 1)
@@ -209,9 +210,8 @@ def progress_lines(run: TopicRun) -> list[str]:
 def _topic_offsets(offsets: dict | str | None, topic: str) -> dict[str, int]:
     """A Kafka source's offsets of ``topic`` by partition, from a progress report (an object, or
     its JSON text when Spark could not parse it)."""
-    if isinstance(offsets, str):
-        offsets = json.loads(offsets)
-    return (offsets or {}).get(topic, {})
+    parsed = json.loads(offsets) if isinstance(offsets, str) else offsets
+    return (parsed or {}).get(topic, {})
 
 
 def run_raw_job(
@@ -242,7 +242,8 @@ def run_raw_job(
             last_scan = time.monotonic()
             while any(run.query.isActive for run in runs.values()) and not stop.is_set():
                 for run in runs.values():
-                    run.query.awaitTermination(0.5)
+                    # (a timeout in seconds, any number: pyspark's annotation says int)
+                    run.query.awaitTermination(0.5)  # type: ignore[arg-type]
                     _raise_failure(run, config)
                     for line in progress_lines(run):
                         say(line)

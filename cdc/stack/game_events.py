@@ -107,9 +107,9 @@ def _items(rng: random.Random, most: int) -> list[Event]:
 def _session(rng: random.Random, player: str, device: Event, number: int, start: datetime) -> list[Event]:
     game = rng.choice(sorted(GAME_MOVES))
     move_type, move_fields = GAME_MOVES[game]
-    common = {"player": player, "game": game, "session_id": f"{player}-s{number}", "device": device}
+    common: Event = {"player": player, "game": game, "session_id": f"{player}-s{number}", "device": device}
     moment = start
-    events = [{"event_type": "session_start"}]
+    events: list[Event] = [{"event_type": "session_start"}]
     for _ in range(rng.randint(2, 5)):
         events.append({"event_type": move_type, **move_fields(rng)})
         if rng.random() < 0.3:

@@ -50,7 +50,7 @@ def run_workload(dsn: str, *, customers: int = 10, seed: int = 0) -> WorkloadRep
     rng = random.Random(seed)
     report = WorkloadReport()
     with psycopg.connect(dsn) as conn:
-        first_id = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM shop.customers").fetchone()[0]
+        [first_id] = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM shop.customers").fetchall()[0]
         ids = list(range(first_id, first_id + customers))
         with conn.transaction():
             for customer_id in ids:
