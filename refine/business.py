@@ -161,7 +161,7 @@ def grouped_aggregate(plan: Any) -> GroupedAggregate | str:
         if _name(part) == "AggregateExpression" and _name(part.aggregateFunction()) not in INCREMENTAL_AGGREGATES:
             return f"the aggregate {part.sql()} is not one of count, sum, min, max, avg"
     columns = {attribute.exprId().id(): attribute.name() for attribute in _seq(node.output())}
-    outputs = {}
+    outputs: dict[Any, Any] = {}
     for output in _seq(plan.aggregateExpressions()):
         inner = output.child() if _name(output) == "Alias" else output
         if _name(inner) == "AttributeReference":
@@ -191,7 +191,7 @@ def _sql_string(text: str) -> str:
 
 
 def _latest_version(spark: SparkSession, location: str) -> int:
-    return DeltaTable.forPath(spark, location).history(1).select("version").head()[0]
+    return DeltaTable.forPath(spark, location).history(1).select("version").collect()[0][0]
 
 
 def _state(spark: SparkSession, location: str) -> dict[str, str] | None:
@@ -243,7 +243,7 @@ def refresh_business_table(spark: SparkSession, config: BusinessTableConfig) -> 
     state = _state(spark, config.location)
     query = _query_sha256(config)
     same_query = state is not None and state.get(QUERY_PROPERTY) == query
-    refreshed = json.loads(state.get(SOURCES_PROPERTY, "{}")) if same_query else {}
+    refreshed = json.loads(state.get(SOURCES_PROPERTY, "{}")) if same_query and state is not None else {}
     if same_query and versions is not None and refreshed == versions:
         return RefreshResult(RefreshMode.UNCHANGED, "no source changed since the last refresh")
     outcome = _incremental(spark, config, result, plan, refreshed, versions) if same_query else "a new or changed query"
@@ -291,7 +291,7 @@ def _incremental(
     )
 
 
-def _same_keys(left: str, right: str, keys: list[str]):
+def _same_keys(left: str, right: str, keys: list[str]) -> list[Any]:
     return [F.col(f"{left}.`{key}`").eqNullSafe(F.col(f"{right}.`{key}`")) for key in keys]
 
 
@@ -323,7 +323,7 @@ def merge_changed_groups(
         .join(recomputed.withColumn("_present", F.lit(True)).alias("r"), _same_keys("c", "r", keys), "left")
         .select(*[F.col(f"c.`{key}`") for key in keys], *[F.col(f"r.`{value}`") for value in values], "_present")
     )
-    every_column = {f"`{column}`": F.col(f"s.`{column}`") for column in result.columns}
+    every_column: dict[str, Any] = {f"`{column}`": F.col(f"s.`{column}`") for column in result.columns}
     (
         DeltaTable.forPath(spark, location)
         .alias("t")

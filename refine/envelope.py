@@ -63,6 +63,12 @@ class ConnectSchema(BaseModel):
     keys: ConnectSchema | None = None
     values: ConnectSchema | None = None
 
+    @property
+    def field_name(self) -> str:
+        """The name of this schema as a field of a struct (every field of a struct has one)."""
+        assert self.field is not None, f"a struct's field without a name: {self!r}"
+        return self.field
+
     def field_named(self, name: str) -> ConnectSchema:
         for child in self.fields or ():
             if child.field == name:

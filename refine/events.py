@@ -182,6 +182,7 @@ def expectation_keys(table: RefinedTable) -> list[str]:
 
 def history_spec(table: RefinedTable) -> HistorySpec:
     """An event table's versions: by key, ordered (and dated) by the ordering column, then the Kafka record."""
+    assert table.ordering is not None  # required with keys (cdc/pipeline/checks.py), which a history needs
     return HistorySpec(
         key_columns=[flat_name(path) for path in table.keys],
         position_columns=[flat_name(table.ordering), *EVENT_POSITION],
@@ -263,7 +264,10 @@ class EventsBatch:
         self, spark: SparkSession, events: DataFrame, split_value: str | None, app_id: str, batch_id: int
     ) -> None:
         table = self.config.table
-        nested = latest_events(events, table.keys, table.ordering) if table.keys else events
+        nested = events
+        if table.keys:
+            assert table.ordering is not None  # required with keys (cdc/pipeline/checks.py)
+            nested = latest_events(events, table.keys, table.ordering)
         parents = self.flat_rows(nested).withColumn(REFINED_AT, F.current_timestamp())
         location = self._location(self.config.name, split_value)
         if not table.keys:
@@ -279,6 +283,7 @@ class EventsBatch:
                 )
             return
         keys = [flat_name(path) for path in table.keys]
+        assert table.ordering is not None  # required with keys (cdc/pipeline/checks.py)
         position = [flat_name(table.ordering), *EVENT_POSITION]
         merge_latest(spark, location, parents, keys, position)
         history = self._location(history_table_name(self.config.name), split_value)
@@ -307,9 +312,11 @@ def events_batch(spark: SparkSession, config: EventsRefineJobConfig) -> EventsBa
     """Read (or infer) the schema, check the table's column paths and expectations against it."""
     decode: Decode | None = None
     if config.format == "avro":
+        assert config.wire_schema is not None  # binary events have one (EventsRefineJobConfig's validation)
         decoder = AvroDecoder(spark, config.wire_schema, config.topic)
         schema, decode = decoder.event_schema, decoder.decode
     elif config.format == "protobuf":
+        assert config.wire_schema is not None
         protobuf = ProtobufDecoder(config.wire_schema, config.topic, config.message)
         schema, decode = protobuf.event_schema, protobuf.decode
     else:

@@ -168,7 +168,7 @@ def enforce_expectations(
         failed = _record_counts(spark, checked, config, warehouse, batch)
         for i, expectation in enumerate(config.expectations):
             if expectation.action is ExpectationAction.FAIL and failed[expectation.name]:
-                example = checked.where(~F.col(_passed(i))).select(*config.key_columns).head()
+                example = checked.where(~F.col(_passed(i))).select(*config.key_columns).head(1)[0]  # failed > 0
                 raise ExpectationError(
                     f"{failed[expectation.name]:,} rows broke a fail expectation",
                     table=config.table,
@@ -207,7 +207,7 @@ def _record_counts(
     totals = checked.agg(
         F.count("*").alias("rows"),
         *[F.count_if(~F.col(_passed(i))).alias(f"failed_{i}") for i in range(len(config.expectations))],
-    ).head()
+    ).collect()[0]
     failed = {e.name: totals[f"failed_{i}"] for i, e in enumerate(config.expectations)}
     counts = spark.createDataFrame(
         [

@@ -102,8 +102,9 @@ _KNOWN = 16  # wrapper schemas remembered per raw table and column
 # the table in the same process (`--available-now`, a pipeline's refresh) starts from them.
 _SCHEMAS_SEEN: dict[str, dict[str, list[str]]] = {}
 # The wrapper schemas, by column, of each raw table's last batch (the newest of them, when it held
-# several): the guess the next batch is parsed with (RefineBatch._refine_with_guessed_schemas).
-_LAST_SCHEMAS: dict[str, dict[str, list[str]]] = {}
+# several): the guess the next batch is parsed with (RefineBatch._refine_with_guessed_schemas); None
+# when it held no readable one.
+_LAST_SCHEMAS: dict[str, dict[str, list[str]] | None] = {}
 
 
 class RefineRun(_Strict):
@@ -183,10 +184,10 @@ def merged_schema(schemas: list[ConnectSchema]) -> ConnectSchema:
     the records before it hold none)."""
     latest = schemas[-1]
     rows = [schema.field_named("after") for schema in schemas]
-    fields: dict[str, dict] = {}
+    fields: dict[str | None, dict] = {}
     for row in rows:
-        for field in row.fields or ():
-            fields.setdefault(field.field, field.model_dump(exclude_none=True))
+        for column in row.fields or ():
+            fields.setdefault(column.field, column.model_dump(exclude_none=True))
     for name, field in fields.items():  # a column added or dropped within the batch: null in some records
         if not all(any(f.field == name for f in row.fields or ()) for row in rows):
             field["optional"] = True
@@ -290,18 +291,18 @@ class BatchFacts(NamedTuple):
 
 
 def batch_facts(changes: DataFrame) -> BatchFacts:
-    row = changes.agg(
+    after_type = changes.schema["after"].dataType
+    assert isinstance(after_type, StructType)  # a row
+    [row] = changes.agg(
         F.count(F.when(F.col("problem").isNotNull(), 1)).alias("problems"),
         F.max(F.when(F.col("op") == Op.TRUNCATE.value, F.struct("source_lsn", "kafka_offset"))).alias("truncate"),
         last_snapshot_start().alias("snapshot"),
         F.coalesce(F.max(is_key_change(F.col("kafka_headers"))), F.lit(False)).alias("key_changes"),
         F.coalesce(F.max(F.col("op") == Op.DELETE.value), F.lit(False)).alias("deletes"),
-        F.coalesce(F.max(has_placeholder(F.col("after"), changes.schema["after"].dataType)), F.lit(False)).alias(
-            "toast"
-        ),
+        F.coalesce(F.max(has_placeholder(F.col("after"), after_type)), F.lit(False)).alias("toast"),
         F.count(F.when(F.col("problem") == OTHER_SCHEMA, 1)).alias("other_schemas"),
         F.count(F.lit(1)).alias("records"),
-    ).first()
+    ).collect()
     truncate = tuple(row.truncate) if row.truncate else None
     return BatchFacts(
         row.problems,
@@ -677,7 +678,7 @@ def starting_raw_version(spark: SparkSession, refined: str, raw: str) -> int:
     rebuilt_from = delta_properties(spark, refined).get(REBUILT_FROM_PROPERTY)
     if rebuilt_from is None:
         return 0
-    latest = DeltaTable.forPath(spark, raw).history(1).select("version").first()[0]
+    latest = DeltaTable.forPath(spark, raw).history(1).select("version").collect()[0][0]
     return min(int(rebuilt_from) + 1, latest)
 
 
@@ -770,7 +771,7 @@ def run_refine_job(
     """Refine the raw table into ``<warehouse>/refined/<name>``; return the number of changes read."""
     batch = RefineBatch(config)
     query = start_refine_query(spark, config.warehouse, config.table, config.target, batch, config.trigger)
-    changes = watch_refine_queries({config.target: query}, say, stop or threading.Event(), {config.target: batch})
-    changes = changes[config.target]
+    counts = watch_refine_queries({config.target: query}, say, stop or threading.Event(), {config.target: batch})
+    changes = counts[config.target]
     say(f"refine {config.target}: {changes:,} changes -> {refined_table_location(config.warehouse, config.target)}")
     return changes

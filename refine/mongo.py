@@ -422,7 +422,8 @@ def flag_misfits(changes: DataFrame, columns: Columns) -> DataFrame:
         touched = {
             "set": member(F.col("patch.updated"), path).isNotNull(),
             "unset": F.array_contains(F.col("patch.removed"), path),
-            "truncate": F.exists(F.col("patch.truncated"), lambda t, p=path: t["field"] == p),
+            # (mypy cannot infer a lambda whose argument is bound by a default)
+            "truncate": F.exists(F.col("patch.truncated"), lambda t, p=path: t["field"] == p),  # type: ignore[misc]
         }[kind]
         problem = problem.when(F.coalesce(touched, F.lit(False)), F.lit(reason))
     for column in columns.types.fields:
@@ -484,7 +485,8 @@ def latest_documents(
     state = F.aggregate(
         pending,
         base_state.cast(columns.types),
-        lambda s, p: apply_patch(s, columns.types, p["patch"], updated, removed, truncated, decoders),
+        # (the decoders' lambdas bind their shapes by a default argument, which mypy types as a second one)
+        lambda s, p: apply_patch(s, columns.types, p["patch"], updated, removed, truncated, decoders),  # type: ignore[arg-type]
     )
     patched = F.size(pending) > 0
     return rows.select(

@@ -84,7 +84,7 @@ def rebuild_refined_table(
     raw = raw_table_location(config.warehouse, config.table)
     if raw_table_topic(spark, raw) is None:
         raise TableError("no raw table for this topic: run `cdc raw` first", table=raw)
-    raw_version = DeltaTable.forPath(spark, raw).history(1).select("version").first()[0]
+    raw_version = DeltaTable.forPath(spark, raw).history(1).select("version").collect()[0][0]
     records = spark.read.format("delta").option("versionAsOf", raw_version).load(raw)
     staging = rebuild_location(config.warehouse, config.target)
     storage = Storage(spark)
@@ -154,9 +154,9 @@ def _replace(spark: SparkSession, live: str, staged: str) -> RebuiltTable | None
     if not is_delta_table(spark, staged):
         if not is_delta_table(spark, live):
             return None
-        before = _version(spark, live)
+        emptied_from = _version(spark, live)
         DeltaTable.forPath(spark, live).delete()
-        return RebuiltTable(live, before, _version(spark, live))
+        return RebuiltTable(live, emptied_from, _version(spark, live))
     properties = {
         key: value for key, value in delta_properties(spark, staged).items() if not key.startswith(_PROTOCOL_PROPERTIES)
     }
@@ -197,7 +197,7 @@ def _keep_quarantined(spark: SparkSession, staged: str, live: str) -> None:
 
 
 def _version(spark: SparkSession, location: str) -> int:
-    return DeltaTable.forPath(spark, location).history(1).select("version").first()[0]
+    return DeltaTable.forPath(spark, location).history(1).select("version").collect()[0][0]
 
 
 def _escaped(value: str) -> str:
