@@ -32,18 +32,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import psycopg  # noqa: E402
-from pyspark.sql import functions as F  # noqa: E402
+import psycopg
+from pyspark.sql import functions as F
 
-from cdc.core.config import Settings, load_settings  # noqa: E402
-from cdc.core.session import build_spark_session  # noqa: E402
-from cdc.stack.local import LocalStack  # noqa: E402
-from connectors import definitions  # noqa: E402
-from connectors.client import ConnectClient  # noqa: E402
-from connectors.definitions import ConnectorDefinition  # noqa: E402
-from cdc.core.tables import raw_table_location  # noqa: E402
-from cdc.core.source import KafkaTopics  # noqa: E402
-from refine.config import refined_table_location  # noqa: E402
+from cdc.core.config import Settings, load_settings
+from cdc.core.session import build_spark_session
+from cdc.core.source import KafkaTopics
+from cdc.core.tables import raw_table_location
+from cdc.stack.local import LocalStack
+from connectors import definitions
+from connectors.client import ConnectClient
+from connectors.definitions import ConnectorDefinition
+from refine.config import refined_table_location
 
 
 def start_job(args: list[str], log: Path) -> subprocess.Popen:
@@ -230,7 +230,8 @@ def measure(args: argparse.Namespace, settings: Settings) -> None:
             measured = [end[row_id] - start[row_id] for row_id in ids if row_id in start and row_id in end]
             if measured:
                 print(
-                    f"{label if segment == 'latency' else '':<34} {segment:<36} p50 {statistics.median(measured):6.2f} s, "
+                    f"{label if segment == 'latency' else '':<34} {segment:<36} "
+                    f"p50 {statistics.median(measured):6.2f} s, "
                     f"p95 {percentile(measured, 0.95):6.2f} s, max {max(measured):6.2f} s"
                 )
     with psycopg.connect(dsn, autocommit=True) as conn:

@@ -31,16 +31,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import fastavro  # noqa: E402
-from google.protobuf import message_factory  # noqa: E402
-from pyspark.sql import SparkSession  # noqa: E402
+import fastavro
+from google.protobuf import message_factory
+from pyspark.sql import SparkSession
 
-from cdc.core.config import SparkConfig  # noqa: E402
-from cdc.pipeline.config import SchemaFile  # noqa: E402
-from cdc.core.session import build_spark_session  # noqa: E402
-from cdc.pipeline.events.avro import AvroDecoding, avro_event_schema, decode_avro  # noqa: E402
-from cdc.pipeline.events.job import decode_json  # noqa: E402
-from cdc.pipeline.events.protobuf import ProtobufDecoder, compile_schema_file, message_descriptor  # noqa: E402
+from cdc.core.config import SparkConfig
+from cdc.core.session import build_spark_session
+from cdc.pipeline.config import SchemaFile
+from cdc.pipeline.events.avro import AvroDecoding, avro_event_schema, decode_avro
+from cdc.pipeline.events.job import decode_json
+from cdc.pipeline.events.protobuf import ProtobufDecoder, compile_schema_file, message_descriptor
 
 PROTO = """
 syntax = "proto3";

@@ -30,8 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cdc.core.config import load_settings  # noqa: E402
-from cdc.core.session import build_spark_session, job_spark_config  # noqa: E402
+from cdc.core.config import load_settings
+from cdc.core.session import build_spark_session, job_spark_config
 
 VARIANTS = ("cdc raw", "plain stream")
 
@@ -258,9 +258,12 @@ def main() -> None:
                 result[f"{run}_rows_per_s"] = result[f"{run}_rows"] / result[f"{run}_seconds"]
             results[label].append(result)
             print(
-                f"{label:<{width}} {round_:>5} {result['start_seconds']:>7.1f} {result['cold_rows']:>10,} {result['cold_seconds']:>7.1f} "
-                f"{result['cold_rows_per_s']:>12,.0f} {result['cold_cpu_seconds']:>6.1f} {result['warm_seconds']:>7.1f} "
-                f"{result['warm_rows_per_s']:>12,.0f} {result['warm_cpu_seconds']:>6.1f} {result['peak_rss_mib']:>13,.0f}",
+                f"{label:<{width}} {round_:>5} {result['start_seconds']:>7.1f} "
+                f"{result['cold_rows']:>10,} {result['cold_seconds']:>7.1f} "
+                f"{result['cold_rows_per_s']:>12,.0f} {result['cold_cpu_seconds']:>6.1f} "
+                f"{result['warm_seconds']:>7.1f} "
+                f"{result['warm_rows_per_s']:>12,.0f} {result['warm_cpu_seconds']:>6.1f} "
+                f"{result['peak_rss_mib']:>13,.0f}",
                 flush=True,
             )
     for run in ("cold", "warm"):

@@ -36,21 +36,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from delta.tables import DeltaTable  # noqa: E402
-from pyspark.sql import DataFrame, SparkSession  # noqa: E402
-from pyspark.sql import functions as F  # noqa: E402
+from delta.tables import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
-from cdc.core.config import load_settings  # noqa: E402
-from cdc.raw.rows import raw_rows  # noqa: E402
+from cdc.core.config import load_settings
+from cdc.core.session import build_spark_session, job_spark_config
+from cdc.core.tables import raw_table_location
+from cdc.raw.rows import raw_rows
 from cdc.raw.table import create_raw_table
-from cdc.core.tables import raw_table_location  # noqa: E402
-from cdc.core.session import build_spark_session, job_spark_config  # noqa: E402
-from refine.envelope import COMMON_SOURCE_FIELDS, ConnectSchema  # noqa: E402
-from refine.config import refined_table_location  # noqa: E402
-from refine.job import RefineJobConfig, run_refine_job  # noqa: E402
-from refine.latest import latest_per_key  # noqa: E402
-from refine.merge import LSN, OP, ensure_refined_table, refined_rows  # noqa: E402
-from refine.parse import parse_changes  # noqa: E402
+from refine.config import refined_table_location
+from refine.envelope import COMMON_SOURCE_FIELDS, ConnectSchema
+from refine.job import RefineJobConfig, run_refine_job
+from refine.latest import latest_per_key
+from refine.merge import LSN, OP, ensure_refined_table, refined_rows
+from refine.parse import parse_changes
 
 TOPIC = "bench.bench.accounts"
 WARMUP_SIZE = 200_000  # rows of the warm-up round's refined table
@@ -383,7 +383,8 @@ def main() -> None:
         print(f"refined table of {size:,} rows", flush=True)
         results[size] = bench_size(spark, size, args.changes, args.batch, args.rounds, args.updates, args.rows_per_file)
     print(
-        f"\n{'table rows':>12} {'changes/s':>10} {'Delta MERGE alone/s':>20} {'batch run s':>12} {'MERGE s':>8} {'naive s':>8}"
+        f"\n{'table rows':>12} {'changes/s':>10} {'Delta MERGE alone/s':>20} {'batch run s':>12} {'MERGE s':>8} "
+        f"{'naive s':>8}"
     )
     for size, result in results.items():
         print(

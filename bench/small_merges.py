@@ -22,13 +22,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pyspark.sql import SparkSession  # noqa: E402
-from pyspark.sql import functions as F  # noqa: E402
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+from refine_merge import refined_snapshot
 
-from cdc.core.config import load_settings  # noqa: E402
-from cdc.core.session import build_spark_session  # noqa: E402
-from refine.merge import AUTO_COMPACT_PROPERTY, LSN, merge_changes  # noqa: E402
-from refine_merge import refined_snapshot  # noqa: E402
+from cdc.core.config import load_settings
+from cdc.core.session import build_spark_session
+from refine.merge import AUTO_COMPACT_PROPERTY, LSN, merge_changes
 
 
 def merge_two_rows(spark: SparkSession, location: str, rows: int, batch: int) -> float:
@@ -71,7 +71,8 @@ def main() -> None:
                 window = sorted(times[name][-args.window :])
                 files = spark.sql(f"DESCRIBE DETAIL delta.`{location}`").head().numFiles
                 print(
-                    f"MERGEs {batch - args.window + 1:4d}-{batch:<4d} {name:15s} median {statistics.median(window):.3f} s, "
+                    f"MERGEs {batch - args.window + 1:4d}-{batch:<4d} {name:15s} "
+                    f"median {statistics.median(window):.3f} s, "
                     f"p90 {window[int(len(window) * 0.9)]:.3f} s, max {window[-1]:.3f} s, {files} files",
                     flush=True,
                 )

@@ -37,15 +37,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import psycopg  # noqa: E402
+import psycopg
 
-from cdc.core.config import load_settings  # noqa: E402
-from cdc.core.session import build_spark_session  # noqa: E402
-from cdc.stack.local import LocalStack  # noqa: E402
-from cdc.stack.random_workload import SCHEMA, RandomTables, RandomWorkload, compare, wait_for_marks  # noqa: E402
-from connectors import definitions  # noqa: E402
-from connectors.client import ConnectClient  # noqa: E402
-from connectors.definitions import ConnectorDefinition  # noqa: E402
+from cdc.core.config import load_settings
+from cdc.core.session import build_spark_session
+from cdc.stack.local import LocalStack
+from cdc.stack.random_workload import SCHEMA, RandomTables, RandomWorkload, compare, wait_for_marks
+from connectors import definitions
+from connectors.client import ConnectClient
+from connectors.definitions import ConnectorDefinition
 
 PIPELINE = """name: soak
 sources:
@@ -90,7 +90,7 @@ def restart_failed_tasks(client: ConnectClient, name: str, timeout_s: float = 18
     while time.monotonic() < deadline:
         try:
             status = client.status(name)
-        except Exception:  # the worker is still starting
+        except Exception:  # noqa: BLE001 - the worker is still starting
             time.sleep(1)
             continue
         states = [status["connector"]["state"]] + [task["state"] for task in status.get("tasks", [])]
@@ -212,9 +212,8 @@ def soak(args: argparse.Namespace, settings, stack: LocalStack, seed: int) -> in
             f"soak: seed {seed}; {workload.counts.transactions} transactions, {workload.counts.changes} changed rows "
             f"({', '.join(f'{kind} {count}' for kind, count in sorted(workload.counts.statements.items()))})"
         )
-        print(
-            f"soak: faults: {sum(faults.values())} ({', '.join(f'{kind} {count}' for kind, count in faults.items()) or 'none'})"
-        )
+        fault_counts = ", ".join(f"{kind} {count}" for kind, count in faults.items()) or "none"
+        print(f"soak: faults: {sum(faults.values())} ({fault_counts})")
         print(
             f"soak: rows compared: {sum(result.rows for result in results)} "
             f"({', '.join(f'{result.name} {result.rows}' for result in results)})"

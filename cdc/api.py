@@ -161,6 +161,7 @@ class Lakehouse:
         interval_s: float = 2.0,
         rebuild: bool = False,
         reinfer_schema: bool = False,
+        fail_on_quarantine: bool = False,
         stop: threading.Event | None = None,
     ) -> int | dict[str, int]:
         """Decode a raw table and MERGE it into its refined table (``cdc refine``): the raw table of topic
@@ -169,7 +170,9 @@ class Lakehouse:
         ``columns`` (name -> Spark type) and ``key`` describe a topic written without schemas, or
         override decoded types. ``rebuild``: first make the refined table(s) again from the raw table's
         current contents (:meth:`rebuild`). ``reinfer_schema``: infer the kept schemas of a pipeline's
-        event sources again. Returns the changes read: a count, or a count per table for a pipeline.
+        event sources again. ``fail_on_quarantine``: raise :class:`~cdc.core.errors.QuarantineError` after a
+        run that sent records to the quarantine (every other change is applied). Returns the changes read:
+        a count, or a count per table for a pipeline.
 
         Example::
 
@@ -187,13 +190,15 @@ class Lakehouse:
                 "trigger": trigger,
                 "reinfer_schema": reinfer_schema,
                 "rebuild": rebuild,
+                "fail_on_quarantine": fail_on_quarantine,
             }
             config = validate(PipelineRefineConfig, run, "refine job settings")
             spark = self.spark(refines_continuously=continuous)
             return run_pipeline_refine(spark, loaded, config, say=self.say, stop=stop)
         if reinfer_schema:
             raise _config_error("reinfer_schema applies to the event sources of a pipeline")
-        job = self._refine_config(table, columns, key, trigger)
+        assert table is not None  # one of the two, checked above
+        job = self._refine_config(table, columns, key, trigger, fail_on_quarantine)
         spark = self.spark(refines_continuously=continuous)
         if rebuild:
             rebuild_refined_table(spark, job, say=self.say)
@@ -248,6 +253,7 @@ class Lakehouse:
                 "refine": {"kind": "pipeline", "pipeline": loaded, "run": run},
             }
         else:
+            assert topics is not None  # one of the two, checked above
             document = {
                 "raw": {**raw, "topics": {"kind": "topics", "topics": list(topics)}, "on_gap": raw["on_gap"] or "fail"},
                 "refine": {"kind": "topics", "jobs": [{**run, "table": topic} for topic in topics]},
@@ -300,7 +306,12 @@ class Lakehouse:
         return location
 
     def _refine_config(
-        self, table: str, columns: Mapping[str, str] | None, key: Sequence[str] | None, trigger: dict[str, Any]
+        self,
+        table: str,
+        columns: Mapping[str, str] | None,
+        key: Sequence[str] | None,
+        trigger: dict[str, Any],
+        fail_on_quarantine: bool = False,
     ) -> RefineJobConfig:
         document = {
             "table": table,
@@ -308,6 +319,7 @@ class Lakehouse:
             "columns": dict(columns) if columns else None,
             "key": list(key) if key else None,
             "trigger": trigger,
+            "fail_on_quarantine": fail_on_quarantine,
         }
         return validate(RefineJobConfig, document, "refine job settings")
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import tempfile
 
+from pyspark.sql import SparkSession
+
 
 def _training_run() -> None:
     """Load what jobs load: a raw landing through the job's own batch writer, refines of Debezium
@@ -24,6 +26,7 @@ def _training_run() -> None:
     with tempfile.TemporaryDirectory(prefix="cdc-class-archive-") as warehouse:
         _land_and_refine(spark, warehouse)
     gateway = SparkContext._gateway
+    assert gateway is not None  # the session above started it
     spark.stop()
     # The JVM exits when its standard input closes, and writes the archive as it exits.
     gateway.proc.stdin.close()
@@ -33,7 +36,7 @@ def _training_run() -> None:
 TRAINING_TOPIC = "train.public.items"
 
 
-def _land_and_refine(spark, warehouse: str) -> None:
+def _land_and_refine(spark: SparkSession, warehouse: str) -> None:
     from pyspark.sql import functions as F
 
     from cdc.core.tables import raw_table_location
@@ -54,7 +57,7 @@ def _land_and_refine(spark, warehouse: str) -> None:
     feed = f"{warehouse}/_training_feed"
     refine = RefineJobConfig(table=TRAINING_TOPIC, warehouse=warehouse, trigger={"kind": "available_now"})
     for first, envelopes in enumerate(
-        [_envelopes(range(1, 6), "c"), _envelopes(range(2, 5), "u") + [("{}", "{not json")]]
+        [_envelopes(range(1, 6), "c"), [*_envelopes(range(2, 5), "u"), ("{}", "{not json")]]
     ):
         records = spark.createDataFrame(
             [
@@ -86,12 +89,13 @@ def _land_and_refine(spark, warehouse: str) -> None:
     ).collect()
 
 
+_ID_FIELD = {"type": "int64", "optional": False, "field": "id"}
 _ROW = {
     "type": "struct",
     "optional": True,
     "name": "train.public.items.Value",
     "fields": [
-        {"type": "int64", "optional": False, "field": "id"},
+        _ID_FIELD,
         {"type": "string", "optional": True, "field": "name"},
         {
             "type": "bytes",
@@ -107,7 +111,7 @@ _ROW = {
 }
 
 
-_KEY_SCHEMA = {"type": "struct", "optional": False, "name": "train.public.items.Key", "fields": [_ROW["fields"][0]]}
+_KEY_SCHEMA = {"type": "struct", "optional": False, "name": "train.public.items.Key", "fields": [_ID_FIELD]}
 
 
 def _value_schema() -> dict:

@@ -16,9 +16,9 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
 
 from cdc.core.errors import ConfigError, TableError
-from cdc.core.tables import KIND_PROPERTY, RAW_KIND, delta_properties, is_delta_table
 from cdc.core.shared_tables import retrying_conflicts
 from cdc.core.storage import normalize_location
+from cdc.core.tables import KIND_PROPERTY, RAW_KIND, delta_properties, is_delta_table
 
 SAFE_RETENTION_HOURS = 168.0
 OVERRIDE_FLAG = "--i-know-vacuum-below-retention-loses-time-travel"
@@ -34,7 +34,7 @@ def resolve_table(spark: SparkSession, table: str, warehouse: str) -> str:
             return location
     try:
         if spark.catalog.tableExists(table):
-            return spark.sql(f"DESCRIBE DETAIL {table}").select("location").head()[0]
+            return spark.sql(f"DESCRIBE DETAIL {table}").select("location").collect()[0][0]
     except AnalysisException:  # not a table name either (a path)
         pass
     raise TableError(
@@ -56,7 +56,7 @@ def optimize_table(spark: SparkSession, location: str, zorder_by: list[str] | No
     refuse the compaction: it runs again on the new version."""
     table = DeltaTable.forPath(spark, location)
     if zorder_by:
-        detail = table.detail().select("partitionColumns").head()[0]
+        detail = table.detail().select("partitionColumns").collect()[0][0]
         columns = table.toDF().columns
         for column in zorder_by:
             if column not in columns or column in detail:
@@ -64,9 +64,9 @@ def optimize_table(spark: SparkSession, location: str, zorder_by: list[str] | No
                     "is a partition column" if column in detail else f"is not a column (columns: {', '.join(columns)})"
                 )
                 raise ConfigError(f"cannot Z-order by {column!r}: it {why}", table=location)
-        metrics = retrying_conflicts(lambda: table.optimize().executeZOrderBy(*zorder_by).head().metrics)
+        metrics = retrying_conflicts(lambda: table.optimize().executeZOrderBy(*zorder_by).collect()[0].metrics)
     else:
-        metrics = retrying_conflicts(lambda: table.optimize().executeCompaction().head().metrics)
+        metrics = retrying_conflicts(lambda: table.optimize().executeCompaction().collect()[0].metrics)
     return OptimizeResult(location, metrics.numFilesRemoved, metrics.numFilesAdded)
 
 
@@ -97,7 +97,7 @@ def vacuum_table(
             table=location,
             retain_hours=retain_hours,
         )
-    previous = spark.conf.get(_RETENTION_CHECK, "true")
+    previous = spark.conf.get(_RETENTION_CHECK, "true") or "true"
     spark.conf.set(_RETENTION_CHECK, "false")  # Delta's own guard, lifted for this call only
     try:
         _vacuum(spark, table, retain_hours)

@@ -10,7 +10,8 @@ from pyspark.sql import functions as F
 
 from cdc.core.config import KafkaConnection
 from cdc.core.errors import SourceError
-from cdc.raw.checkpoint import committed_offsets
+from cdc.core.source import KafkaTopics
+from cdc.core.storage import Storage
 from cdc.core.tables import (
     checkpoint_location,
     gaps_table_location,
@@ -18,8 +19,7 @@ from cdc.core.tables import (
     raw_table_location,
     raw_table_topic,
 )
-from cdc.core.source import KafkaTopics
-from cdc.core.storage import Storage
+from cdc.raw.checkpoint import committed_offsets
 from refine.expectations import expectations_location
 from refine.progress import RefinedTableStatus, refined_table_statuses
 from refine.quarantine import quarantine_location
@@ -77,7 +77,7 @@ def raw_table_statuses(
             RawTableStatus(
                 topic=topic,
                 table=location,
-                version=DeltaTable.forPath(spark, location).history(1).select("version").head()[0],
+                version=DeltaTable.forPath(spark, location).history(1).select("version").collect()[0][0],
                 rows=spark.read.format("delta").load(location).count(),
                 recorded_gaps=gaps.get(location, 0),
                 quarantined=quarantined.get(location, 0),

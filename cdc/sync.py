@@ -15,19 +15,18 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Collection
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 from pyspark.sql import SparkSession
 
-from cdc.core.config import _Strict
+from cdc.core.config import AvailableNow, _Strict
+from cdc.core.streaming import JobThreads
+from cdc.core.tables import has_landed_data, is_delta_table, raw_table_location
 from cdc.pipeline.config import JsonEvents, Pipeline
 from cdc.pipeline.run import PipelineRefineConfig, run_pipeline_refine
-from cdc.core.config import AvailableNow
 from cdc.raw.config import RawJobConfig, TopicList
 from cdc.raw.job import TopicSummary, run_raw_job
-from cdc.core.tables import has_landed_data, is_delta_table, raw_table_location
-from cdc.core.streaming import JobThreads
 from refine.job import RefineJobConfig, run_refine_job
 from refine.schemas import infers_schema
 
@@ -47,7 +46,7 @@ class PipelineRefinement(_Strict):
     run: PipelineRefineConfig = Field(description="Where the tables are and when to run.")
 
 
-Refinement = Annotated[Union[TopicsRefinement, PipelineRefinement], Field(discriminator="kind")]
+Refinement = Annotated[TopicsRefinement | PipelineRefinement, Field(discriminator="kind")]
 
 
 class SyncJobConfig(_Strict):
@@ -95,7 +94,7 @@ def run_sync_job(
             if not stop.is_set():
                 refine()
         return landed
-    landed: list[TopicSummary] = []
+    landed = []
     threads = JobThreads(stop)
     threads.start("raw", lambda: landed.extend(run_raw_job(spark, config.raw, say_whole, stop)))
     for name, refine in _refinements(spark, config, say_whole, stop).items():
@@ -106,14 +105,14 @@ def run_sync_job(
 
 def _refinements(
     spark: SparkSession, config: SyncJobConfig, say: Callable[[str], None], stop: threading.Event, wait: bool = True
-) -> dict[str, Callable[[], None]]:
+) -> dict[str, Callable[[], object]]:
     """Each refinement, by name, as a call that first waits (until ``stop``) for the raw tables it reads.
     Without ``wait`` (after a landing run once) it starts at once: a table still missing or empty is
     the refinement's own clear error, not a wait that never ends."""
 
     def once_landed(
         topics: list[str], refine: Callable[[], object], with_rows: Collection[str] = ()
-    ) -> Callable[[], None]:
+    ) -> Callable[[], object]:
         """``refine`` once the raw tables of ``topics`` exist, and those of ``with_rows`` hold rows."""
         if not wait:
             return refine
@@ -124,7 +123,7 @@ def _refinements(
                 waiting = {
                     table: rows
                     for table, rows in waiting.items()
-                    if not is_delta_table(spark, table) or rows and not has_landed_data(spark, table)
+                    if not is_delta_table(spark, table) or (rows and not has_landed_data(spark, table))
                 }
                 if waiting and stop.wait(0.5):
                     return
@@ -144,8 +143,9 @@ def _refinements(
             ]
             return {pipeline.name: once_landed(config.refined_topics, refine_all, inferred)}
         case TopicsRefinement(jobs=jobs):
-            return {
-                job.target: once_landed([job.table], lambda job=job: run_refine_job(spark, job, say, stop))
-                for job in jobs
-            }
+
+            def refine_one(job: RefineJobConfig) -> Callable[[], object]:
+                return lambda: run_refine_job(spark, job, say, stop)
+
+            return {job.target: once_landed([job.table], refine_one(job)) for job in jobs}
     raise AssertionError(f"unknown refinement {config.refine!r}")

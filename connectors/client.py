@@ -73,7 +73,7 @@ class ConnectClient:
                     raise
                 time.sleep(0.25)
                 continue
-            states = [status["connector"]] + status.get("tasks", [])
+            states = [status["connector"], *status.get("tasks", [])]
             failed = [state for state in states if state["state"] == "FAILED"]
             if failed:
                 trace = failed[0].get("trace", "").splitlines()

@@ -17,9 +17,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from cdc.core.errors import CdcError
-from cdc.core.tables import raw_table_location
 from cdc.core.shared_tables import retrying_conflicts
 from cdc.core.streaming import batch_error
+from cdc.core.tables import raw_table_location
 from refine.batch_facts import BatchFacts, batch_facts
 from refine.batch_schemas import readable_value_schemas
 from refine.config import RefineJobConfig, refined_table_location
@@ -42,7 +42,7 @@ _KNOWN = 16  # wrapper schemas remembered per raw table and column
 _SCHEMAS_SEEN: dict[str, dict[str, list[str]]] = {}
 # The wrapper schemas, by column, of each raw table's last batch (the newest of them, when it held
 # several): the guess the next batch is parsed with (RefineBatch._refine_with_guessed_schemas).
-_LAST_SCHEMAS: dict[str, dict[str, list[str]]] = {}
+_LAST_SCHEMAS: dict[str, dict[str, list[str]] | None] = {}
 
 
 def _has_bare_envelopes(records: DataFrame) -> bool:
@@ -220,7 +220,7 @@ class RefineBatch:
                 )
             records.unpersist()  # the parsed changes are cached now
             valid = (parsed.where("problem IS NULL") if facts.problems else parsed).drop("raw_value")
-            columns = [field.field for field in batch.value_schema.field_named("after").fields or ()]
+            columns = [field.field_name for field in batch.value_schema.field_named("after").fields or ()]
             if batch.no_readable_key:
                 return True
             self._merge(spark, valid, batch.key_schema, columns, facts)

@@ -7,6 +7,7 @@ from typing import NamedTuple
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from refine.envelope import Op
 from refine.latest import SnapshotStart, last_snapshot_start
@@ -40,12 +41,10 @@ def batch_facts(changes: DataFrame) -> BatchFacts:
         last_snapshot_start().alias("snapshot"),
         F.coalesce(F.max(is_key_change(F.col("kafka_headers"))), F.lit(False)).alias("key_changes"),
         F.coalesce(F.max(F.col("op") == Op.DELETE.value), F.lit(False)).alias("deletes"),
-        F.coalesce(F.max(has_placeholder(F.col("after"), changes.schema["after"].dataType)), F.lit(False)).alias(
-            "toast"
-        ),
+        F.coalesce(F.max(has_placeholder(F.col("after"), row_type_of(changes))), F.lit(False)).alias("toast"),
         F.count(F.when(F.col("problem") == OTHER_SCHEMA, 1)).alias("other_schemas"),
         F.count(F.lit(1)).alias("records"),
-    ).first()
+    ).collect()[0]  # an aggregate without grouping: one row
     truncate = tuple(row.truncate) if row.truncate else None
     return BatchFacts(
         row.problems,
@@ -57,3 +56,10 @@ def batch_facts(changes: DataFrame) -> BatchFacts:
         row.other_schemas,
         row.records,
     )
+
+
+def row_type_of(changes: DataFrame) -> StructType:
+    """The type of the changes' row images (``after``): a struct, as parsing builds it."""
+    row_type = changes.schema["after"].dataType
+    assert isinstance(row_type, StructType)
+    return row_type

@@ -22,10 +22,10 @@ def merged_schema(schemas: list[ConnectSchema]) -> ConnectSchema:
     fields: dict[str, dict] = {}
     for row in rows:
         for field in row.fields or ():
-            fields.setdefault(field.field, field.model_dump(exclude_none=True))
-    for name, field in fields.items():  # a column added or dropped within the batch: null in some records
+            fields.setdefault(field.field_name, field.model_dump(exclude_none=True))
+    for name, document in fields.items():  # a column added or dropped within the batch: null in some records
         if not all(any(f.field == name for f in row.fields or ()) for row in rows):
-            field["optional"] = True
+            document["optional"] = True
     after = {**rows[-1].model_dump(exclude_none=True), "fields": list(fields.values())}
     envelope = latest.model_dump(exclude_none=True)
     envelope["fields"] = [

@@ -6,8 +6,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from cdc.core.config import _Strict
-from cdc.core.config import TOPIC_NAME, Continuous, Trigger
+from cdc.core.config import TOPIC_NAME, Continuous, Trigger, _Strict
 from cdc.core.storage import normalize_location
 from refine.columns import connect_type
 from refine.rules import TableRules
@@ -45,7 +44,8 @@ class RefineJobConfig(RefineRun):
 
     Example::
 
-        from cdc import RefineJobConfig, run_refine_job
+        from cdc import RefineJobConfig
+        from cdc import run_refine_job
 
         config = RefineJobConfig(
             table="demo.shop.orders", warehouse="/data/warehouse", trigger={"kind": "available_now"}
@@ -63,9 +63,10 @@ class RefineJobConfig(RefineRun):
         default=None,
         description=(
             "Column types in Spark SQL (bigint, decimal(12,2), timestamp...; timestamp_ntz(p) and time(p) take the "
-            "Postgres precision, which picks Debezium's encoding: milliseconds up to 3). For values written without a schema "
-            "(schemas.enable=false) they are the row's schema, and `key` is required; with a schema they override "
-            "decoded types (e.g. a decimal.handling.mode=string column declared decimal(12,2)). See refine/columns.py."
+            "Postgres precision, which picks Debezium's encoding: milliseconds up to 3). For values written without a "
+            "schema (schemas.enable=false) they are the row's schema, and `key` is required; with a schema they "
+            "override decoded types (e.g. a decimal.handling.mode=string column declared decimal(12,2)). "
+            "See refine/columns.py."
         ),
     )
     rules: TableRules | None = Field(default=None, description="Expectations checked before the MERGE (pipelines).")

@@ -98,7 +98,7 @@ def json_type(schema: ConnectSchema) -> DataType:
         return StructType([StructField("scale", IntegerType()), StructField("value", StringType())])
     match schema.type:
         case ConnectType.STRUCT:
-            return StructType([StructField(f.field, json_type(f)) for f in schema.fields or ()])
+            return StructType([StructField(f.field_name, json_type(f)) for f in schema.fields or ()])
         case ConnectType.ARRAY:
             assert schema.items is not None
             return ArrayType(json_type(schema.items))
@@ -134,7 +134,7 @@ def decoded_type(schema: ConnectSchema) -> DataType:
         case ConnectType.BYTES:
             return BinaryType()
         case ConnectType.STRUCT:
-            return StructType([StructField(f.field, decoded_type(f)) for f in schema.fields or ()])
+            return StructType([StructField(f.field_name, decoded_type(f)) for f in schema.fields or ()])
         case ConnectType.ARRAY:
             assert schema.items is not None
             return ArrayType(decoded_type(schema.items))
@@ -187,9 +187,9 @@ def decode(value: Column, schema: ConnectSchema) -> Column:
         case ConnectType.BYTES:
             return F.try_to_binary(value, F.lit("base64"))
         case ConnectType.STRUCT:
-            fields = [f for f in schema.fields or ()]
+            fields = list(schema.fields or ())
             return F.when(value.isNull(), F.lit(None)).otherwise(
-                F.struct(*[decode(value[f.field], f).alias(f.field) for f in fields])
+                F.struct(*[decode(value[f.field], f).alias(f.field_name) for f in fields])
             )
         case ConnectType.ARRAY:
             assert schema.items is not None

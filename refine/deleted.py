@@ -54,7 +54,9 @@ def with_deleted_images(latest: DataFrame, states: DataFrame, stored: DataFrame 
     with_prior = with_state_before(latest, is_delete, F.col("key"), states, stored)
     before_type = latest.schema["before"].dataType
     assert isinstance(before_type, StructType)
-    keys = set(latest.schema["key"].dataType.fieldNames())  # type: ignore[union-attr]
+    key_type = latest.schema["key"].dataType
+    assert isinstance(key_type, StructType)
+    keys = set(key_type.fieldNames())
     image = F.struct(
         *[
             (F.col(f"key.`{f.name}`") if f.name in keys else F.col(f"image.`{f.name}`")).alias(f.name)
@@ -119,13 +121,7 @@ def record_snapshot_removals(
     marked = {LSN: F.lit(lsn), OFFSET: F.lit(offset), OP: F.lit(Op.DELETE.value)}
     removed = removed.select(
         *[
-            (
-                marked.get(f.name)
-                if f.name in marked
-                else F.col(f"`{f.name}`")
-                if f.name in stored.columns
-                else F.lit(None)
-            )
+            (marked[f.name] if f.name in marked else F.col(f"`{f.name}`") if f.name in stored.columns else F.lit(None))
             .cast(f.dataType)
             .alias(f.name)
             for f in rows.schema

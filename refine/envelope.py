@@ -12,7 +12,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-
 # What this project calls a record with a null value: the tombstone that follows every delete.
 TOMBSTONE = "tombstone"
 
@@ -62,6 +61,12 @@ class ConnectSchema(BaseModel):
     items: ConnectSchema | None = None
     keys: ConnectSchema | None = None
     values: ConnectSchema | None = None
+
+    @property
+    def field_name(self) -> str:
+        """The name of this schema as a field of a struct (every field of a struct has one)."""
+        assert self.field is not None, f"a struct's field without a name: {self!r}"
+        return self.field
 
     def field_named(self, name: str) -> ConnectSchema:
         for child in self.fields or ():

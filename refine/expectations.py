@@ -25,11 +25,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import Enum
 
+from pydantic import Field, field_validator
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType, TimestampType
-from pydantic import Field, field_validator
 
 from cdc.core.config import _Strict
 from cdc.core.errors import ConfigError, ExpectationError
@@ -135,8 +135,10 @@ def split(checked: DataFrame, expectations: list[Expectation]) -> tuple[DataFram
     """(passing rows, violations) of evaluated rows. Passing: no drop or fail expectation failed (warn
     failures stay). Violations: every row that failed any expectation, with ``_cdc_failed_expectations``."""
     passed = [F.col(_passed(i)) for i in range(len(expectations))]
-    blocking = [p for p, e in zip(passed, expectations) if e.action is not ExpectationAction.WARN]
-    failed_names = F.array_compact(F.array(*[F.when(~p, F.lit(e.name)) for p, e in zip(passed, expectations)]))
+    blocking = [p for p, e in zip(passed, expectations, strict=True) if e.action is not ExpectationAction.WARN]
+    failed_names = F.array_compact(
+        F.array(*[F.when(~p, F.lit(e.name)) for p, e in zip(passed, expectations, strict=True)])
+    )
     helpers = [_passed(i) for i in range(len(expectations))]
     keep = functools.reduce(operator.and_, blocking, F.lit(True))
     passing = checked.where(keep).drop(*helpers)
@@ -166,7 +168,7 @@ def enforce_expectations(
         failed = _record_counts(spark, checked, config, warehouse, batch)
         for i, expectation in enumerate(config.expectations):
             if expectation.action is ExpectationAction.FAIL and failed[expectation.name]:
-                example = checked.where(~F.col(_passed(i))).select(*config.key_columns).head()
+                example = checked.where(~F.col(_passed(i))).select(*config.key_columns).head(1)[0]  # failed > 0
                 raise ExpectationError(
                     f"{failed[expectation.name]:,} rows broke a fail expectation",
                     table=config.table,
@@ -205,7 +207,7 @@ def _record_counts(
     totals = checked.agg(
         F.count("*").alias("rows"),
         *[F.count_if(~F.col(_passed(i))).alias(f"failed_{i}") for i in range(len(config.expectations))],
-    ).head()
+    ).collect()[0]
     failed = {e.name: totals[f"failed_{i}"] for i, e in enumerate(config.expectations)}
     counts = spark.createDataFrame(
         [

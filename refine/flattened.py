@@ -18,7 +18,7 @@ job (last change per key, MERGE with position guards) is the same as for envelop
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -96,7 +96,7 @@ def parse_flattened(
     key_schema: ConnectSchema,
     value_schema: ConnectSchema,
     with_lsn: bool,
-    schema_texts: dict[str, Sequence[str]] | None = None,
+    schema_texts: Mapping[str, Sequence[str]] | None = None,
     only_schemas: bool = False,
 ) -> DataFrame:
     """Typed changes from raw rows of a flattened topic; ``value_schema`` from :func:`as_envelope`,
@@ -132,14 +132,16 @@ def parse_flattened(
     before_it = F.max(F.when(F.col("value").isNotNull(), lsn)).over(by_key.rowsBetween(Window.unboundedPreceding, -1))
     tombstone_lsn = F.coalesce(before_it, F.lit(_MAX_LSN if with_lsn else 0).cast("long"))
     decoded = parsed.select("*", op.alias("op"), after.alias("decoded"))
+    decoded_type = decoded.schema["decoded"].dataType
+    assert isinstance(decoded_type, StructType)
     # A tombstone's image is its key (the MERGE finds the row to delete by it); a key field the row
     # lacks (see with_key_columns) comes from the key too.
     image = F.when(F.col("value").isNull(), F.lit(None)).otherwise(F.col("decoded"))
     image = F.struct(
         *[
             (F.coalesce(image[f.field], F.col(f"key.`{f.field}`")) if f.field in key_names else image[f.field])
-            .cast(decoded.schema["decoded"].dataType[f.field].dataType)
-            .alias(f.field)
+            .cast(decoded_type[f.field_name].dataType)
+            .alias(f.field_name)
             for f in row_schema.fields or ()
         ]
     )

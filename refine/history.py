@@ -54,7 +54,8 @@ class ChangeOp(str, Enum):
 
 
 def op_of_debezium(op: Column) -> Column:
-    """The ChangeOp of a Debezium op (``d`` deletes; ``c``, ``u``, ``r`` upsert), e.g. of a refined row's ``_cdc_op``."""
+    """The ChangeOp of a Debezium op (``d`` deletes; ``c``, ``u``, ``r`` upsert), e.g. of a refined row's
+    ``_cdc_op``."""
     return F.when(op == Op.DELETE.value, F.lit(ChangeOp.DELETE.value)).otherwise(F.lit(ChangeOp.UPSERT.value))
 
 
@@ -298,7 +299,7 @@ def _closed_by_reset(
         history,
         spec,
         columns,
-        dict(zip(SOURCE_POSITION, reset[:2])),
+        dict(zip(SOURCE_POSITION, reset[:2], strict=True)),
         {COMMITTED_AT: F.lit(reset.source_committed_at), OP: F.lit(reset.op), REFINED_AT: F.current_timestamp()},
     )
     if reset.op == Op.READ.value:

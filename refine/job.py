@@ -15,19 +15,19 @@ ExtractNewDocumentState (:mod:`refine.flattened`).
 from __future__ import annotations
 
 import threading
-from datetime import datetime, timezone
 from collections.abc import Callable
+from datetime import UTC, datetime
 
 from delta.tables import DeltaTable
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from cdc.core.errors import CdcError, QuarantineError, StreamError, TableError
 from cdc.core.config import Trigger
-from cdc.core.tables import delta_properties, is_delta_table, raw_table_location, raw_table_topic
+from cdc.core.errors import CdcError, QuarantineError, StreamError, TableError
 from cdc.core.storage import Storage
 from cdc.core.streaming import ProgressReports, ending_on_request, failure, stop_queries, with_trigger
+from cdc.core.tables import delta_properties, is_delta_table, raw_table_location, raw_table_topic
 from refine.batch import RefineBatch
 from refine.config import RefineJobConfig, RefineRun, refined_table_location
 from refine.progress import record_failure, record_tables, recorded_raw_table, refine_checkpoint_location
@@ -45,7 +45,7 @@ def starting_raw_version(spark: SparkSession, refined: str, raw: str) -> int:
     rebuilt_from = delta_properties(spark, refined).get(REBUILT_FROM_PROPERTY)
     if rebuilt_from is None:
         return 0
-    latest = DeltaTable.forPath(spark, raw).history(1).select("version").first()[0]
+    latest = DeltaTable.forPath(spark, raw).history(1).select("version").collect()[0][0]
     return min(int(rebuilt_from) + 1, latest)
 
 
@@ -98,7 +98,7 @@ def watch_refine_queries(
             while any(query.isActive for query in queries.values()) and not stop.is_set():
                 for name, query in queries.items():
                     try:
-                        query.awaitTermination(0.5)
+                        query.awaitTermination(0.5)  # type: ignore[arg-type]  # seconds, a float works
                     except StreamingQueryException:
                         pass  # reported just below, by _raise_failure
                     read = getattr((batches or {}).get(name), "records_read", {})
@@ -122,7 +122,7 @@ def watch_refine_queries(
     except CdcError as error:
         failed = error.context.get("table")
         if warehouse is not None and failed in queries:
-            record_failure(Storage(queries[failed].sparkSession), warehouse, failed, error)
+            record_failure(Storage(SparkSession.active()), warehouse, failed, error)
         raise
     finally:
         stop_queries(queries.values(), stop, say)
@@ -152,7 +152,7 @@ def run_refine_job(
 
         changes = run_refine_job(spark, RefineJobConfig(table="demo.shop.orders", warehouse="/data/warehouse"))
     """
-    since = datetime.now(timezone.utc)
+    since = datetime.now(UTC)
     batch = RefineBatch(config)
     query = start_refine_query(spark, config.warehouse, config.table, config.target, batch, config.trigger)
     changes = watch_refine_queries(

@@ -12,7 +12,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from cdc.core.errors import ConfigError
-from refine.batch_facts import BatchFacts
+from refine.batch_facts import BatchFacts, row_type_of
 from refine.deleted import (
     record_deletes,
     record_snapshot_removals,
@@ -52,11 +52,11 @@ def merge_keyed_batch(
 ) -> None:
     """MERGE a batch's valid parsed ``changes`` (of the refined ``columns``, keyed by ``key_schema``)
     into ``tables``."""
-    key_columns = [field.field for field in key_schema.fields or ()]
-    _check_explode(changes.schema["after"].dataType, tables)
+    key_columns = [field.field_name for field in key_schema.fields or ()]
+    _check_explode(row_type_of(changes), tables)
     filled, latest = _latest_changes(spark, changes, key_schema, key_columns, facts, tables)
-    with rules.enforced_changes(spark, latest, columns, key_columns, batch_id) as rows:
-        rows = rows.persist()  # computed once from the tables as they were
+    with rules.enforced_changes(spark, latest, columns, key_columns, batch_id) as enforced:
+        rows = enforced.persist()  # computed once from the tables as they were
         try:
             _write_rows(spark, rows, key_columns, facts, tables)
         finally:
@@ -87,7 +87,7 @@ def _latest_changes(
     per key (a delete with the row image it removes)."""
     filled, stored = changes, None
     if facts.key_changes:  # only then are stored rows read (a scan of the refined table)
-        stored = stored_states(spark, [tables.refined, tables.deleted], key_columns, changes.schema["after"].dataType)
+        stored = stored_states(spark, [tables.refined, tables.deleted], key_columns, row_type_of(changes))
         filled = fill_from_old_keys(changes, key_schema, stored)
     latest = latest_per_key(filled, key_columns, facts.truncated_at, facts.placeholders, facts.snapshot_from)
     if facts.deletes:

@@ -66,7 +66,9 @@ def read_applied(spark: SparkSession, location: str) -> tuple[int | None, int, i
     return row.get("commit_lsn"), row["lsn"], row["offset"], row["version"]
 
 
-def write_applied(spark: SparkSession, location: str, commit_lsn: int, lsn: int, offset: int, version: int) -> None:
+def write_applied(
+    spark: SparkSession, location: str, commit_lsn: int | None, lsn: int, offset: int, version: int
+) -> None:
     mark = spark.createDataFrame(
         [(commit_lsn, lsn, offset, version)], "commit_lsn long, lsn long, offset long, version long"
     )
@@ -105,16 +107,18 @@ def _hashed(image: Column) -> Column:
 def net_changes(rows: DataFrame, columns: list[str]) -> DataFrame:
     """Per row image, how many copies the changes add (``net`` < 0: remove), with the image and the
     metadata of its last addition."""
-    meta = [
+    meta: list[str | Column] = [
         F.col("source_lsn").alias(LSN),
         F.col("kafka_offset").alias(OFFSET),
         F.col("source_committed_at").alias(COMMITTED_AT),
         F.col("op").alias(OP),
         STREAM_COMMIT,
     ]
+    after_type = rows.schema["after"].dataType
+    assert isinstance(after_type, StructType)  # a row
     added = rows.where(F.col("op").isin(Op.READ.value, Op.CREATE.value, Op.UPDATE.value)).select(
         # Under REPLICA IDENTITY FULL the old row is whole: it has the values an update left TOASTed.
-        replace_placeholders(F.col("after"), F.col("before"), rows.schema["after"].dataType).alias("image"),
+        replace_placeholders(F.col("after"), F.col("before"), after_type).alias("image"),
         F.lit(1).alias("delta"),
         *meta,
     )
@@ -166,7 +170,7 @@ def merge_keyless(spark: SparkSession, location: str, rows: DataFrame, truncated
     job (Delta skips it when the table has it already); with ``truncated``, they replace the table."""
     stored = [f for f in rows.schema if f.name != "_action"]
     ensure_refined_table(spark, location, StructType([StructField(f.name, f.dataType) for f in stored]))
-    values = {f"`{f.name}`": F.col(f"s.`{f.name}`") for f in stored}
+    values: dict[str, str | Column] = {f"`{f.name}`": F.col(f"s.`{f.name}`") for f in stored}
     merge = (
         DeltaTable.forPath(spark, location)
         .alias("t")
@@ -212,7 +216,8 @@ def merge_keyless_changes(
             existing = spark.read.format("delta").load(location)
         version = (applied[-1] if applied else 0) + 1
         merge_keyless(spark, location, copies(net_changes(counted, columns), existing, columns), reset, version)
-        write_applied(spark, applied_at, *mark.last, version)
+        commit_lsn, lsn, offset = mark.last
+        write_applied(spark, applied_at, commit_lsn, lsn, offset, version)
     finally:
         rows.unpersist()
 

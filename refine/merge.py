@@ -25,6 +25,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, StructField, StructType
 
 from cdc.core.errors import TableError
+from cdc.core.functions import helpers_available
+from cdc.core.storage import Storage
 from cdc.core.tables import (
     CHECKPOINT_PROPERTIES,
     KIND_PROPERTY,
@@ -32,8 +34,6 @@ from cdc.core.tables import (
     clear_interrupted_creation,
     is_delta_table,
 )
-from cdc.core.functions import helpers_available
-from cdc.core.storage import Storage
 from refine.envelope import Op
 from refine.flatten import POSITION, child_rows
 from refine.latest import at_or_after
@@ -134,7 +134,7 @@ def merge_changes(
     ensure_refined_table(spark, location, _schema_of(rows))
     newer = at_or_after([F.col(f"s.`{c}`") for c in position], [F.col(f"t.`{c}`") for c in position])
     is_delete = F.col(f"s.{OP}") == Op.DELETE.value
-    updates = {}
+    updates: dict[str, str | Column] = {}
     for field in rows.schema:
         source = F.col(f"s.`{field.name}`")
         # A TOAST placeholder keeps the value the row has.
@@ -146,9 +146,9 @@ def merge_changes(
         )
     condition = reduce(Column.__and__, [F.col(f"t.`{key}`") == F.col(f"s.`{key}`") for key in key_columns])
     # Not with a truncate: its clause reads every row the batch does not match, so none can be dropped.
-    filtered = keys is not None and truncated_at is None and snapshot_at is None
+    filtered = truncated_at is None and snapshot_at is None
     table = DeltaTable.forPath(spark, location)
-    with key_filter(spark, table, keys, key_columns) if filtered else nullcontext() as held:
+    with key_filter(spark, table, keys, key_columns) if keys is not None and filtered else nullcontext() as held:
         merge = (
             table.alias("t")
             .merge(rows.alias("s"), condition if held is None else condition & held)
@@ -175,7 +175,7 @@ def key_filter(
     and true for all it holds (and ~1% of the others): a Bloom filter of the keys' hashes, valid within
     the ``with`` block. None where it would not pay: a table under ``KEY_FILTER_MIN_BYTES``, or a
     session without the helpers jar."""
-    if not helpers_available() or table.detail().head().sizeInBytes < KEY_FILTER_MIN_BYTES:
+    if not helpers_available() or table.detail().collect()[0].sizeInBytes < KEY_FILTER_MIN_BYTES:
         yield None
         return
     hashes = keys.select(_key_hash(key_columns, "").alias("key_hash"))
@@ -184,7 +184,9 @@ def key_filter(
     sketch = hashes._jdf.stat().bloomFilter("key_hash", max(keys.count(), 1), KEY_FILTER_FALSE_POSITIVES)
     broadcast = spark.sparkContext._jsc.broadcast(sketch)
     name = f"cdc_batch_keys_{uuid.uuid4().hex}"
-    function = spark.sparkContext._jvm.cdc.jvm.MightContain(broadcast)
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None  # a live session has its JVM gateway
+    function = jvm.cdc.jvm.MightContain(broadcast)
     spark._jsparkSession.udf().register(name, function, spark._jsparkSession.parseDataType(BooleanType().json()))
     try:
         yield F.call_function(name, _key_hash(key_columns, "t."))
@@ -208,7 +210,7 @@ def merge_latest(
     column, then ``_cdc_partition``, ``_cdc_offset``) is at or after the stored one."""
     ensure_refined_table(spark, location, _schema_of(rows))
     newer = at_or_after([F.col(f"s.`{c}`") for c in position], [F.col(f"t.`{c}`") for c in position])
-    values = {f"`{field.name}`": F.col(f"s.`{field.name}`") for field in rows.schema}
+    values: dict[str, str | Column] = {f"`{field.name}`": F.col(f"s.`{field.name}`") for field in rows.schema}
     (
         DeltaTable.forPath(spark, location)
         .alias("t")
@@ -243,7 +245,7 @@ def replace_children(
         .withColumn("_gone", F.lit(True))
     )
     source = children.withColumn("_gone", F.lit(False)).unionByName(gone, allowMissingColumns=True)
-    values = {f"`{field.name}`": F.col(f"s.`{field.name}`") for field in children.schema}
+    values: dict[str, str | Column] = {f"`{field.name}`": F.col(f"s.`{field.name}`") for field in children.schema}
     (
         target.alias("t")
         .merge(source.alias("s"), " AND ".join(f"t.`{column}` = s.`{column}`" for column in match))

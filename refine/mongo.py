@@ -56,16 +56,16 @@ from refine.envelope import TOMBSTONE, ConnectSchema, Op
 from refine.extended_json import (
     JSON_TEXT_METADATA,
     decode,
-    is_json_text,
-    json_text,
-    variant_json_text,
     document_type,
     fits,
+    is_json_text,
     is_null,
+    json_text,
     known,
     member,
     merge_types,
     to_variant,
+    variant_json_text,
     variant_type,
 )
 from refine.flatten import array_element
@@ -422,7 +422,8 @@ def flag_misfits(changes: DataFrame, columns: Columns) -> DataFrame:
         touched = {
             "set": member(F.col("patch.updated"), path).isNotNull(),
             "unset": F.array_contains(F.col("patch.removed"), path),
-            "truncate": F.exists(F.col("patch.truncated"), lambda t, p=path: t["field"] == p),
+            # (mypy cannot infer a lambda whose argument is bound by a default)
+            "truncate": F.exists(F.col("patch.truncated"), lambda t, p=path: t["field"] == p),  # type: ignore[misc]
         }[kind]
         problem = problem.when(F.coalesce(touched, F.lit(False)), F.lit(reason))
     for column in columns.types.fields:
@@ -484,7 +485,8 @@ def latest_documents(
     state = F.aggregate(
         pending,
         base_state.cast(columns.types),
-        lambda s, p: apply_patch(s, columns.types, p["patch"], updated, removed, truncated, decoders),
+        # (the decoders' lambdas bind their shapes by a default argument, which mypy types as a second one)
+        lambda s, p: apply_patch(s, columns.types, p["patch"], updated, removed, truncated, decoders),  # type: ignore[arg-type]
     )
     patched = F.size(pending) > 0
     return rows.select(

@@ -9,7 +9,7 @@ naming the field and the reason, for the quarantine, instead of being dropped.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import reduce
 
 from pyspark.sql import Column, DataFrame
@@ -99,10 +99,10 @@ def wrapper_schemas(records: DataFrame, known: dict[str, Sequence[str]]) -> dict
                     F.array(*[F.min(F.when(match, position)) for match in matches]).alias("known"),
                 ).alias(column)
             )
-        row = records.agg(*firsts).first()
+        row = records.agg(*firsts).collect()[0]
         searching = {}
         for column, schemas in candidates.items():
-            at = {schema: first for schema, first in zip(schemas, row[column].known) if first is not None}
+            at = {schema: first for schema, first in zip(schemas, row[column].known, strict=True) if first is not None}
             if (first := row[column].unmatched) is None:
                 found[column] = sorted(at, key=at.__getitem__)
             else:
@@ -112,7 +112,7 @@ def wrapper_schemas(records: DataFrame, known: dict[str, Sequence[str]]) -> dict
         stuck = False
         for column, (first, _) in searching.items():
             at_first = (F.col("partition") == first.partition) & (F.col("offset") == first.offset)
-            schema = records.where(at_first).select(wrapped_schema(F.col(column))).first()[0]
+            schema = records.where(at_first).select(wrapped_schema(F.col(column))).head(1)[0][0]  # the record is there
             if schema is None or schema in candidates[column]:
                 stuck = True  # not a compact wrapper
             else:
@@ -137,7 +137,8 @@ def read_json(text: Column, schema: ConnectSchema) -> Column:
     """``text`` (JSON without the wrapper) read as ``schema``, with :data:`UNPARSED` when it is a struct."""
     data_type = json_type(schema)
     if not isinstance(data_type, StructType):
-        return F.from_json(text, data_type)
+        # (from_json takes any DataType: pyspark's annotation is too narrow)
+        return F.from_json(text, data_type)  # type: ignore[arg-type]
     return F.from_json(text, with_unparsed(data_type), _UNPARSED_OPTIONS)
 
 
@@ -154,7 +155,8 @@ def wrapped_payload(
     payload_text = _cut_payload(text, schema_texts)
     wrapper = StructType([StructField("payload", payload_type)])
     # from_json stops at the end of the payload's object: the wrapper's closing brace is not read.
-    return F.when(payload_text.isNotNull() & text.endswith("}"), F.from_json(payload_text, payload_type)).otherwise(
+    # (from_json takes any DataType: pyspark's annotation is too narrow)
+    return F.when(payload_text.isNotNull() & text.endswith("}"), F.from_json(payload_text, payload_type)).otherwise(  # type: ignore[arg-type]
         F.from_json(text, wrapper)["payload"]
     )
 
@@ -194,7 +196,7 @@ def _connect_type(schema: ConnectSchema) -> str:
     return f"{schema.name} ({schema.type.value})" if schema.name else schema.type.value
 
 
-def mismatched_field(text: Column, parsed: Column, schema: ConnectSchema, at: Sequence[str], label: str) -> Column:
+def mismatched_field(text: Column, parsed: str, schema: ConnectSchema, at: Sequence[str], label: str) -> Column:
     """Where the JSON ``text`` (a record ``from_json`` found :data:`UNPARSED`) holds a value that did not
     read as ``schema`` (a struct) says: ``field <label><name>: cannot read <JSON> as <Connect type>``
     for the first such field (top level first, then one level into structs); null when none is found.
@@ -202,10 +204,10 @@ def mismatched_field(text: Column, parsed: Column, schema: ConnectSchema, at: Se
     only for the records that did not match."""
     json = F.try_parse_json(text)
     reason = None
-    levels = [[(field, [field.field], F.col(parsed)[field.field]) for field in schema.fields or ()]]
+    levels = [[(field, [field.field_name], F.col(parsed)[field.field]) for field in schema.fields or ()]]
     levels.append(
         [
-            (child, [field.field, child.field], F.col(parsed)[field.field][child.field])
+            (child, [field.field_name, child.field_name], F.col(parsed)[field.field][child.field])
             for field in schema.fields or ()
             if field.type == ConnectType.STRUCT
             for child in field.fields or ()
@@ -241,7 +243,7 @@ def _has_one_of(text: Column, schema_texts: Sequence[str]) -> Column:
     return reduce(Column.__or__, [text.startswith(_wrapper_prefix(schema_text)) for schema_text in schema_texts])
 
 
-def of_known_schemas(schema_texts: dict[str, Sequence[str]]) -> Column:
+def of_known_schemas(schema_texts: Mapping[str, Sequence[str]]) -> Column:
     """Whether a record's ``value`` and ``key`` are each null or the compact wrapper of one of its
     column's ``schema_texts`` (a key without any: no wrapper at all)."""
     return reduce(
@@ -365,7 +367,7 @@ class ChangeParser:
             return wrapped_payload(F.col(column), schema, texts.get(column, ()), unparsed=True)
 
         row_schema = value_schema.field_named("after")
-        self._envelopes = [
+        self._envelopes: list[str | Column] = [
             *record_columns(),
             F.col("value_bytes").isNotNull().alias("value_not_utf8"),
             F.col("key_bytes").isNotNull().alias("key_not_utf8"),
@@ -377,7 +379,7 @@ class ChangeParser:
         op = F.when(F.col("value").isNull() & ~F.col("value_not_utf8"), F.lit(TOMBSTONE)).otherwise(
             F.col("envelope.op")
         )
-        self._decoded = [
+        self._decoded: list[str | Column] = [
             "*",
             op.alias("op"),
             (decode(F.col("raw_key"), key_schema) if key_schema else F.lit(None)).alias("key"),

@@ -41,7 +41,8 @@ def parse_rows(
     read with, and why (their records get that problem). ``raw``: the raw table, for errors."""
     flattened = is_flattened(schemas[-1])
     value_schema = merged_schema([as_envelope(schema) if flattened else schema for schema in schemas])
-    key_texts, refused_keys = texts["key"], {}
+    key_texts = texts["key"]
+    refused_keys: dict[str, str] = {}
     if not flattened:
         key_texts, refused_keys = readable_key_schemas(texts["key"], value_schema)
         if guessed and refused_keys:

@@ -170,7 +170,9 @@ def apply_patch(
             element = data_type.elementType
             items = F.coalesce(current, F.array().cast(data_type))
             # Setting an index past the end pads with nulls, as MongoDB does.
-            length = F.greatest(F.size(items), *[F.when(sets_below(c), F.lit(i + 1)) for i, c in node.children.items()])
+            length = F.greatest(
+                F.size(items), *[F.when(sets_below(c), F.lit(int(i) + 1)) for i, c in node.children.items()]
+            )
 
             def item(_: Column, i: Column) -> Column:
                 at = F.try_element_at(items, i + 1)

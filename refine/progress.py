@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from pyspark.sql import SparkSession
 
@@ -62,7 +62,7 @@ def record_tables(storage: Storage, warehouse: str, name: str, raw: str, refined
 def record_failure(storage: Storage, warehouse: str, name: str, error: CdcError) -> None:
     """Record the failure of the refine query ``name`` (its batch is in the error's context)."""
     batch = error.context.get("batch")
-    failure = RefineFailure(datetime.now(timezone.utc).isoformat(timespec="seconds"), batch, str(error))
+    failure = RefineFailure(datetime.now(UTC).isoformat(timespec="seconds"), batch, str(error))
     document = _read(storage, warehouse, name)
     storage.write_text(progress_location(warehouse, name), json.dumps({**document, "last_error": asdict(failure)}))
 

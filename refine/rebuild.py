@@ -36,15 +36,15 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from cdc.core.errors import TableError
-from cdc.core.tables import delta_properties, is_delta_table, raw_table_location, raw_table_topic
 from cdc.core.storage import Storage
-from refine.deleted import deleted_location
-from refine.config import RefineJobConfig, refined_table_location
+from cdc.core.tables import delta_properties, is_delta_table, raw_table_location, raw_table_topic
 from refine.batch import RefineBatch
+from refine.config import RefineJobConfig, refined_table_location
+from refine.deleted import deleted_location
+from refine.flatten import child_table_name
 from refine.keyless import applied_location, read_applied, write_applied
 from refine.quarantine import add_quarantined, quarantine_location
 from refine.rules import TableRules, history_table_name
-from refine.flatten import child_table_name
 
 # Raw records refined as one micro-batch of the rebuild (whole raw micro-batches: a chunk may hold more).
 RECORDS_PER_BATCH = 2_000_000
@@ -94,7 +94,7 @@ def rebuild_refined_table(
     raw = raw_table_location(config.warehouse, config.table)
     if raw_table_topic(spark, raw) is None:
         raise TableError("no raw table for this topic: run `cdc raw` first", table=raw)
-    raw_version = DeltaTable.forPath(spark, raw).history(1).select("version").first()[0]
+    raw_version = DeltaTable.forPath(spark, raw).history(1).select("version").collect()[0][0]
     records = spark.read.format("delta").option("versionAsOf", raw_version).load(raw)
     staging = rebuild_location(config.warehouse, config.target)
     storage = Storage(spark)
@@ -132,7 +132,7 @@ def raw_chunks(records: DataFrame, records_per_batch: int) -> list[DataFrame]:
         return [records]
     parts = -(-total // records_per_batch)
     bounds = records.approxQuantile("batch_id", [i / parts for i in range(1, parts)], 0.001)
-    edges = sorted(set(int(bound) for bound in bounds))
+    edges = sorted({int(bound) for bound in bounds})
     chunks, lower = [], None
     for edge in edges:
         chunks.append(
@@ -151,8 +151,10 @@ def _table_pairs(config: RefineJobConfig, staging: str) -> list[tuple[str, str]]
     if config.history:
         names.append(history_table_name(config.target))
     pairs = [(refined_table_location(config.warehouse, name), refined_table_location(staging, name)) for name in names]
-    for side in (deleted_location, applied_location):
-        pairs.append((side(config.warehouse, config.target), side(staging, config.target)))
+    pairs.extend(
+        (side(config.warehouse, config.target), side(staging, config.target))
+        for side in (deleted_location, applied_location)
+    )
     return pairs
 
 
@@ -162,9 +164,9 @@ def _replace(spark: SparkSession, live: str, staged: str) -> RebuiltTable | None
     if not is_delta_table(spark, staged):
         if not is_delta_table(spark, live):
             return None
-        before = _version(spark, live)
+        emptied_from = _version(spark, live)
         DeltaTable.forPath(spark, live).delete()
-        return RebuiltTable(live, before, _version(spark, live))
+        return RebuiltTable(live, emptied_from, _version(spark, live))
     properties = {
         key: value for key, value in delta_properties(spark, staged).items() if not key.startswith(_PROTOCOL_PROPERTIES)
     }
@@ -205,7 +207,7 @@ def _keep_quarantined(spark: SparkSession, staged: str, live: str) -> None:
 
 
 def _version(spark: SparkSession, location: str) -> int:
-    return DeltaTable.forPath(spark, location).history(1).select("version").first()[0]
+    return DeltaTable.forPath(spark, location).history(1).select("version").collect()[0][0]
 
 
 def _escaped(value: str) -> str:

@@ -30,7 +30,8 @@ OLD_KEY_HEADER, NEW_KEY_HEADER = "__debezium.oldkey", "__debezium.newkey"
 def old_key(headers: Column, key_schema: ConnectSchema) -> Column:
     """The key a create's row had before a primary-key change (null for any other record)."""
     text = F.try_element_at(F.filter(headers, lambda header: header["key"] == OLD_KEY_HEADER), F.lit(1))["value"]
-    return decode(F.from_json(text.cast("string"), json_type(key_schema)), key_schema)
+    # (from_json takes any DataType: pyspark's annotation is too narrow)
+    return decode(F.from_json(text.cast("string"), json_type(key_schema)), key_schema)  # type: ignore[arg-type]
 
 
 def is_key_change(headers: Column) -> Column:
@@ -149,7 +150,7 @@ def fill_from_old_keys(changes: DataFrame, key_schema: ConnectSchema, stored: Da
     it (a row deleted earlier): each key change starts a segment of its key's changes that is filled
     on its own. The old key's state may itself be the create of an earlier key change (A to B to C
     in one batch): each round fills one more link of the chains, as many rounds as the longest has."""
-    key_columns = [field.field for field in key_schema.fields or ()]
+    key_columns = [field.field_name for field in key_schema.fields or ()]
     order = [F.col(c) for c in POSITION_COLUMNS]
     changes = changes.withColumn("old_key", old_key(F.col("kafka_headers"), key_schema))
     rekeyed = (F.col("op") == Op.CREATE.value) & F.col("old_key").isNotNull()
@@ -160,7 +161,9 @@ def fill_from_old_keys(changes: DataFrame, key_schema: ConnectSchema, stored: Da
         if round_:  # each round reads the last one's rows twice: cut the lineage, or the plan doubles per round
             filled = _checkpointed(filled)
         with_prior = with_state_before(filled, rekeyed, F.col("old_key"), batch_states(filled), stored)
-        after = replace_placeholders(F.col("after"), F.col("image"), changes.schema["after"].dataType)
+        after_type = changes.schema["after"].dataType
+        assert isinstance(after_type, StructType)  # a row
+        after = replace_placeholders(F.col("after"), F.col("image"), after_type)
         filled = fill_from_earlier_changes(
             with_prior.withColumn("after", after).drop("image"), key_columns, order, within=(F.col("key_segment"),)
         )

@@ -15,12 +15,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 
+from pydantic import Field
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pydantic import Field
 
 from cdc.core.config import _Strict
 from cdc.core.errors import ConfigError
+from refine.envelope import Op
 from refine.expectations import (
     Expectation,
     ExpectationsConfig,
@@ -29,7 +30,6 @@ from refine.expectations import (
     split_by_expectations,
 )
 from refine.history import ChangeOp, HistorySpec, apply_history
-from refine.envelope import Op
 from refine.merge import OFFSET, OP, PARTITION, refined_rows
 
 HISTORY_SUFFIX = "__history"

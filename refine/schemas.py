@@ -15,10 +15,10 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from cdc.core.errors import TableError
 from cdc.core.ddl import inferred_schema
-from cdc.core.tables import raw_table_location
+from cdc.core.errors import TableError
 from cdc.core.storage import Storage
+from cdc.core.tables import raw_table_location
 
 
 def schema_location(warehouse: str, topic: str) -> str:
@@ -28,7 +28,11 @@ def schema_location(warehouse: str, topic: str) -> str:
 def infer_schema(spark: SparkSession, raw_table: str) -> StructType:
     """The merged schema of every JSON object value in the raw table; fails when there is none."""
     values = spark.read.format("delta").load(raw_table).select(F.try_parse_json("value").alias("v"))
-    merged = values.where(F.schema_of_variant("v").startswith("OBJECT<")).select(F.schema_of_variant_agg("v")).head()[0]
+    merged = (
+        values.where(F.schema_of_variant("v").startswith("OBJECT<"))
+        .select(F.schema_of_variant_agg("v"))
+        .collect()[0][0]
+    )
     if merged is None:
         raise TableError(
             "cannot infer the events' schema: the raw table holds no JSON object yet; land events "
@@ -48,7 +52,9 @@ def event_schema(spark: SparkSession, warehouse: str, topic: str, ddl: str | Non
     """The schema to parse ``topic``'s events with: ``ddl`` when given, else the kept inferred one
     (inferred now when there is none yet, or when ``reinfer``)."""
     if ddl is not None:
-        return StructType.fromDDL(ddl)
+        schema = StructType.fromDDL(ddl)
+        assert isinstance(schema, StructType)  # a pipeline's DDL is checked to be a struct (cdc/pipeline/ddl.py)
+        return schema
     storage = Storage(spark)
     location = schema_location(warehouse, topic)
     if not infers_schema(spark, warehouse, topic, ddl, reinfer):

@@ -1,9 +1,10 @@
 """Shared fixtures: one Spark session and one real CDC stack for the whole test run.
 
 The stack runs on ports of its own (55432, 59092-3, 58083, shifted by CDC_TEST_PORT_OFFSET when set, so
-that two checkouts can test side by side) so that tests never touch a demo stack on the default ports. With CDC_TEST_STACK=docker it is started from docker/compose.yml through
-testcontainers instead (where a Docker engine exists). A component that is missing makes the tests
-that need it fail with the reason; nothing is skipped.
+that two checkouts can test side by side) so that tests never touch a demo stack on the default ports.
+With CDC_TEST_STACK=docker it is started from docker/compose.yml through testcontainers instead (where
+a Docker engine exists). A component that is missing makes the tests that need it fail with the reason;
+nothing is skipped.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import subprocess
 import sys
 import threading
 import uuid
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -149,11 +150,15 @@ SOURCE_TABLES = {
         "customer_id long, order_no int, status string, amount decimal(10,2), ordered_at timestamp_ntz",
     ),
     "customers": (
-        "SELECT id, email, full_name, balance, credit_limit, signed_up_at, birth_date, profile::text, tags, "
-        "external_id::text, is_active, notes, avatar FROM shop.customers",
-        "id long, email string, full_name string, balance decimal(12,2), credit_limit decimal(38,18), "
-        "signed_up_at timestamp, birth_date date, profile string, tags array<string>, external_id string, "
-        "is_active boolean, notes string, avatar binary",
+        (
+            "SELECT id, email, full_name, balance, credit_limit, signed_up_at, birth_date, profile::text, tags, "
+            "external_id::text, is_active, notes, avatar FROM shop.customers"
+        ),
+        (
+            "id long, email string, full_name string, balance decimal(12,2), credit_limit decimal(38,18), "
+            "signed_up_at timestamp, birth_date date, profile string, tags array<string>, external_id string, "
+            "is_active boolean, notes string, avatar binary"
+        ),
     ),
     "page_views": (
         "SELECT customer_id, url, viewed_at FROM shop.page_views",

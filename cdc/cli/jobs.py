@@ -36,6 +36,7 @@ def refine(args: argparse.Namespace, settings: Settings) -> int:
         key=args.key,
         rebuild=args.rebuild,
         reinfer_schema=args.reinfer_schema,
+        fail_on_quarantine=args.fail_on_quarantine,
         stop=stop_on_signals(),
         **trigger_options(args),
     )
@@ -108,6 +109,11 @@ def _add_refine(commands: Commands, options: Options) -> None:
     )
     refining.add_argument(
         "--key", action="append", metavar="NAME", help="a primary-key column of a schemaless topic; repeatable"
+    )
+    refining.add_argument(
+        "--fail-on-quarantine",
+        action="store_true",
+        help="exit 11 after a run that sent records to the quarantine (every other change is applied)",
     )
     refining.add_argument(
         "--rebuild",

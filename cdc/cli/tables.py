@@ -26,10 +26,8 @@ def status(args: argparse.Namespace, settings: Settings) -> int:
             f"p{p.partition} {p.consumed}/{'?' if p.end is None else p.end} lag {'?' if p.lag is None else p.lag}"
             for p in table.partitions
         )
-        print(
-            f"{table.topic:<32} {table.version:>7} {table.rows:>12,} {table.recorded_gaps:>4} {table.quarantined:>11,}  "
-            f"{partitions}"
-        )
+        counts = f"{table.version:>7} {table.rows:>12,} {table.recorded_gaps:>4} {table.quarantined:>11,}"
+        print(f"{table.topic:<32} {counts}  {partitions}")
     if found.refined_tables:
         print(f"\n{'refined table':<32} {'last batch':>10} {'raw version':>11} {'behind':>8}  last error")
     for refined in found.refined_tables:

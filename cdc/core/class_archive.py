@@ -42,7 +42,10 @@ def archive_path(cache_dir: Path, java: str, jars: list[str]) -> Path:
     parts = [str(jdk), release.read_text() if release.exists() else ""]
     # The JVM maps an archive only for the class path it was written with, jar for jar (path, size
     # and time): another virtualenv's pyspark, even of the same version, needs an archive of its own.
-    parts += [f"{path} {Path(path).stat().st_size} {Path(path).stat().st_mtime_ns}" for path in [*pyspark_jars, *jars]]
+    parts += [
+        f"{path} {Path(path).stat().st_size} {Path(path).stat().st_mtime_ns}"
+        for path in [*map(str, pyspark_jars), *jars]
+    ]
     digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
     return cache_dir / "class-archives" / f"spark-{digest}.jsa"
 
@@ -68,7 +71,9 @@ def _train(archive: Path) -> Path:
     conf = json.loads(os.environ.get("CDC_SPARK__CONF") or "{}")
     conf["spark.driver.extraJavaOptions"] = " ".join([f"-XX:ArchiveClassesAtExit={partial}", *_QUIET])
     env = {**os.environ, "CDC_SPARK__CONF": json.dumps(conf)}
-    result = subprocess.run([sys.executable, "-m", "cdc.class_training"], env=env, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "cdc.class_training"], env=env, capture_output=True, text=True, check=False
+    )
     if result.returncode != 0 or not partial.exists() or partial.stat().st_size == 0:
         tail = "\n".join((result.stdout + result.stderr).splitlines()[-15:])
         partial.unlink(missing_ok=True)

@@ -12,13 +12,12 @@ import json
 import os
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar, Union
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from cdc.core.errors import ConfigError
-
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -57,7 +56,7 @@ class ProvidedJars(_Strict):
     kind: Literal["provided"] = "provided"
 
 
-JarsSource = Annotated[Union[MavenJars, LocalJars, ProvidedJars], Field(discriminator="kind")]
+JarsSource = Annotated[MavenJars | LocalJars | ProvidedJars, Field(discriminator="kind")]
 
 
 class GarbageCollector(str, Enum):
@@ -405,4 +404,4 @@ class Continuous(_Strict):
     interval_s: float = Field(default=2.0, gt=0, description="Seconds between micro-batches.")
 
 
-Trigger = Annotated[Union[AvailableNow, Continuous], Field(discriminator="kind")]
+Trigger = Annotated[AvailableNow | Continuous, Field(discriminator="kind")]

@@ -141,7 +141,7 @@ def _type(tokens: _Tokens) -> DataType:
 
 
 def _fields(tokens: _Tokens) -> list[StructField]:
-    fields = []
+    fields: list[StructField] = []
     while True:
         name = _name(tokens.next())
         tokens.accept(":")  # `name type` or `name: type`
@@ -164,7 +164,7 @@ def parse_schema(ddl: str) -> StructType:
     tokens = _Tokens(ddl)
     if not tokens.items:
         raise DdlError("the schema is empty")
-    first = tokens.peek().lower()
+    first = (tokens.peek() or "").lower()
     if first in ("struct", "object") and len(tokens.items) > 1 and tokens.items[1][0] == "<":
         schema = _type(tokens)
     else:

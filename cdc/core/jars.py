@@ -193,7 +193,7 @@ def _compile_helpers(sources: list[Path], target: Path) -> Path:
         str(classes),
         *(str(source) for source in sources),
     ]
-    result = subprocess.run(command, capture_output=True, text=True)
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise DependencyError(
             f"could not compile the project's JVM helpers:\n{result.stderr.strip()}", sources=str(HELPERS_SOURCES)
@@ -236,7 +236,7 @@ def _fetch(bundle: Bundle, target: Path, ivy_cache: Path) -> list[Path]:
         "-retrieve",
         str(staging / "[artifact]" / "[artifact]-[revision](-[classifier]).[ext]"),
     ]
-    result = subprocess.run(command, capture_output=True, text=True)
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         tail = "\n".join((result.stdout + result.stderr).splitlines()[-15:])
         raise DependencyError(

@@ -125,7 +125,7 @@ def _log_options(config: SparkConfig) -> list[str]:
 
 def _prepare_log_file(config: SparkConfig) -> None:
     """Write the log configuration the JVM's options name, and remember this process's log file."""
-    global log_file
+    global log_file  # noqa: PLW0603 - one log file per process, known once its JVM starts
     options = _log_options(config)
     if not options or log_file is not None:
         return
@@ -167,9 +167,11 @@ def _no_failure_logs(record: logging.LogRecord) -> bool:
 def _show_failure_logs(spark: SparkSession, show: bool) -> None:
     from pyspark.logger import PySparkLogger
 
-    level = spark._jvm.org.apache.logging.log4j.Level.ERROR if show else spark._jvm.org.apache.logging.log4j.Level.OFF
+    jvm = spark._jvm
+    assert jvm is not None  # a live session has its JVM gateway
+    level = jvm.org.apache.logging.log4j.Level.ERROR if show else jvm.org.apache.logging.log4j.Level.OFF
     for engine in _STREAM_ENGINES:
-        spark._jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(engine, level)
+        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(engine, level)
     for name in _FAILURE_LOGGERS:
         logger = logging.getLogger(name) if name.startswith("py4j") else PySparkLogger.getLogger(name)
         (logger.removeFilter if show else logger.addFilter)(_no_failure_logs)

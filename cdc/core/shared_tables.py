@@ -15,8 +15,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
 from cdc.core.errors import CdcError
-from cdc.core.tables import clear_interrupted_creation
 from cdc.core.storage import Storage
+from cdc.core.tables import clear_interrupted_creation
 
 CONFLICT_RETRIES = 5
 # A shared table's log that has stayed without a version this long was left by a killed job: a
@@ -74,7 +74,7 @@ def condition_of(error: BaseException) -> str | None:
     return get_condition() if callable(get_condition) else None
 
 
-def _java_condition(java) -> str | None:  # noqa: ANN001 - a py4j JavaObject
+def _java_condition(java) -> str | None:
     try:
         return java.getErrorClass()
     except Exception:  # noqa: BLE001 - not a SparkThrowable

@@ -23,7 +23,7 @@ class Storage:
     """File operations on any Hadoop-supported file system, run on the driver."""
 
     def __init__(self, spark: SparkSession) -> None:
-        self._jvm = spark._jvm
+        self._jvm: Any = spark._jvm  # py4j's view of the JVM: untyped
         self._conf = spark._jsc.hadoopConfiguration()
 
     def _fs(self, location: str) -> tuple[Any, Any]:
@@ -99,6 +99,6 @@ class Storage:
             fs.mkdirs(path.getParent())
             fs.create(path, True).close()
             fs.delete(path, False)
-        except Exception as error:  # py4j wraps the JVM's IOException
+        except Exception as error:  # noqa: BLE001 - py4j wraps the JVM's IOException
             reason = str(error).split("\n", 2)[1] if "\n" in str(error) else str(error)
             raise TableError(f"the warehouse is not writable: {reason.strip()}", location=location) from None

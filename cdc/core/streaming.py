@@ -12,8 +12,8 @@ from py4j.protocol import Py4JError, Py4JJavaError
 from pyspark.errors import StreamingQueryException
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
-from cdc.core.errors import CdcError, StreamError
 from cdc.core.config import AvailableNow, Continuous, Trigger
+from cdc.core.errors import CdcError, StreamError
 from cdc.core.source import redact
 
 
@@ -116,7 +116,7 @@ class JobThreads:
         def run() -> None:
             try:
                 job()
-            except BaseException as error:  # raised in the main thread by join()
+            except BaseException as error:  # noqa: BLE001 - raised in the main thread by join()
                 self.errors.append(error)
                 self.stop.set()
 

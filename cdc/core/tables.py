@@ -119,4 +119,4 @@ def clear_interrupted_creation(storage: Storage, location: str, *, abandoned_aft
 
 def has_landed_data(spark: SparkSession, location: str) -> bool:
     """True when the table has any commit after its creation."""
-    return DeltaTable.forPath(spark, location).history(1).select("version").head()[0] > 0
+    return DeltaTable.forPath(spark, location).history(1).select("version").collect()[0][0] > 0

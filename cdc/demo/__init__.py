@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from cdc.core.config import Settings
-from cdc.demo.show import Say
 from cdc.core.errors import ConfigError
+from cdc.demo.show import Say
 from cdc.pipeline.load import load_pipeline
 from cdc.stack.local import LocalStack
 
@@ -22,9 +22,9 @@ PIPELINES = {"shop": EXAMPLES_DIR / "shop.yaml", "games": EXAMPLES_DIR / "game_e
 
 def run_demo(settings: Settings, example: str, output_dir: Path, say: Say = print) -> None:
     """Bring the local stack up, then run the ``example`` demo (``shop`` or ``games``)."""
+    from cdc.core.session import build_spark_session
     from cdc.demo.games import games_demo
     from cdc.demo.shop import shop_demo
-    from cdc.core.session import build_spark_session
 
     file = PIPELINES[example]
     if not file.is_file():

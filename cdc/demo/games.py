@@ -14,15 +14,15 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from cdc.core.config import KafkaConnection, Settings
-from cdc.demo.show import Say, land_and_refine, preview, show_business_tables, write_pipeline_graph
 from cdc.core.errors import ConfigError
-from cdc.pipeline.config import JsonEvents, Pipeline
-from cdc.core.tables import is_delta_table
 from cdc.core.source import KafkaTopics
-from cdc.stack.game_events import GameEvents, generate_game_events, produce_game_events
 from cdc.core.storage import Storage, normalize_location
-from refine.flatten import child_table_name
+from cdc.core.tables import is_delta_table
+from cdc.demo.show import Say, land_and_refine, preview, show_business_tables, write_pipeline_graph
+from cdc.pipeline.config import JsonEvents, Pipeline
+from cdc.stack.game_events import GameEvents, generate_game_events, produce_game_events
 from refine.config import refined_table_location
+from refine.flatten import child_table_name
 from refine.merge import OFFSET, PARTITION, REFINED_AT
 from refine.quarantine import quarantine_location
 

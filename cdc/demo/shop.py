@@ -13,10 +13,10 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from cdc.core.config import KafkaConnection, Settings
-from cdc.demo.show import Say, land_and_refine, preview, show_business_tables, write_pipeline_graph
-from cdc.pipeline.config import DebeziumPostgresSource, Pipeline
 from cdc.core.source import KafkaTopics
 from cdc.core.storage import normalize_location
+from cdc.demo.show import Say, land_and_refine, preview, show_business_tables, write_pipeline_graph
+from cdc.pipeline.config import DebeziumPostgresSource, Pipeline
 from cdc.stack.events import ChangeEvent, read_events
 from cdc.stack.workload import TABLES, run_workload
 from connectors import definitions
@@ -56,6 +56,7 @@ def shop_demo(
         ops = Counter(event.op for event in received)
         say(f"  {topic:<24} {len(received):>3} events  " + " ".join(f"{op}={n}" for op, n in sorted(ops.items())))
     sample = next(event for event in events[topics["customers"]] if event.op == "u")
+    assert sample.payload is not None  # an update's
     after = sample.payload["after"]
     say(f"a customer update, key {sample.key}, offset {sample.offset}, as Debezium encodes it:")
     say(f"  balance    = {after['balance']!r}  (numeric(12,2): base64 unscaled integer, scale in the schema)")
@@ -81,9 +82,10 @@ def show_refined_tables(spark: SparkSession, settings: Settings, pipeline: Pipel
     with psycopg.connect(settings.stack.postgres.dsn()) as conn:
         for name, table in pipeline.refined.items():
             source = pipeline.sources[table.source]
+            assert isinstance(source, DebeziumPostgresSource)  # the shop's tables come from Postgres
             location = refined_table_location(normalize_location(settings.warehouse), name)
             refined = spark.read.format("delta").load(location)
-            in_postgres = conn.execute(f"SELECT count(*) FROM {postgres_table(source)}").fetchone()[0]
+            in_postgres = conn.execute(f"SELECT count(*) FROM {postgres_table(source)}").fetchall()[0][0]
             rows = refined.count()
             say(f"refined {name}: {rows} rows (Postgres {postgres_table(source)}: {in_postgres})  {location}")
             columns = [column for column in refined.columns if column not in METADATA_COLUMNS]

@@ -14,11 +14,11 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 
 from cdc.core.config import Settings, validate
+from cdc.core.tables import is_delta_table
 from cdc.pipeline.config import BusinessTable, Pipeline
 from cdc.pipeline.graph import write_graph
 from cdc.pipeline.run import PipelineRefineConfig, business_location, raw_job_config, run_pipeline_refine
 from cdc.raw.job import run_raw_job
-from cdc.core.tables import is_delta_table
 
 Say = Callable[[str], None]
 CELL = 24  # characters a cell shows at most (an ISO time with milliseconds)
@@ -66,7 +66,8 @@ def _cell(value: Any, most: int) -> str:
             text = value.isoformat(sep=" ", timespec="seconds")
         case date():
             text = value.isoformat()
-        case Decimal() if value.as_tuple().exponent < -6:  # decimal(38,18): trailing zeros say nothing
+        # decimal(38,18): trailing zeros say nothing (NaN's and infinity's exponent is a letter, not a number)
+        case Decimal() if isinstance(exponent := value.as_tuple().exponent, int) and exponent < -6:
             text = format(value.normalize(), "f")
         case _:
             text = str(value)
@@ -82,7 +83,8 @@ def preview(
     sample = (table.orderBy(*order_by) if order_by else table).limit(rows).collect()  # a handful of rows to print
     columns = [(name, [_cell(row[i], cell) for row in sample]) for i, name in enumerate(table.columns)]
     budget = shutil.get_terminal_size((120, 24)).columns - len(indent)
-    shown, used = [], 0
+    shown: list[tuple[str, int, list[str]]] = []
+    used = 0
     for name, cells in columns:
         width = max([len(name), *(len(text) for text in cells)])
         if used + width > budget and shown:

@@ -11,8 +11,8 @@ config registers (name -> Delta location). Each refresh is one of:
   aggregate one of ``count``, ``sum``, ``min``, ``max``, ``avg`` and every expression deterministic,
   no ``HAVING``, no subquery. Then only the groups whose keys appear in the table's Change Data
   Feed since the last refreshed version (before and after images, so a row moving between groups
-  refreshes both) are recomputed from the table's current rows (only theirs are aggregated) and MERGEd: a group that is gone is
-  deleted. Since whole groups are recomputed, min and max stay exact under updates and deletes;
+  refreshes both) are recomputed from the table's current rows (only theirs are aggregated) and MERGEd:
+  a group that is gone is deleted. Since whole groups are recomputed, min and max stay exact under updates and deletes;
 - **full** otherwise (joins, windows, unions, a changed query, the first refresh, a Change Data Feed
   that no longer covers the versions): the query's result atomically overwrites the table.
 
@@ -39,16 +39,15 @@ from enum import Enum
 from typing import Any
 
 from delta.tables import DeltaTable
+from pydantic import Field, field_validator
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pydantic import Field, field_validator
 
-from cdc.core.config import _Strict
+from cdc.core.config import AvailableNow, Continuous, Trigger, _Strict
 from cdc.core.errors import ConfigError, TableError
-from cdc.core.config import AvailableNow, Continuous, Trigger
-from cdc.core.tables import KIND_PROPERTY, delta_properties, is_delta_table
 from cdc.core.storage import Storage, normalize_location
+from cdc.core.tables import KIND_PROPERTY, delta_properties, is_delta_table
 
 BUSINESS_KIND = "business"
 QUERY_PROPERTY, SOURCES_PROPERTY = "cdc.business.query_sha256", "cdc.business.sources"
@@ -161,7 +160,7 @@ def grouped_aggregate(plan: Any) -> GroupedAggregate | str:
         if _name(part) == "AggregateExpression" and _name(part.aggregateFunction()) not in INCREMENTAL_AGGREGATES:
             return f"the aggregate {part.sql()} is not one of count, sum, min, max, avg"
     columns = {attribute.exprId().id(): attribute.name() for attribute in _seq(node.output())}
-    outputs = {}
+    outputs: dict[Any, Any] = {}
     for output in _seq(plan.aggregateExpressions()):
         inner = output.child() if _name(output) == "Alias" else output
         if _name(inner) == "AttributeReference":
@@ -191,7 +190,7 @@ def _sql_string(text: str) -> str:
 
 
 def _latest_version(spark: SparkSession, location: str) -> int:
-    return DeltaTable.forPath(spark, location).history(1).select("version").head()[0]
+    return DeltaTable.forPath(spark, location).history(1).select("version").collect()[0][0]
 
 
 def _state(spark: SparkSession, location: str) -> dict[str, str] | None:
@@ -210,8 +209,8 @@ def _register_views(spark: SparkSession, config: BusinessTableConfig) -> str | N
     """Register the query's views; return the location of one that has no table yet (nothing registered then)."""
     tables: dict[str, list[str]] = {view: [normalize_location(location)] for view, location in config.views.items()}
     storage = Storage(spark)
-    for view, folder in config.split_views.items():
-        folder = normalize_location(folder)
+    for view, split_folder in config.split_views.items():
+        folder = normalize_location(split_folder)
         locations = [f"{folder}/{name}" for name in storage.list_names(folder)]
         tables[view] = [location for location in locations if is_delta_table(spark, location)]
         if not tables[view]:
@@ -243,7 +242,7 @@ def refresh_business_table(spark: SparkSession, config: BusinessTableConfig) -> 
     state = _state(spark, config.location)
     query = _query_sha256(config)
     same_query = state is not None and state.get(QUERY_PROPERTY) == query
-    refreshed = json.loads(state.get(SOURCES_PROPERTY, "{}")) if same_query else {}
+    refreshed = json.loads(state.get(SOURCES_PROPERTY, "{}")) if same_query and state is not None else {}
     if same_query and versions is not None and refreshed == versions:
         return RefreshResult(RefreshMode.UNCHANGED, "no source changed since the last refresh")
     outcome = _incremental(spark, config, result, plan, refreshed, versions) if same_query else "a new or changed query"
@@ -282,7 +281,7 @@ def _incremental(
             .load(shape.source)
         )
         changed = changes.select(*[F.col(f"`{column}`").alias(key) for key, column in shape.keys.items()]).distinct()
-        changed.schema  # analysed now: a feed that does not cover the versions fails here
+        _ = changed.schema  # analysed now: a feed that does not cover the versions fails here
     except AnalysisException as error:
         return f"the source's Change Data Feed does not cover the versions: {str(error).splitlines()[0]}"
     merge_changed_groups(spark, config.location, result, changed, list(shape.keys))
@@ -291,7 +290,7 @@ def _incremental(
     )
 
 
-def _same_keys(left: str, right: str, keys: list[str]):
+def _same_keys(left: str, right: str, keys: list[str]) -> list[Any]:
     return [F.col(f"{left}.`{key}`").eqNullSafe(F.col(f"{right}.`{key}`")) for key in keys]
 
 
@@ -323,7 +322,7 @@ def merge_changed_groups(
         .join(recomputed.withColumn("_present", F.lit(True)).alias("r"), _same_keys("c", "r", keys), "left")
         .select(*[F.col(f"c.`{key}`") for key in keys], *[F.col(f"r.`{value}`") for value in values], "_present")
     )
-    every_column = {f"`{column}`": F.col(f"s.`{column}`") for column in result.columns}
+    every_column: dict[str, Any] = {f"`{column}`": F.col(f"s.`{column}`") for column in result.columns}
     (
         DeltaTable.forPath(spark, location)
         .alias("t")

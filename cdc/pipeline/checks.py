@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pyspark.sql.types import ArrayType, DataType, MapType, StructType
 
+from cdc.core.ddl import parse_schema
 from cdc.core.errors import ConfigError
 from cdc.pipeline.config import (
     DebeziumMongoSource,
@@ -20,12 +21,11 @@ from cdc.pipeline.config import (
     JsonEvents,
     Pipeline,
     RefinedTable,
-    SchemaFile,
     ScdType,
+    SchemaFile,
 )
-from cdc.core.ddl import parse_schema
-from refine.merge import EVENT_POSITION
 from refine.flatten import array_element, child_columns, child_table_name, field_type, flat_columns
+from refine.merge import EVENT_POSITION
 
 Problem = tuple[str, str]
 RESERVED_PREFIX = "_cdc_"
@@ -173,8 +173,8 @@ def sql_tables(sql: str) -> set[str]:
     text = _COMMENTS_AND_STRINGS.sub(" ", sql)
     ctes = {name.lower() for name in _CTE.findall(text)}
     names = set()
-    for name, call in _TABLE_REFERENCE.findall(text):
-        name = name.strip("`")
+    for reference, call in _TABLE_REFERENCE.findall(text):
+        name = reference.strip("`")
         if not call and "." not in name and name.lower() not in ctes:
             names.add(name)
     return names

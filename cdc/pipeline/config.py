@@ -11,14 +11,13 @@ from __future__ import annotations
 import re
 from enum import Enum, IntEnum
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
-from pyspark.sql.types import StructType
 from pydantic import AfterValidator, ConfigDict, Field, field_validator, model_validator
+from pyspark.sql.types import StructType
 
-from cdc.core.config import _Strict
+from cdc.core.config import TOPIC_NAME, _kafka_topic_name, _Strict
 from cdc.core.ddl import DdlError, parse_schema
-from cdc.core.config import TOPIC_NAME, _kafka_topic_name
 from cdc.raw.config import GapPolicy
 
 NAME_RULE = "letters, digits and single underscores, starting with a letter (`__` is kept for child tables)"
@@ -76,7 +75,7 @@ class SchemaRegistry(_Model):
         return url.rstrip("/")
 
 
-WireSchema = Annotated[Union[SchemaFile, SchemaRegistry], Field(discriminator="kind")]
+WireSchema = Annotated[SchemaFile | SchemaRegistry, Field(discriminator="kind")]
 
 
 class DebeziumPostgresSource(_Model):
@@ -156,8 +155,8 @@ class ProtobufEvents(_Model):
     )
 
 
-EventSource = Annotated[Union[JsonEvents, AvroEvents, ProtobufEvents], Field(discriminator="format")]
-Source = Annotated[Union[DebeziumPostgresSource, DebeziumMongoSource, EventSource], Field(discriminator="kind")]
+EventSource = Annotated[JsonEvents | AvroEvents | ProtobufEvents, Field(discriminator="format")]
+Source = Annotated[DebeziumPostgresSource | DebeziumMongoSource | EventSource, Field(discriminator="kind")]
 
 
 # --- raw landing -------------------------------------------------------------------------------

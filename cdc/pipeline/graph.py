@@ -75,8 +75,8 @@ def pipeline_graph(pipeline: Pipeline) -> Graph:
     for name in pipeline.business:
         by_name[name] = graph.add(Node("business", name, f"every {pipeline.business[name].trigger_interval_s:g} s"))
     known = table_names(pipeline)
-    for name, table in pipeline.business.items():
-        for reference in sorted(sql_tables(table.sql) & known.keys()):
+    for name, business in pipeline.business.items():
+        for reference in sorted(sql_tables(business.sql) & known.keys()):
             graph.add(by_name[name], after=by_name[reference])
     return graph
 
@@ -110,10 +110,14 @@ def render_svg(graph: Graph) -> str:
     width = MARGIN * 2 + len(columns) * (NODE_W + GAP_X) - GAP_X
     height = MARGIN * 2 + 24 + max((len(nodes) for nodes in columns), default=0) * (NODE_H + GAP_Y)
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
-        'font-family="sans-serif" font-size="12">',
-        '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" '
-        'orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" fill="#6b7280"/></marker></defs>',
+        (
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+            'font-family="sans-serif" font-size="12">'
+        ),
+        (
+            '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" '
+            'orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" fill="#6b7280"/></marker></defs>'
+        ),
     ]
     for x, nodes in enumerate(columns):
         kinds = sorted({node.kind for node in nodes}, key=KINDS.index)
@@ -147,7 +151,8 @@ def render_svg(graph: Graph) -> str:
 
 def render_html(graph: Graph, title: str) -> str:
     legend = " ".join(
-        f'<span style="background:{COLOURS[kind]};border:1px solid #4b5563;padding:2px 8px;margin-right:6px">{kind}</span>'
+        f'<span style="background:{COLOURS[kind]};border:1px solid #4b5563;'
+        f'padding:2px 8px;margin-right:6px">{kind}</span>'
         for kind in KINDS
     )
     return (

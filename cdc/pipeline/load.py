@@ -71,9 +71,9 @@ def _document_path(document: Any, loc: tuple[Any, ...]) -> str:
     parts: list[Any] = []
     node = document
     for i, part in enumerate(loc):
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+        if (isinstance(node, dict) and part in node) or (
+            isinstance(node, list) and isinstance(part, int) and part < len(node)
+        ):
             node = node[part]
         elif i < len(loc) - 1 or part == "[key]":
             continue  # a discriminated union's tag, or pydantic's marker of a dict key
@@ -116,6 +116,7 @@ def _schema_files_under(pipeline: Pipeline, base_dir: Path) -> Pipeline:
         schema = getattr(source, "schema_", None)
         if isinstance(schema, SchemaFile) and not schema.path.is_absolute():
             absolute = schema.model_copy(update={"path": (base_dir / schema.path).absolute()})
-            source = source.model_copy(update={"schema_": absolute})
-        sources[name] = source
+            sources[name] = source.model_copy(update={"schema_": absolute})
+        else:
+            sources[name] = source
     return pipeline.model_copy(update={"sources": sources})

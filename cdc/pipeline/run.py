@@ -12,17 +12,19 @@ tables when run once, on their own interval when run continuously. A declaration
 from __future__ import annotations
 
 import threading
-from datetime import datetime, timezone
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
+from pydantic import Field
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from pydantic import Field
-
-from cdc.core.config import validate
+from cdc.core.config import AvailableNow, Continuous, validate
 from cdc.core.errors import ConfigError
+from cdc.core.streaming import JobThreads, stop_queries
+from cdc.pipeline.business import BusinessTableConfig, run_business_tables
+from cdc.pipeline.checks import sql_tables, table_names
 from cdc.pipeline.config import (
     AvroEvents,
     DebeziumMongoSource,
@@ -33,18 +35,14 @@ from cdc.pipeline.config import (
     ScdType,
     Source,
 )
-from cdc.core.config import AvailableNow, Continuous
-from cdc.raw.config import RawJobConfig
-from cdc.core.streaming import JobThreads, stop_queries
-from cdc.pipeline.checks import sql_tables, table_names
-from cdc.pipeline.business import BusinessTableConfig, run_business_tables
 from cdc.pipeline.events.job import EventsBatch, EventsRefineJobConfig, events_batch, history_spec
-from refine.expectations import Expectation
-from refine.rules import TableRules
-from refine.rebuild import rebuild_refined_table
+from cdc.raw.config import RawJobConfig
 from refine.batch import RefineBatch
 from refine.config import RefineJobConfig, RefineRun, refined_table_location
+from refine.expectations import Expectation
 from refine.job import fail_if_quarantined, start_refine_query, summarize_run, watch_refine_queries
+from refine.rebuild import rebuild_refined_table
+from refine.rules import TableRules
 
 RefineJob = RefineJobConfig | EventsRefineJobConfig
 
@@ -227,7 +225,7 @@ def run_pipeline_refine(
     table on its own ``trigger_interval_s``.
     """
     stop = stop or threading.Event()
-    since = datetime.now(timezone.utc)
+    since = datetime.now(UTC)
     jobs = refine_jobs(pipeline, config)
     if config.rebuild:
         for job in jobs:
@@ -238,17 +236,18 @@ def run_pipeline_refine(
     groups = [[job] for job in jobs] if once else [jobs]
     # Run continuously, each business table is refreshed on its own interval in a thread until ``stop``.
     threads = JobThreads(stop)
+
+    def refresh(table: BusinessTableConfig, interval: Continuous) -> Callable[[], object]:
+        return lambda: run_business_tables(spark, [table], interval, stop, say)
+
     for table in [] if once else business:
         interval = Continuous(interval_s=pipeline.business[table.name].trigger_interval_s)
-        threads.start(
-            f"business {table.name}",
-            lambda table=table, interval=interval: run_business_tables(spark, [table], interval, stop, say),
-        )
+        threads.start(f"business {table.name}", refresh(table, interval))
     counts: dict[str, int] = {}
     try:
         for group in groups:
             queries: dict[str, StreamingQuery] = {}
-            batches: dict[str, RefineBatch | EventsBatch] = {}
+            batches: dict[str, object] = {}
             try:
                 for job in group:
                     queries[job.target], batches[job.target] = _start(spark, job)

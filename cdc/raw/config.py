@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from enum import Enum
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
@@ -37,7 +37,7 @@ class TopicPattern(_Strict):
         return pattern
 
 
-TopicSelection = Annotated[Union[TopicList, TopicPattern], Field(discriminator="kind")]
+TopicSelection = Annotated[TopicList | TopicPattern, Field(discriminator="kind")]
 
 
 class GapPolicy(str, Enum):

@@ -8,14 +8,14 @@ offset), so that what was lost stays known.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from pyspark.sql import SparkSession
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
-from cdc.raw.checkpoint import Offsets
 from cdc.core.shared_tables import merge_into_shared_table
 from cdc.core.source import PartitionOffsets
+from cdc.raw.checkpoint import Offsets
 
 GAPS_SCHEMA = StructType(
     [
@@ -53,7 +53,7 @@ def record_gaps(spark: SparkSession, gaps_table: str, raw_table: str, gaps: list
     """Add ``gaps`` to the gaps table; a gap already recorded (a replayed batch) is not added twice."""
     if not gaps:
         return
-    detected_at = datetime.now(timezone.utc)
+    detected_at = datetime.now(UTC)
     rows = [{"table": raw_table, **asdict(gap), "detected_at": detected_at} for gap in gaps]
     new = spark.createDataFrame(rows, GAPS_SCHEMA)
     same = " AND ".join(

@@ -17,13 +17,11 @@ from dataclasses import dataclass, field
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from cdc.core.errors import OffsetGapError, SourceError, StreamError, TableError
-from cdc.raw.checkpoint import batch_end_offsets, committed_offsets
-from cdc.raw.commits import batch_marker, last_landed_batch
 from cdc.core.config import Continuous
-from cdc.raw.config import GapPolicy, RawJobConfig, TopicList
-from cdc.raw.gaps import find_gaps, record_gaps
-from cdc.raw.rows import raw_rows
+from cdc.core.errors import OffsetGapError, SourceError, StreamError, TableError
+from cdc.core.source import KafkaTopics
+from cdc.core.storage import Storage
+from cdc.core.streaming import ProgressReports, ending_on_request, failure, stop_queries, with_trigger
 from cdc.core.tables import (
     RESET_ALLOWED_PROPERTY,
     checkpoint_location,
@@ -32,10 +30,12 @@ from cdc.core.tables import (
     raw_table_location,
     raw_table_topic,
 )
+from cdc.raw.checkpoint import batch_end_offsets, committed_offsets
+from cdc.raw.commits import batch_marker, last_landed_batch
+from cdc.raw.config import GapPolicy, RawJobConfig, TopicList
+from cdc.raw.gaps import find_gaps, record_gaps
+from cdc.raw.rows import raw_rows
 from cdc.raw.table import create_raw_table
-from cdc.core.source import KafkaTopics
-from cdc.core.storage import Storage
-from cdc.core.streaming import ProgressReports, ending_on_request, failure, stop_queries, with_trigger
 
 # With a pattern, a continuous run looks for new matching topics this often.
 TOPIC_RESCAN_S = 30.0
@@ -87,6 +87,7 @@ class LandBatch:
     def __call__(self, records: DataFrame, batch_id: int) -> None:
         spark = records.sparkSession
         query_id = spark.sparkContext.getLocalProperty("sql.streaming.queryId")
+        assert query_id is not None  # set in every micro-batch of a query
         if self.config.on_gap is GapPolicy.RECORD and batch_id > 0:
             # failOnDataLoss is off in this mode: find what Kafka deleted before this batch read it.
             start = batch_end_offsets(Storage(spark), self.checkpoint, batch_id - 1)
@@ -218,9 +219,8 @@ def progress_lines(run: TopicRun) -> list[str]:
 def _topic_offsets(offsets: dict | str | None, topic: str) -> dict[str, int]:
     """A Kafka source's offsets of ``topic`` by partition, from a progress report (an object, or
     its JSON text when Spark could not parse it)."""
-    if isinstance(offsets, str):
-        offsets = json.loads(offsets)
-    return (offsets or {}).get(topic, {})
+    parsed = json.loads(offsets) if isinstance(offsets, str) else offsets
+    return (parsed or {}).get(topic, {})
 
 
 def run_raw_job(
@@ -256,15 +256,19 @@ def run_raw_job(
             last_scan = time.monotonic()
             while any(run.query.isActive for run in runs.values()) and not stop.is_set():
                 for run in runs.values():
-                    run.query.awaitTermination(0.5)
+                    # (a timeout in seconds, any number: pyspark's annotation says int)
+                    run.query.awaitTermination(0.5)  # type: ignore[arg-type]
                     _raise_failure(run, config)
                     for line in progress_lines(run):
                         say(line)
-                if isinstance(config.trigger, Continuous) and not isinstance(config.topics, TopicList):
-                    if time.monotonic() - last_scan > TOPIC_RESCAN_S:
-                        for topic in set(resolve_topics(config, kafka)) - runs.keys():
-                            start(topic)
-                        last_scan = time.monotonic()
+                if (
+                    isinstance(config.trigger, Continuous)
+                    and not isinstance(config.topics, TopicList)
+                    and time.monotonic() - last_scan > TOPIC_RESCAN_S
+                ):
+                    for topic in set(resolve_topics(config, kafka)) - runs.keys():
+                        start(topic)
+                    last_scan = time.monotonic()
             for run in runs.values():
                 _raise_failure(run, config)
                 for line in progress_lines(run):
@@ -274,7 +278,8 @@ def run_raw_job(
     summaries = [TopicSummary(run.topic, run.table, run.rows, run.batches) for run in runs.values()]
     for summary in summaries:
         say(
-            f"raw {summary.topic}: landed {summary.rows:,} records in {summary.batches} micro-batches -> {summary.table}"
+            f"raw {summary.topic}: landed {summary.rows:,} records in {summary.batches} micro-batches "
+            f"-> {summary.table}"
         )
     return summaries
 

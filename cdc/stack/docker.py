@@ -137,7 +137,7 @@ def _require_docker() -> None:
     )
     for command, problem in checks:
         try:
-            result = subprocess.run(command, capture_output=True, text=True, timeout=30)
+            result = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
         except FileNotFoundError:
             raise DependencyError("docker not found: install Docker Engine with its Compose plugin") from None
         except subprocess.TimeoutExpired:

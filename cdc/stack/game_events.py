@@ -18,7 +18,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from kafka import KafkaAdminClient, KafkaProducer
@@ -41,7 +41,7 @@ DEVICES = [
     {"os": "web", "model": "firefox"},
 ]
 ITEMS = {"gem_pack": 499, "extra_life": 99, "skin_gold": 1_299, "hint": 0, "booster": 199}
-START = datetime(2026, 3, 1, 9, 0, tzinfo=timezone.utc)
+START = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -107,9 +107,9 @@ def _items(rng: random.Random, most: int) -> list[Event]:
 def _session(rng: random.Random, player: str, device: Event, number: int, start: datetime) -> list[Event]:
     game = rng.choice(sorted(GAME_MOVES))
     move_type, move_fields = GAME_MOVES[game]
-    common = {"player": player, "game": game, "session_id": f"{player}-s{number}", "device": device}
+    common: Event = {"player": player, "game": game, "session_id": f"{player}-s{number}", "device": device}
     moment = start
-    events = [{"event_type": "session_start"}]
+    events: list[Event] = [{"event_type": "session_start"}]
     for _ in range(rng.randint(2, 5)):
         events.append({"event_type": move_type, **move_fields(rng)})
         if rng.random() < 0.3:

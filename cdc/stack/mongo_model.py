@@ -12,7 +12,7 @@ import base64
 import copy
 import random
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -79,7 +79,7 @@ def as_json(value: Any) -> Any:
     if isinstance(value, Decimal128):
         return float(Decimal(value.text))
     if isinstance(value, Date):
-        moment = datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(milliseconds=value.millis)
+        moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=value.millis)
         return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
     if isinstance(value, Binary):
         return base64.b64encode(value.data).decode()
@@ -235,7 +235,7 @@ def _values(rng: random.Random) -> dict[str, list]:
         "when": [lambda: Date(rng.randint(-(10**12), 2 * 10**12)), lambda: rng.randint(0, 100)],
         "flag": [lambda: rng.random() < 0.5, lambda: "yes"],
         "blob": [lambda: Binary(bytes(rng.randrange(256) for _ in range(rng.randint(0, 6))))],
-        "ref": [lambda: ObjectId("%024x" % rng.getrandbits(96))],
+        "ref": [lambda: ObjectId(f"{rng.getrandbits(96):024x}")],
         "note": [lambda: rng.choice([None, "n1", "n2"])],
         "nested": [lambda: {"a": rng.randint(0, 9), "b": rng.choice(["x", "y"]), "deep": {"c": rng.randint(0, 9)}}],
         "tags": [lambda: [rng.choice(["t1", "t2", "t3"]) for _ in range(rng.randint(0, 4))]],
@@ -249,7 +249,7 @@ def random_writes(seed: int, collection: Collection, steps: int, full_document: 
     deletes and re-inserts of the same _id, several changes to one document within a second."""
     rng = random.Random(seed)
     values = _values(rng)
-    ids = [ObjectId("%024x" % rng.getrandbits(96)) for _ in range(3)] + ["s1", "s2", 7, Int64(2**40)]
+    ids = [ObjectId(f"{rng.getrandbits(96):024x}") for _ in range(3)] + ["s1", "s2", 7, Int64(2**40)]
     drifting = {"qty", "price", "when", "flag"}
 
     def document(document_id: Any) -> dict:

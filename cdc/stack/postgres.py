@@ -55,7 +55,9 @@ def bin_dir() -> Path:
     """The folder of the newest installed PostgreSQL server's programs (initdb, postgres)."""
     pg_config = shutil.which("pg_config")
     if pg_config:
-        found = Path(subprocess.run([pg_config, "--bindir"], capture_output=True, text=True).stdout.strip())
+        found = Path(
+            subprocess.run([pg_config, "--bindir"], capture_output=True, text=True, check=False).stdout.strip()
+        )
         if (found / "initdb").exists():
             return found
     versions = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parent.parent.name))
@@ -141,7 +143,7 @@ class PostgresServer(Component):
             "--encoding=UTF8",
             "--no-locale",
         ]
-        result = subprocess.run(command, capture_output=True, text=True, **account_kwargs(account))
+        result = subprocess.run(command, capture_output=True, text=True, check=False, **account_kwargs(account))
         password_file.unlink()
         if result.returncode != 0:
             raise StackError("initdb failed", component=self.name, log_tail=(result.stdout + result.stderr)[-2000:])
@@ -162,7 +164,7 @@ class PostgresServer(Component):
         reach; the data then lives under /var/tmp and the state folder links to it.
         """
         self.config.state_dir.mkdir(parents=True, exist_ok=True)
-        probe = subprocess.run(["test", "-x", str(self.config.state_dir)], **account_kwargs(account))
+        probe = subprocess.run(["test", "-x", str(self.config.state_dir)], check=False, **account_kwargs(account))
         if probe.returncode == 0:
             return
         digest = hashlib.sha256(str(self.config.state_dir).encode()).hexdigest()[:12]

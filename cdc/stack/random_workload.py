@@ -338,8 +338,8 @@ def compare(
     from pyspark.sql import functions as F
     from pyspark.sql.types import ArrayType, IntegerType, StringType, StructField, StructType
 
-    from refine.flatten import child_table_name
     from refine.config import refined_table_location
+    from refine.flatten import child_table_name
     from refine.rules import history_table_name
 
     types = {

@@ -13,7 +13,7 @@ import random
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 
 import psycopg
@@ -50,7 +50,7 @@ def run_workload(dsn: str, *, customers: int = 10, seed: int = 0) -> WorkloadRep
     rng = random.Random(seed)
     report = WorkloadReport()
     with psycopg.connect(dsn) as conn:
-        first_id = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM shop.customers").fetchone()[0]
+        [first_id] = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM shop.customers").fetchall()[0]
         ids = list(range(first_id, first_id + customers))
         with conn.transaction():
             for customer_id in ids:
@@ -67,7 +67,7 @@ def run_workload(dsn: str, *, customers: int = 10, seed: int = 0) -> WorkloadRep
                         (
                             view_customer,
                             url,
-                            datetime(2026, 1, 1, tzinfo=timezone.utc) + timedelta(minutes=customer_id),
+                            datetime(2026, 1, 1, tzinfo=UTC) + timedelta(minutes=customer_id),
                         ),
                     )
                     report.count("page_views", "insert")
@@ -124,7 +124,7 @@ def _insert_customer(conn: psycopg.Connection, rng: random.Random, customer_id: 
             None if customer_id % 4 == 0 else f"Customer {customer_id}",
             Decimal(rng.randint(-50000, 500000)) / 100,
             Decimal(f"{rng.randint(-9999, 99999)}.{rng.randint(0, 999):03d}"),
-            datetime(2025, 6, 1, 12, 0, tzinfo=timezone.utc)
+            datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
             + timedelta(seconds=rng.randint(0, 10**7), microseconds=rng.randint(0, 999999)),
             date(1950, 1, 1) + timedelta(days=rng.randint(0, 25000)),
             json.dumps(profile),

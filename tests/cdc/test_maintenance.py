@@ -66,7 +66,7 @@ def test_vacuum_with_the_override_removes_unreferenced_files(spark, tmp_path, ca
         == 0
     )
     assert data_files_on_disk(location) == len(spark.read.format("delta").load(location).inputFiles()) == 1
-    with pytest.raises(Exception, match="FileNotFound|does not exist|FAILED_READ_FILE"):
+    with pytest.raises(Exception, match=r"FileNotFound|does not exist|FAILED_READ_FILE"):
         spark.read.format("delta").option("versionAsOf", 0).load(location).collect()
     assert spark.conf.get("spark.databricks.delta.retentionDurationCheck.enabled") == "true"  # restored
     assert main(["vacuum", "--table", location]) == 0  # the default retention needs no override

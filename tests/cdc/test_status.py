@@ -29,7 +29,8 @@ def test_status_reports_the_lag_and_says_when_kafka_does_not_answer(kafka, uniqu
     monkeypatch.setenv("CDC_KAFKA__BOOTSTRAP_SERVERS", f"127.0.0.1:{port}")
     assert main(["status", "--warehouse", warehouse]) == 6
     out, err = capsys.readouterr()
-    assert f"{topic}" in out and "lag ?" in out
+    assert f"{topic}" in out
+    assert "lag ?" in out
     assert err.startswith("cdc: warning: the lag is unknown, Kafka's end offsets could not be read: no Kafka broker")
     assert main(["status", "--warehouse", warehouse, "--json"]) == 6
     assert "no Kafka broker answers" in json.loads(capsys.readouterr().out)["kafka_error"]

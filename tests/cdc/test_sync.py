@@ -12,10 +12,10 @@ from pyspark.testing import assertDataFrameEqual
 from cdc.cli import main
 from cdc.core.config import validate
 from cdc.core.errors import ConfigError, SourceError, TableError
+from cdc.core.tables import is_delta_table
 from cdc.pipeline.config import Pipeline
 from cdc.pipeline.run import PipelineRefineConfig
 from cdc.raw.config import RawJobConfig
-from cdc.core.tables import is_delta_table
 from cdc.stack.workload import run_workload
 from cdc.sync import SyncJobConfig, run_sync_job
 from refine.config import RefineJobConfig, refined_table_location
@@ -112,8 +112,10 @@ def test_continuous_sync_follows_postgres_and_stops_on_sigterm(
         wait_for(
             lambda: (
                 process.poll() is not None
-                or is_delta_table(spark, location)
-                and refined_table(warehouse, topic).where(F.col("full_name") == f"Synced {topic}").count() == 1
+                or (
+                    is_delta_table(spark, location)
+                    and refined_table(warehouse, topic).where(F.col("full_name") == f"Synced {topic}").count() == 1
+                )
             ),
             600,
             "the change in the refined table",
@@ -124,7 +126,8 @@ def test_continuous_sync_follows_postgres_and_stops_on_sigterm(
         wait_for(lambda: f"refine {topic} batch" in process.output(), 60, "the refine batch's progress line", 0.1)
     finally:
         output = stop_like_a_service_manager(process)
-    assert f"raw {topic} -> " in output and f"refine {topic} batch" in output, output
+    assert f"raw {topic} -> " in output, output
+    assert f"refine {topic} batch" in output, output
     assertDataFrameEqual(refined_table(warehouse, topic), postgres_table("customers"))
 
 
@@ -135,7 +138,7 @@ def in_thread(job) -> tuple[threading.Thread, list[BaseException]]:
     def run() -> None:
         try:
             job()
-        except BaseException as error:  # asserted by the test
+        except BaseException as error:  # noqa: BLE001 - asserted by the test
             failures.append(error)
 
     thread = threading.Thread(target=run, daemon=True)
@@ -202,7 +205,8 @@ def test_continuous_pipeline_sync_lands_refines_and_refreshes_its_business_table
     finally:
         stop.set()
         thread.join(120)
-    assert not thread.is_alive() and not failures, failures
+    assert not thread.is_alive()
+    assert not failures, failures
     assert spark.read.format("delta").load(f"{warehouse}/refined/scores").count() == 4
 
 
@@ -263,9 +267,9 @@ def test_a_failed_refinement_ends_the_landing_and_is_the_error(spark, kafka, tmp
         assert not thread.is_alive(), "the landing went on after the refinement failed"
     [failure] = failures
     assert isinstance(failure, TableError), failure
-    assert "changed type" in str(failure) and "column=name" in str(failure) and "new_type=bigint" in str(failure), (
-        failure
-    )
+    assert "changed type" in str(failure), failure
+    assert "column=name" in str(failure), failure
+    assert "new_type=bigint" in str(failure), failure
     assert not spark.streams.active, "a stream of the failed sync is still running"
 
 
@@ -276,4 +280,6 @@ def test_an_unknown_topic_ends_a_continuous_sync_with_one_line(kafka, tmp_path, 
         SourceError.exit_code
     )
     error = capsys.readouterr().err
-    assert error.startswith("cdc: error: ") and unique_name in error and error.count("\n") == 1, error
+    assert error.startswith("cdc: error: "), error
+    assert unique_name in error, error
+    assert error.count("\n") == 1, error

@@ -79,7 +79,8 @@ def test_delete_carries_only_the_key_under_default_replica_identity(changes):
     delete = next(event for event in events["customers"] if event.op == "d")
     assert delete.key == {"id": delete.payload["before"]["id"]}
     assert delete.payload["after"] is None
-    assert delete.payload["before"]["notes"] is None and delete.payload["before"]["balance"] is None
+    assert delete.payload["before"]["notes"] is None
+    assert delete.payload["before"]["balance"] is None
 
 
 def test_keyless_table_has_null_keys_and_full_before_rows(changes):

@@ -324,7 +324,12 @@ def fake_connect() -> Iterator[tuple[str, type[FakeConnect]]]:
 def run_connect_init(services: dict, url: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "CONNECT_URL": url, "CONNECTORS_DIR": str(Path(connectors.__file__).parent)}
     return subprocess.run(
-        [sys.executable, "-c", connect_init_script(services)], env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", connect_init_script(services)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
 
 

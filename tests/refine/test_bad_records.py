@@ -17,9 +17,9 @@ import psycopg
 import pytest
 from pyspark.testing import assertDataFrameEqual
 
+from cdc.stack.postgres import remove_connector
 from refine.config import refined_table_location
 from refine.merge import METADATA_COLUMNS
-from cdc.stack.postgres import remove_connector
 from refine.quarantine import quarantine_location
 
 pytestmark = pytest.mark.integration
@@ -76,8 +76,12 @@ def captured_table(stack, stack_config, unique_name):
 
 
 WORKLOAD = [
-    "INSERT INTO {table} SELECT i, 'item ' || i, date '2020-01-01' + i, timestamp '2026-01-01 10:00:00.123456' + i * interval '1 hour', "
-    "timestamptz '2026-02-01 00:00:00+00' + i * interval '1 minute', i * 1.25, i * 1000000000000, i % 2 = 0 FROM generate_series(1, 8) i",
+    (
+        "INSERT INTO {table} SELECT i, 'item ' || i, date '2020-01-01' + i, "
+        "timestamp '2026-01-01 10:00:00.123456' + i * interval '1 hour', "
+        "timestamptz '2026-02-01 00:00:00+00' + i * interval '1 minute', "
+        "i * 1.25, i * 1000000000000, i % 2 = 0 FROM generate_series(1, 8) i"
+    ),
     "UPDATE {table} SET name = 'renamed', price = 99.99 WHERE id = 2",
     "UPDATE {table} SET born = NULL, flag = NULL WHERE id = 3",
     "DELETE FROM {table} WHERE id = 4",

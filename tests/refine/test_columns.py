@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 
 import pytest
@@ -62,8 +62,8 @@ def changes() -> list[tuple[dict, dict | None]]:
 
 
 EXPECTED = [
-    (1, "a2", Decimal("-7.25"), date(2024, 10, 4), datetime(2026, 11, 21, 5, 53, 15, 94926, tzinfo=timezone.utc)),
-    (2, "b", Decimal("0.05"), date(1969, 12, 31), datetime(2026, 11, 21, 5, 53, 15, 94926, tzinfo=timezone.utc)),
+    (1, "a2", Decimal("-7.25"), date(2024, 10, 4), datetime(2026, 11, 21, 5, 53, 15, 94926, tzinfo=UTC)),
+    (2, "b", Decimal("0.05"), date(1969, 12, 31), datetime(2026, 11, 21, 5, 53, 15, 94926, tzinfo=UTC)),
 ]
 
 
@@ -103,14 +103,17 @@ def test_schemaless_temporal_columns_are_read_in_the_encoding_their_precision_gi
     """Debezium's adaptive mode writes timestamp(0-3) and time(0-3) in milliseconds, wider ones in
     microseconds: the declared precision picks which (read the other way, a value is 1000x off)."""
     topic = kafka.create_topic(f"{unique_name}.shop.slots")
-    row = lambda n, local3, local6, opens, closes: {
-        "id": n,
-        "local3": local3,
-        "local6": local6,
-        "opens": opens,  # noqa: E731
-        "closes": closes,
-        "moments": [local3 - local3 % 1000, -1000],
-    }
+
+    def row(n, local3, local6, opens, closes):
+        return {
+            "id": n,
+            "local3": local3,
+            "local6": local6,
+            "opens": opens,
+            "closes": closes,
+            "moments": [local3 - local3 % 1000, -1000],
+        }
+
     first, second = row(1, 1_763_700_000_123, 1_763_700_000_123_456, 45_296_789, 45_296_789_012), row(2, -1, -1, 0, 1)
     updated = {**first, "local3": 1_763_700_000_999}
     records = [
@@ -141,7 +144,8 @@ def test_schemaless_temporal_columns_are_read_in_the_encoding_their_precision_gi
                 [ms(-1000), ms(-1000)],
             ),
         ],
-        "id long, local3 timestamp_ntz, local6 timestamp_ntz, opens string, closes string, moments array<timestamp_ntz>",
+        "id long, local3 timestamp_ntz, local6 timestamp_ntz, "
+        "opens string, closes string, moments array<timestamp_ntz>",
     )
     for _ in range(2):  # a rerun changes nothing
         land_and_refine(warehouse, topic, columns=TEMPORAL_COLUMNS, key=["id"])
@@ -158,13 +162,13 @@ def test_a_new_snapshot_resets_the_table_from_its_first_read_in_kafka_order(
     topic = kafka.create_topic(f"{unique_name}.shop.items")
     columns, warehouse = {"id": "bigint", "name": "string"}, str(tmp_path)
     row = lambda n, name: {"id": n, "name": name}  # noqa: E731
-    produce = lambda records: kafka.produce(
-        topic,
-        [
-            (json.dumps({"id": v["after"]["id"]}).encode(), json.dumps(v).encode())  # noqa: E731
-            for v in records
-        ],
-    )
+
+    def produce(records):
+        return kafka.produce(
+            topic,
+            [(json.dumps({"id": v["after"]["id"]}).encode(), json.dumps(v).encode()) for v in records],
+        )
+
     refined = lambda: spark.read.format("delta").load(refined_table_location(warehouse, topic)).select("id", "name")  # noqa: E731
 
     first = [

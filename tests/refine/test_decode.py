@@ -2,7 +2,7 @@
 
 import base64
 import json
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from decimal import Decimal
 
 import pytest
@@ -52,7 +52,7 @@ def decimals_decoded_by(request, monkeypatch):
 def test_precise_decimals_including_negatives_and_zero(spark, decimals_decoded_by):
     values = [Decimal("1272.97"), Decimal("-0.01"), Decimal("0.00"), Decimal("-500.00"), Decimal("9999999999.99")]
     encoded = [two_complement(int(v.scaleb(2))) for v in values] + [None]
-    assert decoded(spark, DECIMAL_12_2, encoded) == values + [None]
+    assert decoded(spark, DECIMAL_12_2, encoded) == [*values, None]
 
 
 def test_a_decimal_wider_than_eight_bytes(spark, decimals_decoded_by):
@@ -141,7 +141,7 @@ def test_timestamps_without_and_with_zone(spark):
     zoned = decoded(
         spark, {"type": "string", "name": "io.debezium.time.ZonedTimestamp"}, ["2026-11-21T05:53:15.094926Z"]
     )
-    assert zoned[0].astimezone(timezone.utc) == datetime(2026, 11, 21, 5, 53, 15, 94926, tzinfo=timezone.utc)
+    assert zoned[0].astimezone(UTC) == datetime(2026, 11, 21, 5, 53, 15, 94926, tzinfo=UTC)
 
 
 def test_bytes_json_uuid_arrays_booleans_and_floats(spark):
@@ -156,7 +156,10 @@ def test_bytes_json_uuid_arrays_booleans_and_floats(spark):
     ]
     assert decoded(spark, {"type": "boolean"}, [True, False, None]) == [True, False, None]
     floats = decoded(spark, {"type": "double"}, [1.5, "NaN", "Infinity", "-Infinity"])
-    assert floats[0] == 1.5 and floats[1] != floats[1] and floats[2] == float("inf") and floats[3] == float("-inf")
+    assert floats[0] == 1.5
+    assert floats[1] != floats[1]
+    assert floats[2] == float("inf")
+    assert floats[3] == float("-inf")
 
 
 def test_undecodable_values_are_told_apart_from_nulls(spark):
@@ -202,7 +205,8 @@ def test_dates_and_timestamps_beyond_sparks_years_do_not_decode(spark):
         {"type": "string", "name": "io.debezium.time.ZonedTimestamp"},
         ["infinity", "+10000-01-01T00:00:00Z", "2026-11-21T05:53:15Z"],
     )
-    assert zoned[:2] == [None, None] and zoned[2] is not None
+    assert zoned[:2] == [None, None]
+    assert zoned[2] is not None
 
 
 def test_times_of_day_include_midnight_at_the_end_and_connects_own_time(spark):

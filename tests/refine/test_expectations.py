@@ -87,11 +87,11 @@ def test_drop_quarantines_warn_keeps_and_counts_are_recorded_once_per_batch(spar
 def test_fail_stops_naming_table_expectation_and_a_key(spark, tmp_path):
     rows = spark.createDataFrame(BATCH, ROWS)
     written = []
-    with pytest.raises(ExpectationError) as raised:
-        with enforce_expectations(
-            spark, rows, config(small_id="fail", positive_amount="drop"), str(tmp_path), 1
-        ) as passing:
-            written.append(passing)
+    with (
+        pytest.raises(ExpectationError) as raised,
+        enforce_expectations(spark, rows, config(small_id="fail", positive_amount="drop"), str(tmp_path), 1) as passing,
+    ):
+        written.append(passing)
     assert not written
     assert raised.value.context == {"table": "refined/shop.orders", "expectation": "small_id", "key": {"id": 4}}
     assert raised.value.exit_code == 10
@@ -100,7 +100,7 @@ def test_fail_stops_naming_table_expectation_and_a_key(spark, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "condition, reason",
+    ("condition", "reason"),
     [
         ("amout > 0", "UNRESOLVED_COLUMN"),
         ("amount >", "PARSE_SYNTAX_ERROR"),
@@ -116,9 +116,11 @@ def test_invalid_sql_is_a_config_error_before_any_row_is_read(spark, tmp_path, c
         topic="t",
         expectations=[{"name": "bad_one", "condition": condition, "action": "drop"}],
     )
-    with pytest.raises(ConfigError, match="expectation 'bad_one'") as raised:
-        with enforce_expectations(spark, rows, bad, str(tmp_path), 1):
-            pass
+    with (
+        pytest.raises(ConfigError, match="expectation 'bad_one'") as raised,
+        enforce_expectations(spark, rows, bad, str(tmp_path), 1),
+    ):
+        pass
     assert reason in str(raised.value)
 
 

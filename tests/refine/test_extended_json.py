@@ -1,7 +1,7 @@
 """Extended JSON (strict, as in ``after``; relaxed, as in ``updatedFields``) to typed Spark values."""
 
 import math
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 
 import pytest
@@ -86,15 +86,21 @@ def test_values_decode_exactly(document):
     )
     [row] = document.select(decode(F.col("v"), columns).alias("row")).select("row.*").collect()
     assert row._id == "64b7f0c2a1b2c3d4e5f60718"
-    assert row.n == 9007199254740993 and row.i == 7
-    assert row.d.astimezone(timezone.utc) == datetime(1969, 12, 31, tzinfo=timezone.utc)
+    assert row.n == 9007199254740993
+    assert row.i == 7
+    assert row.d.astimezone(UTC) == datetime(1969, 12, 31, tzinfo=UTC)
     assert row.m == Decimal("-12345678901234567890.123456789")
-    assert row.f == 0.25 and bytes(row.b) == b"\x01\x02"
-    assert math.isnan(row.nan) and row.inf == -math.inf and row.text == "NaN, Infinity"
+    assert row.f == 0.25
+    assert bytes(row.b) == b"\x01\x02"
+    assert math.isnan(row.nan)
+    assert row.inf == -math.inf
+    assert row.text == "NaN, Infinity"
     assert row.nested.a == [1, 2]
-    assert row.nested.when.astimezone(timezone.utc) == datetime(2024, 1, 2, 3, 4, 5, 678000, tzinfo=timezone.utc)
-    assert row.mixed == '[1,"x"]' and row.ts == '{"$timestamp":{"i":2,"t":1}}'
-    assert row.none is None and row.absent is None
+    assert row.nested.when.astimezone(UTC) == datetime(2024, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
+    assert row.mixed == '[1,"x"]'
+    assert row.ts == '{"$timestamp":{"i":2,"t":1}}'
+    assert row.none is None
+    assert row.absent is None
 
 
 def test_values_that_do_not_fit_decode_to_null(spark):
@@ -119,8 +125,10 @@ def test_types_merge_widen_and_conflict():
     assert merge_types(ArrayType(NullType()), ArrayType(LongType())) == ArrayType(LongType())
     assert merge_types(LongType(), StringType()) is None
     assert merge_types(address, StructType([StructField("city", LongType())])) is None
-    assert fits(LongType(), DoubleType()) and not fits(DoubleType(), LongType())
-    assert fits(with_zip, merge_types(address, with_zip)) and not fits(with_zip, address)
+    assert fits(LongType(), DoubleType())
+    assert not fits(DoubleType(), LongType())
+    assert fits(with_zip, merge_types(address, with_zip))
+    assert not fits(with_zip, address)
     assert known(StructType([StructField("a", NullType()), StructField("b", ArrayType(NullType()))])) is None
 
 
@@ -154,7 +162,7 @@ def test_values_of_any_type_as_json_text(spark):
     ).collect()
     assert [tuple(row) for row in texts] == [(text, text) for _, _, text in pairs]
     typed = spark.createDataFrame(
-        [(5, datetime(2023, 11, 14, 22, 13, 20, tzinfo=timezone.utc), "discontinued")],
+        [(5, datetime(2023, 11, 14, 22, 13, 20, tzinfo=UTC), "discontinued")],
         "n bigint, t timestamp, s string",
     )
     assert tuple(typed.select(*[json_text(F.col(c)) for c in typed.columns]).head()) == (

@@ -41,7 +41,7 @@ def test_exploded_arrays_are_left_out_and_kept_structs_stay_whole(spark, events)
 
 def test_two_paths_with_one_name_are_an_error_naming_both(spark):
     schema = spark.createDataFrame([], "device struct<os: string>, device_os string").schema
-    with pytest.raises(ConfigError, match="two columns named 'device_os': 'device.os' and 'device_os'"):
+    with pytest.raises(ConfigError, match=r"two columns named 'device_os': 'device.os' and 'device_os'"):
         flat_columns(schema)
 
 
@@ -56,9 +56,9 @@ def test_arrays_become_child_rows_keyed_by_parent_key_and_position(spark, events
 
 
 def test_a_non_array_cannot_be_exploded(events):
-    with pytest.raises(ConfigError, match="column 'device' is a struct<.*not an array: it cannot be exploded"):
+    with pytest.raises(ConfigError, match=r"column 'device' is a struct<.*not an array: it cannot be exploded"):
         child_rows(events, ["player"], "device")
-    with pytest.raises(ConfigError, match="unknown column path 'device.nope': no field 'nope'"):
+    with pytest.raises(ConfigError, match=r"unknown column path 'device.nope': no field 'nope'"):
         child_rows(events, ["player"], "device.nope")
 
 

@@ -115,7 +115,8 @@ def test_flattened_rows_are_upserted_and_deleted_in_lsn_order(
         land_and_refine(warehouse, topic)
         refined = spark.read.format("delta").load(refined_table_location(warehouse, topic))
         assertDataFrameEqual(refined.select(*expected.columns), expected)
-    assert "__op" not in refined.columns and "__deleted" not in refined.columns
+    assert "__op" not in refined.columns
+    assert "__deleted" not in refined.columns
 
     kafka.produce(topic, [(key(topic, 1), None)])  # a batch of one tombstone: no schema in it
     land_and_refine(warehouse, topic)

@@ -105,7 +105,8 @@ def test_a_merge_with_the_key_filter_equals_one_without(spark, tmp_path, monkeyp
         merge_changes(spark, plain, batch, KEYS, None)
         read = [spark.read.format("delta").load(location).drop(REFINED_AT) for location in (filtered, plain)]
         assertDataFrameEqual(read[0], read[1])
-    assert len(built) == 2 and all(condition is not None for condition in built)
+    assert len(built) == 2
+    assert all(condition is not None for condition in built)
     rows = {(row.id, row.region): row.name for row in read[0].where("id IN (10, 11, 12, 13, 9000, 9001)").collect()}
     assert rows == {
         (10, "eu"): "updated",
@@ -116,7 +117,8 @@ def test_a_merge_with_the_key_filter_equals_one_without(spark, tmp_path, monkeyp
     }
     # Delta writes the condition into each commit: the filter is in it by name, not as its bytes.
     predicate = spark.sql(f"DESCRIBE HISTORY delta.`{filtered}` LIMIT 1").head().operationParameters["predicate"]
-    assert "cdc_batch_keys_" in predicate and len(predicate) < 1_000, predicate[:300]
+    assert "cdc_batch_keys_" in predicate, predicate[:300]
+    assert len(predicate) < 1_000, predicate[:300]
     assert batch_key_functions(spark) == []
 
 
@@ -145,7 +147,8 @@ def test_refined_tables_compact_their_small_files(spark, tmp_path):
     assert table.detail().head().properties[AUTO_COMPACT_PROPERTY] == "true"
     assert table.detail().head().properties["delta.checkpointInterval"] == "100"  # see cdc/raw/table.py
     compactions = table.history().where("operation = 'OPTIMIZE'").collect()
-    assert compactions and all(row.operationParameters["auto"] == "true" for row in compactions)
+    assert compactions
+    assert all(row.operationParameters["auto"] == "true" for row in compactions)
     assert len(spark.read.format("delta").load(location).inputFiles()) < 6
     assert sorted(row.id for row in spark.read.format("delta").load(location).collect()) == list(range(200, 206))
     # Compactions change no data: the Change Data Feed holds the six inserts alone.

@@ -10,7 +10,7 @@ struct maker): ``before``/``after`` are ``io.debezium.data.Json`` strings in str
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 
 import pytest
@@ -18,9 +18,9 @@ from delta.tables import DeltaTable
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
+from refine.config import refined_table_location
 from refine.envelope import COMMON_SOURCE_FIELDS
 from refine.expectations import expectations_location
-from refine.config import refined_table_location
 from refine.quarantine import quarantine_location
 
 pytestmark = pytest.mark.integration
@@ -154,7 +154,7 @@ def value(
 
 
 T0 = 1_763_700_000_000  # source.ts_ms of the snapshot
-ADA, EVE, HAL = ('{"$oid": "64b7f0c2a1b2c3d4e5f6%04x"}' % n for n in (0x718, 0x719, 0x71A))
+ADA, EVE, HAL = (f'{{"$oid": "64b7f0c2a1b2c3d4e5f6{n:04x}"}}' for n in (0x718, 0x719, 0x71A))
 BOB, SEVEN, DOC, BIG, GUS = '"bob"', "7", '{"a": 1, "b": "x"}', "9007199254740993", '"gus"'
 
 ADA_DOC = (
@@ -168,7 +168,8 @@ ADA_DOC = (
 
 def first_batch(topic: str) -> list[tuple[bytes, bytes | None]]:
     """Snapshot reads, inserts, full and updateDescription-only updates, a replace, deletes with
-    their tombstones, ids of every kind, an undecodable record and a field whose type drifts (its column becomes JSON text)."""
+    their tombstones, ids of every kind, an undecodable record and a field whose type drifts (its column
+    becomes JSON text)."""
     k = lambda document_id: key(topic, document_id)  # noqa: E731
     v = lambda *args, **kwargs: value(topic, *args, **kwargs)  # noqa: E731
     return [
@@ -240,7 +241,7 @@ NESTED = "struct<city: string, zip: string, country: string>"
 
 
 def utc(*args: int) -> datetime:
-    return datetime(*args, tzinfo=timezone.utc)
+    return datetime(*args, tzinfo=UTC)
 
 
 def after_first_batch() -> list[tuple]:

@@ -16,9 +16,9 @@ import random
 import pytest
 from pyspark.sql import functions as F
 
+from cdc.core.tables import is_delta_table
 from cdc.stack.mongo_harness import connector_records
 from cdc.stack.mongo_model import Binary, Collection, Date, Decimal128, Int64, ObjectId, Update, as_json, random_writes
-from cdc.core.tables import is_delta_table
 from refine.config import refined_table_location
 from refine.quarantine import quarantine_location
 
@@ -155,7 +155,7 @@ def test_scripted_writes_refine_to_the_model_documents(spark, kafka, land_and_re
 
 
 @pytest.mark.parametrize(
-    "mode,schemas",
+    ("mode", "schemas"),
     [
         ("change_streams_update_full", True),
         ("change_streams", True),
@@ -173,7 +173,7 @@ def test_random_writes_refine_to_the_model_documents(
     topic = kafka.create_topic(records[0]["topic"])
     warehouse = str(tmp_path)
     rng = random.Random(seed)
-    cuts = sorted(rng.sample(range(1, len(records)), 2)) + [len(records)]  # batches of random sizes
+    cuts = [*sorted(rng.sample(range(1, len(records)), 2)), len(records)]  # batches of random sizes
     start = 0
     for cut in cuts:
         key, value = ("key", "value") if schemas else ("key_bare", "value_bare")

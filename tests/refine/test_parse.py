@@ -7,9 +7,9 @@ import pytest
 from pyspark.sql import functions as F
 
 from cdc.core.config import validate
+from cdc.core.tables import raw_table_location
 from cdc.raw.config import RawJobConfig
 from cdc.raw.job import run_raw_job
-from cdc.core.tables import raw_table_location
 from cdc.stack.workload import run_workload
 from refine.envelope import ConnectSchema
 from refine.parse import TOMBSTONE, parse_changes
@@ -45,7 +45,8 @@ def test_customer_changes_parse_to_the_values_postgres_holds(spark, kafka, stack
     assert changes.where("problem IS NOT NULL").count() == 0
     assert [row.op for row in changes.collect()] == ops
     tombstone = changes.where(F.col("op") == TOMBSTONE).head()
-    assert tombstone.before is None and tombstone.key.id > 0
+    assert tombstone.before is None
+    assert tombstone.key.id > 0
 
     # The last image of each surviving customer equals the row in Postgres, column for column.
     latest = {row.key.id: row.after for row in changes.where("op IN ('c', 'u')").collect()}
@@ -65,7 +66,9 @@ def test_customer_changes_parse_to_the_values_postgres_holds(spark, kafka, stack
             assert after.signed_up_at.timestamp() == db[2].timestamp()
             assert after.birth_date == db[3]
             assert json.loads(after.profile) == json.loads(db[4])
-            assert after.tags == db[5] and after.external_id == db[6] and after.is_active == db[7]
+            assert after.tags == db[5]
+            assert after.external_id == db[6]
+            assert after.is_active == db[7]
             assert bytes(after.avatar) == bytes(db[8])
 
 

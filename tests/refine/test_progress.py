@@ -37,7 +37,8 @@ def test_status_follows_a_refined_tables_batches_lag_and_last_error(
         f"{warehouse}/refined/{topic}",
     )
     assert (failed.last_batch, failed.raw_version, failed.behind) == (None, None, raw_rows)
-    assert failed.last_error is not None and failed.last_error.batch == 0
+    assert failed.last_error is not None
+    assert failed.last_error.batch == 0
     assert "a refine batch failed" in failed.last_error.error
 
     (tmp_path / "refined" / topic).unlink()

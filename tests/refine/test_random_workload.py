@@ -50,12 +50,12 @@ def test_random_transactions_refine_equal_to_postgres(
             "kafka": {"bootstrap_servers": kafka.bootstrap_servers},
         }
         run_raw_job(spark, validate(RawJobConfig, raw, "raw job"), say=lambda line: None)
-        for table, topic in zip(tables.names, topics):
+        for table, topic in zip(tables.names, topics, strict=False):
             refine(warehouse, topic, **settings[table])
         print(f"random workload: refine run {batches} after {workload.counts.transactions} transactions", flush=True)
         mismatched = [
             result
-            for result in compare(spark, dsn, tables, warehouse, dict(zip(tables.names, topics)))
+            for result in compare(spark, dsn, tables, warehouse, dict(zip(tables.names, topics, strict=False)))
             if result.mismatches
         ]
         assert not mismatched, (

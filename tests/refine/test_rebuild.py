@@ -109,7 +109,7 @@ def test_a_rebuild_replaces_wrong_tables_from_the_raw_tables_current_files(
         DeltaTable.forPath(spark, raw).vacuum(0)
     finally:
         spark.conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017, PT011 - any failure to read: the files are gone
         spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 0).load(raw).collect()
 
     config = validate(
@@ -117,7 +117,7 @@ def test_a_rebuild_replaces_wrong_tables_from_the_raw_tables_current_files(
         {"table": topic, "warehouse": warehouse, "trigger": {"kind": "available_now"}, **settings},
         "refine job",
     )
-    for attempt in range(2):  # a rebuild run again gives the same tables
+    for _attempt in range(2):  # a rebuild run again gives the same tables
         replaced = rebuild_refined_table(spark, config, say=lambda line: None)
         assert {table.location for table in replaced} >= set(tables)
         for location in tables:
@@ -131,7 +131,7 @@ def test_a_rebuild_replaces_wrong_tables_from_the_raw_tables_current_files(
     # The refinement goes on after the raw version rebuilt from: later changes apply, nothing twice.
     kafka.produce(topic, produced(LATER))
     land(warehouse, topic)
-    for attempt in range(2):
+    for _attempt in range(2):
         refine(warehouse, topic, **settings)
         assert sorted((r.id, r.name, r.tags) for r in contents(spark, refined).collect()) == [
             (1, "a2", ["y"]),
@@ -190,7 +190,7 @@ def test_a_pipeline_rebuild_remakes_a_mongo_collections_tables_and_refreshes_its
 
     spark.sql(f"UPDATE delta.`{locations[0]}` SET name = 'wrong'")
     spark.sql(f"DELETE FROM delta.`{locations[2]}`")
-    for attempt in range(2):
+    for _attempt in range(2):
         assert pipeline_run(pipeline, "--rebuild") == 0
         for location in locations:
             assertDataFrameEqual(contents(spark, location), right[location])

@@ -51,7 +51,8 @@ def test_refined_tables_equal_postgres(
             tags = postgres_table(table).select("id", F.posexplode("tags").alias("pos", "value"))
             assertDataFrameEqual(read(f"{topic}__tags").select("id", "pos", "value"), tags)
     truncated = read(f"{prefix}.shop.orders__history").where("_cdc_op = 't'")
-    assert truncated.count() > 0 and truncated.where("NOT _cdc_is_deleted OR _cdc_is_current").isEmpty()
+    assert truncated.count() > 0
+    assert truncated.where("NOT _cdc_is_deleted OR _cdc_is_current").isEmpty()
     customers = read(f"{prefix}.shop.customers")
     assert customers.where(F.col("notes").contains("__debezium_unavailable_value")).count() == 0
     assert customers.where(F.col("_cdc_op") == "u").count() > 0
@@ -111,7 +112,8 @@ def test_a_batch_refused_by_another_writers_commit_runs_again_and_the_job_goes_o
         RefineJobConfig, {"table": topic, "warehouse": warehouse, "trigger": {"kind": "available_now"}}, "refine job"
     )
     run_refine_job(spark, config, say=printed.append)
-    assert refused and any(
+    assert refused
+    assert any(
         line.startswith(f"refine {topic} batch 0: ")
         and line.endswith("(run again after 1 conflicting commit(s) by another writer)")
         for line in printed
@@ -226,7 +228,9 @@ def test_a_recreated_connectors_snapshot_leaves_the_refined_tables_equal_to_post
             )
         )
         reads = [payload["source"]["snapshot"] for payload in payloads[first_marker + 1 :] if payload["op"] == "r"]
-        assert reads and reads[0] in ("first", "first_in_data_collection") and reads[-1].startswith("last"), reads
+        assert reads, reads
+        assert reads[0] in ("first", "first_in_data_collection"), reads
+        assert reads[-1].startswith("last"), reads
 
 
 ORDERS_WITH_NOTE = (

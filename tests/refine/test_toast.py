@@ -71,16 +71,24 @@ def test_placeholders_are_found_in_every_shape_debezium_sends_them(spark):
 
 
 def test_placeholders_of_every_shape_are_filled_from_the_keys_earlier_change(spark):
-    first = dict(note="n", blob=b"b", tags=["t"], scores=[1, 2], counts=[3], blobs=[b"x"], attrs={"k": "v"})
-    unchanged = dict(
-        note=TOAST_PLACEHOLDER,
-        blob=TOAST_PLACEHOLDER.encode(),
-        tags=[TOAST_PLACEHOLDER_UUID],
-        scores=PLACEHOLDER_BYTES,
-        counts=PLACEHOLDER_BYTES,
-        blobs=[TOAST_PLACEHOLDER.encode()],
-        attrs={TOAST_PLACEHOLDER: TOAST_PLACEHOLDER},
-    )
+    first = {
+        "note": "n",
+        "blob": b"b",
+        "tags": ["t"],
+        "scores": [1, 2],
+        "counts": [3],
+        "blobs": [b"x"],
+        "attrs": {"k": "v"},
+    }
+    unchanged = {
+        "note": TOAST_PLACEHOLDER,
+        "blob": TOAST_PLACEHOLDER.encode(),
+        "tags": [TOAST_PLACEHOLDER_UUID],
+        "scores": PLACEHOLDER_BYTES,
+        "counts": PLACEHOLDER_BYTES,
+        "blobs": [TOAST_PLACEHOLDER.encode()],
+        "attrs": {TOAST_PLACEHOLDER: TOAST_PLACEHOLDER},
+    }
     changes = spark.createDataFrame([change(1, **first), change(2, **unchanged)], CHANGES)
     latest = latest_per_key(changes, ["id"], None).select("source_lsn", *[f"after.{name}" for name in first])
     assertDataFrameEqual(latest, [(2, *first.values())])
@@ -120,7 +128,10 @@ INSERT INTO shop.toast_shapes SELECT 1, 0, repeat('n', 4000), jsonb_build_object
     decode(repeat('ab', 4000), 'hex'), ARRAY(SELECT repeat('t', 40) FROM generate_series(1, 100)),
     ARRAY(SELECT g FROM generate_series(1, 1000) g), ARRAY(SELECT g::bigint * 3 FROM generate_series(1, 600) g),
     ARRAY(SELECT md5(g::text)::uuid FROM generate_series(1, 200) g),
-    hstore(ARRAY(SELECT 'k' || g FROM generate_series(1, 200) g), ARRAY(SELECT repeat('v', 20) FROM generate_series(1, 200)))
+    hstore(
+        ARRAY(SELECT 'k' || g FROM generate_series(1, 200) g),
+        ARRAY(SELECT repeat('v', 20) FROM generate_series(1, 200))
+    )
 """
 SOURCE_COLUMNS = "id, n, note, doc::text, blob, tags, scores, counts, ids::text[], hstore_to_json(attrs)::text"
 REFINED_TYPES = (
@@ -160,10 +171,14 @@ def test_every_toasted_shape_debezium_sends_keeps_the_rows_value(
         envelope = json.loads(records[-1][4])
         after = envelope.get("payload", envelope)["after"]
         placeholder_bytes = list(TOAST_PLACEHOLDER.encode())
-        assert after["note"] == TOAST_PLACEHOLDER and after["scores"] == placeholder_bytes
-        assert after["counts"] == placeholder_bytes and after["ids"] == [TOAST_PLACEHOLDER_UUID]
-        assert after["attrs"] == TOAST_PLACEHOLDER_HSTORE and after["tags"] == [TOAST_PLACEHOLDER]
-        assert after["doc"] == TOAST_PLACEHOLDER and base64.b64decode(after["blob"]) == TOAST_PLACEHOLDER.encode()
+        assert after["note"] == TOAST_PLACEHOLDER
+        assert after["scores"] == placeholder_bytes
+        assert after["counts"] == placeholder_bytes
+        assert after["ids"] == [TOAST_PLACEHOLDER_UUID]
+        assert after["attrs"] == TOAST_PLACEHOLDER_HSTORE
+        assert after["tags"] == [TOAST_PLACEHOLDER]
+        assert after["doc"] == TOAST_PLACEHOLDER
+        assert base64.b64decode(after["blob"]) == TOAST_PLACEHOLDER.encode()
         land_and_refine(warehouse, topic)  # the insert and the update in one batch
         assertDataFrameEqual(comparable(refined_table(warehouse, topic)), source_rows(spark, dsn))
         with psycopg.connect(dsn, autocommit=True) as conn:

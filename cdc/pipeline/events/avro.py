@@ -35,8 +35,8 @@ from pyspark.sql.avro.functions import from_avro
 from pyspark.sql.types import StructType
 
 from cdc.core.errors import ConfigError
-from cdc.pipeline.config import SchemaFile, SchemaRegistry, WireSchema
 from cdc.core.functions import original_bytes
+from cdc.pipeline.config import SchemaFile, SchemaRegistry, WireSchema
 from cdc.pipeline.events.registry import SchemaRegistryClient
 
 END_MARKER = b"cdc-end."
@@ -84,6 +84,7 @@ def avro_event_schema(spark: SparkSession, reader: str) -> StructType:
     try:
         decoded = spark.range(0).select(_decode(F.lit(None).cast("binary"), reader, reader).alias("event"))
         schema = decoded.schema["event"].dataType
+        assert isinstance(schema, StructType)  # the reader schema is a record (checked above)
     except PySparkException as error:
         raise ConfigError(f"Spark cannot read events with this Avro schema: {str(error).splitlines()[0]}") from None
     except Py4JJavaError as error:  # Avro's own parser errors reach Python uncaptured
@@ -213,6 +214,7 @@ class AvroDecoder:
             if schema_id not in self.writers and (writer := self._writer(schema_id)) is not None:
                 self.writers[schema_id] = writer
             writers[schema_id] = self.writers.get(schema_id)
+        assert self.reader_id is not None  # read from the registry
         writers[self.reader_id] = self.reader
         return decode_avro(
             records, AvroDecoding(reader=self.reader, framed=True, reader_id=self.reader_id, writers=writers)
@@ -221,6 +223,7 @@ class AvroDecoder:
     def _writer(self, schema_id: int) -> str | None:
         """The Avro schema of ``schema_id``; None (its records are quarantined) when the registry lacks it
         or it is not Avro."""
+        assert self.registry is not None  # only values framed by a registry have schema ids
         found = self.registry.by_id(schema_id)
         return found.text if found is not None and found.schema_type == "AVRO" else None
 

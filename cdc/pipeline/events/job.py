@@ -22,24 +22,24 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
+from pydantic import Field, model_validator
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
-from pydantic import Field, model_validator
 
+from cdc.core.config import TOPIC_NAME
 from cdc.core.errors import CdcError, ConfigError
+from cdc.core.streaming import batch_error
+from cdc.core.tables import raw_table_location
 from cdc.pipeline.checks import table_shape_problems
 from cdc.pipeline.config import Name, RefinedTable, WireSchema
-from cdc.core.config import TOPIC_NAME
-from cdc.core.tables import raw_table_location
-from cdc.core.streaming import batch_error
 from cdc.pipeline.events.avro import AvroDecoder
-from refine.flatten import child_rows, child_table_name, column, flat_name, flatten
-from refine.config import RefineRun, refined_table_location
-from refine.batch import run_batch_retrying_conflicts
-from refine.merge import EVENT_POSITION, OFFSET, PARTITION, REFINED_AT, append_rows, merge_latest, replace_children
-from refine.history import HistorySpec
 from cdc.pipeline.events.protobuf import ProtobufDecoder
+from refine.batch import run_batch_retrying_conflicts
+from refine.config import RefineRun, refined_table_location
+from refine.flatten import child_rows, child_table_name, column, flat_name, flatten
+from refine.history import HistorySpec
+from refine.merge import EVENT_POSITION, OFFSET, PARTITION, REFINED_AT, append_rows, merge_latest, replace_children
 from refine.quarantine import quarantine, quarantine_location
 from refine.rules import TableRules, history_table_name
 from refine.schemas import event_schema
@@ -183,6 +183,7 @@ def expectation_keys(table: RefinedTable) -> list[str]:
 
 def history_spec(table: RefinedTable) -> HistorySpec:
     """An event table's versions: by key, ordered (and dated) by the ordering column, then the Kafka record."""
+    assert table.ordering is not None  # required with keys (cdc/pipeline/checks.py), which a history needs
     return HistorySpec(
         key_columns=[flat_name(path) for path in table.keys],
         position_columns=[flat_name(table.ordering), *EVENT_POSITION],
@@ -264,7 +265,10 @@ class EventsBatch:
         self, spark: SparkSession, events: DataFrame, split_value: str | None, app_id: str, batch_id: int
     ) -> None:
         table = self.config.table
-        nested = latest_events(events, table.keys, table.ordering) if table.keys else events
+        nested = events
+        if table.keys:
+            assert table.ordering is not None  # required with keys (cdc/pipeline/checks.py)
+            nested = latest_events(events, table.keys, table.ordering)
         parents = self.flat_rows(nested).withColumn(REFINED_AT, F.current_timestamp())
         location = self._location(self.config.name, split_value)
         if not table.keys:
@@ -280,6 +284,7 @@ class EventsBatch:
                 )
             return
         keys = [flat_name(path) for path in table.keys]
+        assert table.ordering is not None  # required with keys (cdc/pipeline/checks.py)
         position = [flat_name(table.ordering), *EVENT_POSITION]
         merge_latest(spark, location, parents, keys, position)
         history = self._location(history_table_name(self.config.name), split_value)
@@ -308,9 +313,11 @@ def events_batch(spark: SparkSession, config: EventsRefineJobConfig) -> EventsBa
     """Read (or infer) the schema, check the table's column paths and expectations against it."""
     decode: Decode | None = None
     if config.format == "avro":
+        assert config.wire_schema is not None  # binary events have one (EventsRefineJobConfig's validation)
         decoder = AvroDecoder(spark, config.wire_schema, config.topic)
         schema, decode = decoder.event_schema, decoder.decode
     elif config.format == "protobuf":
+        assert config.wire_schema is not None
         protobuf = ProtobufDecoder(config.wire_schema, config.topic, config.message)
         schema, decode = protobuf.event_schema, protobuf.decode
     else:

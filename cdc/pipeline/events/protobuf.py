@@ -67,8 +67,8 @@ from pyspark.sql.types import (
 )
 
 from cdc.core.errors import ConfigError
-from cdc.pipeline.config import SchemaFile, SchemaRegistry, WireSchema
 from cdc.core.functions import original_bytes
+from cdc.pipeline.config import SchemaFile, SchemaRegistry, WireSchema
 from cdc.pipeline.events.avro import HEADER_BYTES, batch_schema_ids
 from cdc.pipeline.events.registry import SchemaRegistryClient
 
@@ -320,8 +320,8 @@ def _field_getter(field: Any) -> Convert:
             return lambda parsed: list(getattr(parsed, name))
         return lambda parsed: [convert(value) for value in getattr(parsed, name)]
     if field.has_presence:  # null when unset
-        convert = convert or (lambda value: value)
-        return lambda parsed: convert(getattr(parsed, name)) if parsed.HasField(name) else None
+        convert_set = convert or (lambda value: value)
+        return lambda parsed: convert_set(getattr(parsed, name)) if parsed.HasField(name) else None
     if convert is None:
         return lambda parsed: getattr(parsed, name)  # an unset field reads as its default
     return lambda parsed: convert(getattr(parsed, name))
@@ -474,7 +474,7 @@ class _Reader:
     def _message(self, payload: bytes, written_with: str, hint: str) -> tuple[dict | None, str | None]:
         try:
             parsed = self.parse(payload)
-        except Exception as error:  # the parser's DecodeError (any failure to parse: the value is the cause)
+        except Exception as error:  # noqa: BLE001 - the parser's DecodeError (any failure to parse: the value is the cause)
             return None, (
                 f"the value is not a Protobuf {self.decoding.message} message{written_with}: "
                 f"{_parse_error(error)}{hint}"
@@ -560,7 +560,8 @@ def decode_protobuf(records: DataFrame, decoding: ProtobufDecoding) -> DataFrame
             *[StructField(name, data_type) for name, data_type in DECODED_FIELDS],
         ]
     )
-    decoded = values.mapInArrow(DecodeBatches(decoding), decoded_schema)
+    # pyspark types the function as taking an Iterable; Spark passes an iterator, as DecodeBatches declares.
+    decoded = values.mapInArrow(DecodeBatches(decoding), decoded_schema)  # type: ignore[arg-type]
     return decoded.select("event", "kafka_partition", "kafka_offset", "problem", F.hex("value").alias("raw_value"))
 
 
@@ -611,6 +612,7 @@ class ProtobufDecoder:
         """The messages of schema ``schema_id`` by their indexes, or why its values cannot be read."""
         if schema_id in self.writers:
             return self.writers[schema_id]
+        assert self.registry is not None  # only values framed by a registry have schema ids
         found = self.registry.by_id(schema_id)
         if found is None or found.schema_type != "PROTOBUF":
             return "is not a Protobuf schema of the schema registry"

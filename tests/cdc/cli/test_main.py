@@ -56,14 +56,15 @@ def test_after_a_stop_signal_py4j_failures_are_not_logged(caplog):
     handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         # Before a stop, py4j's own failures are logged as py4j logs them (a failed micro-batch's Python Proxy
-        # traceback is kept out by every session cdc.core.session builds: see test_bad_records; not what this test is about).
-        logging.error("Exception while sending command.")
+        # traceback is kept out by every session cdc.core.session builds: see test_bad_records; not what this
+        # test is about).
+        logging.getLogger().error("Exception while sending command.")
         stop = stop_on_signals()
         os.kill(os.getpid(), signal.SIGTERM)
         assert stop.wait(5)
-        logging.error("Exception while sending command.")
+        logging.getLogger().error("Exception while sending command.")
         proxy.error(proxy_failure)
-        logging.error("something else")
+        logging.getLogger().error("something else")
     finally:
         for logger in (logging.getLogger(), proxy):
             logger.removeFilter(not_py4j_failures_after_jvm_exit)
@@ -117,7 +118,8 @@ def test_a_job_shows_its_own_lines_and_keeps_sparks_warnings_in_its_log_file(
 
     landed = run("raw", "--topic", topic)
     refined = run("refine", "--table", topic)
-    assert f"raw {topic} -> " in landed and f"refine {topic}: " in refined
+    assert f"raw {topic} -> " in landed
+    assert f"refine {topic}: " in refined
     assert [line for line in (landed + refined).splitlines() if " WARN " in line] == []
     log_files = sorted(logs.glob("cdc-*.log"))
     assert len(log_files) == 2, log_files  # one per process

@@ -41,7 +41,8 @@ def test_a_local_driver_logs_to_its_file_and_shows_the_terminal_its_errors_only(
     config = SparkConfig(jars=ProvidedJars(), class_archive=False, log_dir=tmp_path / "logs")
     options = spark_conf(config)["spark.driver.extraJavaOptions"].split()
     assert options[0] == f"-Dlog4j2.configurationFile={tmp_path / 'logs' / 'log4j2.properties'}"
-    assert options[1].startswith(f"-Dcdc.log.file={tmp_path / 'logs'}/cdc-") and options[1].endswith(".log")
+    assert options[1].startswith(f"-Dcdc.log.file={tmp_path / 'logs'}/cdc-")
+    assert options[1].endswith(".log")
     assert options[2:4] == ["-Dcdc.log.console=error", "-Dcdc.log.level=warn"]
     verbose = config.model_copy(update={"console_log_level": ConsoleLogLevel.INFO})
     assert spark_conf(verbose)["spark.driver.extraJavaOptions"].split()[2:4] == [

@@ -12,8 +12,8 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from pyspark.testing import assertDataFrameEqual
 
 from cdc.core import shared_tables
-from cdc.maintenance import optimize_table
 from cdc.core.shared_tables import merge_into_shared_table
+from cdc.maintenance import optimize_table
 
 SCHEMA = StructType([StructField("stream", StringType(), False), StructField("batch", LongType(), False)])
 
@@ -88,13 +88,15 @@ def converted_without_message(java_exception) -> AnalysisException:
 def test_a_conflict_without_a_message_is_told_by_its_condition_or_its_java_exception(spark):
     jvm = spark.sparkContext._jvm
     refused = converted_without_message(jvm.io.delta.exceptions.ProtocolChangedException(None))
-    assert str(refused) == "" and shared_tables.condition_of(refused) == "DELTA_PROTOCOL_CHANGED"
+    assert str(refused) == ""
+    assert shared_tables.condition_of(refused) == "DELTA_PROTOCOL_CHANGED"
     assert shared_tables.is_conflict(refused)
     # Delta's conflicts extend ConcurrentModificationException, here as the cause of another error.
     wrapped = converted_without_message(
         jvm.java.lang.RuntimeException(None, jvm.java.util.ConcurrentModificationException())
     )
-    assert str(wrapped) == "" and shared_tables.is_conflict(wrapped)
+    assert str(wrapped) == ""
+    assert shared_tables.is_conflict(wrapped)
     assert not shared_tables.is_conflict(converted_without_message(jvm.java.lang.RuntimeException()))
     assert shared_tables.is_conflict(Py4JJavaError("", jvm.io.delta.exceptions.ConcurrentAppendException("")))
 
@@ -105,7 +107,7 @@ def test_a_table_another_stream_is_still_creating_is_a_conflict(spark, tmp_path)
     try:
         DeltaTable.forPath(spark, str(tmp_path / "shared"))
     except AnalysisException as error:
-        assert shared_tables.is_conflict(error), f"{shared_tables.condition_of(error)}: {error!r}"
+        assert shared_tables.is_conflict(error)  # noqa: PT017 - pytest.raises would need a new import here, f"{shared_tables.condition_of(error)}: {error!r}"
     else:
         raise AssertionError("a folder with an empty log was read as a Delta table")
 
@@ -193,7 +195,8 @@ def test_a_merge_refused_by_a_concurrent_optimize_runs_again(spark, tmp_path):
     finally:
         stop.set()
         compacting.join()
-    assert conflicts and all(shared_tables.is_conflict(error) for error in conflicts), f"no conflict in {batch} MERGEs"
+    assert conflicts, f"no conflict in {batch} MERGEs"
+    assert all(shared_tables.is_conflict(error) for error in conflicts), conflicts
     assert not optimize_errors, optimize_errors[0]
     expected = [("s", -1)] + [("appended", b) for b in range(2 * batch)] + [("merged", b) for b in range(batch)]
     assertDataFrameEqual(spark.read.format("delta").load(location), spark.createDataFrame(expected, SCHEMA))

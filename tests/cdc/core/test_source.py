@@ -28,7 +28,8 @@ def test_sasl_becomes_a_quoted_jaas_config():
 
 def test_secrets_never_print():
     connection = sasl()
-    assert SECRET not in repr(connection) and SECRET not in str(connection.model_dump())
+    assert SECRET not in repr(connection)
+    assert SECRET not in str(connection.model_dump())
     assert redact(f"login failed for {SECRET}", connection.secrets()) == "login failed for **********"
 
 
@@ -66,7 +67,7 @@ def test_a_broker_that_answers_another_protocol_is_not_called_absent(kafka):
         sasl_username="user",
         sasl_password="secret",
     )
-    with pytest.raises(SourceError, match="accepts connections at .* security_protocol=SASL_PLAINTEXT") as refused:
+    with pytest.raises(SourceError, match=r"accepts connections at .* security_protocol=SASL_PLAINTEXT") as refused:
         KafkaTopics(sasl).names()
     assert "secret" not in str(refused.value)
 

@@ -19,7 +19,7 @@ def test_the_shop_pipeline_equals_postgres_after_two_runs(
 ):
     settings = Settings(stack=stack_config, warehouse=str(tmp_path / "warehouse"))
     pipeline = load_pipeline(PIPELINES["shop"])
-    for run in range(2):
+    for _run in range(2):
         said: list[str] = []
         shop_demo(spark, settings, pipeline, tmp_path / "out", said.append, customers=3)
         for name in ("customers", "orders"):

@@ -100,8 +100,10 @@ def test_a_schema_file_is_found_beside_the_pipeline_file(tmp_path, monkeypatch):
                     "players": {"source": "game_events", "keys": ["player"], "ordering": "time", "explode": ["device"]}
                 }
             ),
-            "refined.players.explode[0]: column 'device' is a struct<os:string,model:string>, not an array: "
-            "it cannot be exploded",
+            (
+                "refined.players.explode[0]: column 'device' is a struct<os:string,model:string>, not an array: "
+                "it cannot be exploded"
+            ),
         ),
         (
             pipeline(refined={"players": {"source": "nope"}}),
@@ -137,8 +139,11 @@ def test_a_schema_file_is_found_beside_the_pipeline_file(tmp_path, monkeypatch):
         ),
         (
             pipeline(refined={"bad-name": {"source": "game_events"}}),
-            "refined.bad-name: 'bad-name' is not a valid name: letters, digits and single underscores, starting with a "
-            "letter (`__` is kept for child tables)",
+            (
+                "refined.bad-name: 'bad-name' is not a valid name: letters, digits and single underscores, "
+                "starting with a "
+                "letter (`__` is kept for child tables)"
+            ),
         ),
         (
             pipeline(refined={"players": {"source": "game_events", "colour": "red"}}),
@@ -146,8 +151,10 @@ def test_a_schema_file_is_found_beside_the_pipeline_file(tmp_path, monkeypatch):
         ),
         (
             pipeline(sources={"game_events": {"kind": "kafka", "topic": "x"}}),
-            "sources.game_events: Input tag 'kafka' found using 'kind' does not match any of the expected tags: "
-            "'debezium_postgres', 'debezium_mongodb', 'events'",
+            (
+                "sources.game_events: Input tag 'kafka' found using 'kind' does not match any of the expected tags: "
+                "'debezium_postgres', 'debezium_mongodb', 'events'"
+            ),
         ),
         (
             pipeline(sources={"game_events": {"kind": "events", "format": "json", "topic": "t", "schema": "a int,"}}),
@@ -201,16 +208,22 @@ def test_a_schema_file_is_found_beside_the_pipeline_file(tmp_path, monkeypatch):
                 sources={"db": {"kind": "debezium_postgres", "topic": "demo.shop.customers"}},
                 refined={"players": {"source": "db", "keys": ["id"]}},
             ),
-            "refined.players.keys: applies to event sources only: a Debezium table's key is its primary key and its "
-            "changes are ordered by their source position (source 'db' is debezium_postgres)",
+            (
+                "refined.players.keys: applies to event sources only: a Debezium table's "
+                "key is its primary key and its "
+                "changes are ordered by their source position (source 'db' is debezium_postgres)"
+            ),
         ),
         (
             pipeline(
                 sources={"db": {"kind": "debezium_mongodb", "topic": "m.db.people"}},
                 refined={"players": {"source": "db", "flatten": {"keep": ["address"]}}},
             ),
-            "refined.players.flatten: applies to event sources only: a MongoDB table keeps nested documents as struct "
-            "columns, typed from Extended JSON",
+            (
+                "refined.players.flatten: applies to event sources only: a MongoDB table "
+                "keeps nested documents as struct "
+                "columns, typed from Extended JSON"
+            ),
         ),
         (
             pipeline(business={"sessions": {"sql": "SELECT * FROM players p JOIN scores s USING (player)"}}),
@@ -255,8 +268,10 @@ def test_flattening_collisions_and_reserved_names(tmp_path):
     ]
     document["refined"]["players"]["flatten"] = {"keep": ["device"]}
     assert problems(tmp_path, document) == [
-        "refined.players.flatten: column '_cdc_offset' (from '_cdc_offset') uses the prefix '_cdc_', kept for the "
-        "tool's own"
+        (
+            "refined.players.flatten: column '_cdc_offset' (from '_cdc_offset') uses the prefix '_cdc_', kept for the "
+            "tool's own"
+        )
     ]
 
 

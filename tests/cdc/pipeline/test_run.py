@@ -10,12 +10,12 @@ from pyspark.testing import assertDataFrameEqual
 
 from cdc.cli import main
 from cdc.core.errors import ConfigError, ExpectationError
+from cdc.core.tables import is_delta_table
 from cdc.pipeline.config import Pipeline
+from cdc.pipeline.events.job import EventsRefineJobConfig
 from cdc.pipeline.run import PipelineRefineConfig, business_tables, raw_job_config, refine_jobs
 from cdc.raw.config import GapPolicy
-from cdc.core.tables import is_delta_table
 from cdc.stack.workload import run_workload
-from cdc.pipeline.events.job import EventsRefineJobConfig
 from refine.config import RefineJobConfig, refined_table_location
 from refine.expectations import expectations_location
 from refine.merge import METADATA_COLUMNS
@@ -55,8 +55,10 @@ def test_raw_lands_every_source_with_the_file_settings_unless_overridden(tmp_pat
 def test_refine_builds_one_job_per_refined_table(tmp_path):
     jobs = refine_jobs(Pipeline.model_validate(SHOP), PipelineRefineConfig(warehouse=str(tmp_path)))
     orders, clicks = jobs
-    assert isinstance(orders, RefineJobConfig) and (orders.table, orders.target) == ("demo.shop.orders", "shop_orders")
-    assert isinstance(clicks, EventsRefineJobConfig) and (clicks.topic, clicks.schema_ddl) == (
+    assert isinstance(orders, RefineJobConfig)
+    assert (orders.table, orders.target) == ("demo.shop.orders", "shop_orders")
+    assert isinstance(clicks, EventsRefineJobConfig)
+    assert (clicks.topic, clicks.schema_ddl) == (
         "clicks",
         "user string, at timestamp",
     )
@@ -145,7 +147,10 @@ def test_an_invalid_pipeline_stops_the_commands_before_spark_starts(tmp_path, ca
     assert (
         capsys.readouterr().err.splitlines()
         == [
-            f"cdc: error: invalid pipeline: sources: Dictionary should have at least 1 item after validation, not 0 (file={file})"
+            (
+                "cdc: error: invalid pipeline: sources: Dictionary should have at least 1 item "
+                f"after validation, not 0 (file={file})"
+            )
         ]
         * 2
     )
@@ -350,7 +355,7 @@ def test_a_continuous_pipeline_refreshes_business_tables_on_their_interval(
     def run() -> None:
         try:
             run_pipeline_refine(spark, Pipeline.model_validate(document), config, lines.append, stop)
-        except BaseException as error:  # raised in the test below
+        except BaseException as error:  # noqa: BLE001 - raised in the test below
             failures.append(error)
 
     thread = threading.Thread(target=run, daemon=True)
@@ -363,7 +368,8 @@ def test_a_continuous_pipeline_refreshes_business_tables_on_their_interval(
     finally:
         stop.set()
         thread.join(120)
-    assert not thread.is_alive() and not failures, failures
+    assert not thread.is_alive()
+    assert not failures, failures
     assertDataFrameEqual(
         pipeline_run.table("activity", "business"),
         spark.sql(ACTIVITY.replace("FROM scores", f"FROM delta.`{pipeline_run.warehouse}/refined/scores`")),
@@ -383,7 +389,8 @@ def test_a_bad_or_failed_expectation_stops_the_refine_naming_it(spark, kafka, pi
     for _ in range(2):  # the batch is not committed: a rerun fails the same way
         assert pipeline_run(failing) == ExpectationError.exit_code
         error = capsys.readouterr().err
-        assert "rows broke a fail expectation" in error and "expectation=no_negative" in error, error
+        assert "rows broke a fail expectation" in error, error
+        assert "expectation=no_negative" in error, error
         assert not is_delta_table(spark, f"{pipeline_run.warehouse}/refined/scores")
 
 
@@ -433,7 +440,8 @@ def test_an_expectation_on_a_debezium_table_drops_its_rows_but_never_its_deletes
         dropped = quarantined.where("source_table = 'shop_orders'")
         assert {row.reason for row in dropped.collect()} == {"failed expectations: no_orders"}
         counts = spark.read.format("delta").load(expectations_location(pipeline_run.warehouse)).collect()
-        assert dropped.count() == sum(row.failed for row in counts) > 0 and sum(row.passed for row in counts) == 0
+        assert dropped.count() == sum(row.failed for row in counts) > 0
+        assert sum(row.passed for row in counts) == 0
 
 
 # --- a Debezium table with its history (SCD type 2) and an exploded array, on the real stack ------
@@ -497,9 +505,12 @@ def test_a_debezium_table_with_history_and_an_exploded_array(
     }
     notes = versions[a][0].notes
     assert [row.tags for row in versions[a]][1:] == [["a", "b", "c"], ["a"], ["a"], ["a"]]
-    assert {row.notes for row in versions[a]} == {notes} and len(notes) > 2000  # placeholders took the last value
+    assert {row.notes for row in versions[a]} == {notes}
+    assert len(notes) > 2000
     assert [(row._cdc_is_current, row._cdc_is_deleted) for row in versions[a]] == [(False, False)] * 4 + [(True, False)]
-    assert all(row._cdc_valid_to == after._cdc_valid_from for row, after in zip(versions[a], versions[a][1:]))
+    assert all(
+        row._cdc_valid_to == after._cdc_valid_from for row, after in zip(versions[a], versions[a][1:], strict=False)
+    )
     assert [(row._cdc_op, row._cdc_is_current, row._cdc_is_deleted) for row in versions[b]] == [
         ("c", False, False),
         ("d", False, True),

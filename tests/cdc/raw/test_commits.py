@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from cdc.core.config import validate
+from cdc.core.tables import checkpoint_location, raw_table_location
 from cdc.raw import commits
 from cdc.raw.commits import last_landed_batch
 from cdc.raw.config import RawJobConfig
 from cdc.raw.job import LandBatch
 from cdc.raw.rows import raw_rows
-from cdc.core.tables import checkpoint_location, raw_table_location
 from cdc.raw.table import create_raw_table
 
 TOPIC = "shop.orders"

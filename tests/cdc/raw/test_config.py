@@ -1,8 +1,7 @@
 import pytest
 
-from cdc.core.config import validate
+from cdc.core.config import AvailableNow, Continuous, validate
 from cdc.core.errors import ConfigError
-from cdc.core.config import AvailableNow, Continuous
 from cdc.raw.config import GapPolicy, RawJobConfig, TopicPattern
 
 
@@ -14,9 +13,11 @@ def config(**fields):
 
 def test_defaults():
     job = config()
-    assert isinstance(job.trigger, Continuous) and job.trigger.interval_s == 2.0
+    assert isinstance(job.trigger, Continuous)
+    assert job.trigger.interval_s == 2.0
     assert job.on_gap is GapPolicy.FAIL
-    assert job.warehouse.startswith("/") and job.warehouse.endswith("/wh")
+    assert job.warehouse.startswith("/")
+    assert job.warehouse.endswith("/wh")
 
 
 def test_object_store_uri_is_kept():

@@ -1,7 +1,7 @@
-from cdc.raw.checkpoint import committed_offsets
-from cdc.raw.gaps import OffsetGap, find_gaps
 from cdc.core.source import PartitionOffsets
 from cdc.core.storage import Storage
+from cdc.raw.checkpoint import committed_offsets
+from cdc.raw.gaps import OffsetGap, find_gaps
 
 
 def test_a_gap_is_what_kafka_deleted_before_it_was_read():

@@ -16,10 +16,10 @@ from pyspark.testing import assertDataFrameEqual
 
 from cdc.core.config import validate
 from cdc.core.errors import OffsetGapError, TableError
-from cdc.raw.config import RawJobConfig
-from cdc.raw.job import run_raw_job
 from cdc.core.functions import original_bytes
 from cdc.core.tables import checkpoint_location, gaps_table_location, is_delta_table, raw_table_location
+from cdc.raw.config import RawJobConfig
+from cdc.raw.job import run_raw_job
 from cdc.stack.events import read_events
 from cdc.stack.workload import TABLES, run_workload
 
@@ -63,7 +63,7 @@ def test_debezium_and_event_topics_land_byte_for_byte(
 ):
     run_workload(stack_config.postgres.dsn(), customers=3, seed=3)  # deletes bring tombstones (null values)
     debezium_topics = [f"{postgres_connector.topic_prefix}.shop.{table}" for table in TABLES]
-    read_events(kafka.bootstrap_servers, {topic: 1 for topic in debezium_topics})  # the topics exist
+    read_events(kafka.bootstrap_servers, dict.fromkeys(debezium_topics, 1))  # the topics exist
     events = kafka.create_topic(f"{unique_name}.events", partitions=3)
     kafka.produce(
         events,
@@ -267,7 +267,7 @@ def test_raw_tables_refuse_reset_rewrite_and_strangers(spark, kafka, tmp_path, u
     run_raw_job(spark, config, say=lambda line: None)
     table = raw_table_location(str(tmp_path), topic)
 
-    with pytest.raises(TableError, match="refusing to reset a raw table .* --force-destroy-raw-data"):
+    with pytest.raises(TableError, match=r"refusing to reset a raw table .* --force-destroy-raw-data"):
         run_raw_job(spark, raw_job(tmp_path, [topic], kafka.bootstrap_servers, reset=True), say=lambda line: None)
     assert spark.read.format("delta").load(table).count() == 10
 

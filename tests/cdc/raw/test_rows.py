@@ -5,10 +5,9 @@ from pyspark.sql import Row
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from cdc.core.functions import is_utf8, original_bytes
+from cdc.core.functions import IS_UTF8_FUNCTION, is_utf8, original_bytes, registered_helpers
 from cdc.raw.rows import raw_rows
 from cdc.raw.table import RAW_SCHEMA
-from cdc.core.functions import IS_UTF8_FUNCTION, registered_helpers
 
 
 def test_text_when_utf8_and_bytes_when_not(spark, kafka_records):
@@ -103,7 +102,8 @@ def _decodes(value: bytes) -> bool:
 
 def test_sessions_have_the_fast_utf8_check(spark):
     """Built with the default jars, a session has the project's function: raw_rows uses it."""
-    assert spark.catalog.functionExists(IS_UTF8_FUNCTION) and IS_UTF8_FUNCTION in registered_helpers
+    assert spark.catalog.functionExists(IS_UTF8_FUNCTION)
+    assert IS_UTF8_FUNCTION in registered_helpers
     assert "cdc_is_utf8" in str(is_utf8(F.col("value")))
 
 

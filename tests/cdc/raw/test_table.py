@@ -10,8 +10,8 @@ import pytest
 from delta.tables import DeltaTable
 
 from cdc.core.errors import TableError
-from cdc.raw.rows import raw_rows
 from cdc.core.tables import CHECKPOINT_PROPERTIES, is_delta_table, raw_table_topic
+from cdc.raw.rows import raw_rows
 from cdc.raw.table import PARQUET_PROPERTIES, PAYLOAD_COLUMNS, create_raw_table
 
 
@@ -54,7 +54,8 @@ def test_payload_columns_are_written_without_dictionary_or_statistics(spark, kaf
     for column in PAYLOAD_COLUMNS:
         assert chunks[column], column
         for chunk in chunks[column]:
-            assert not chunk.has_dictionary_page and chunk.statistics is None, (column, chunk)
+            assert not chunk.has_dictionary_page, (column, chunk)
+            assert chunk.statistics is None, (column, chunk)
     # The other columns keep Parquet's defaults.
     assert all(chunk.has_dictionary_page and chunk.statistics is not None for chunk in chunks["topic"])
 

@@ -17,7 +17,8 @@ def test_events_are_nested_some_late_and_some_malformed():
     assert len(events.events_per_game()) >= 3
     for record in events.records:
         if record.event is not None:
-            assert json.loads(record.value) == record.event and record.key == record.event["player"].encode()
+            assert json.loads(record.value) == record.event
+            assert record.key == record.event["player"].encode()
             assert set(record.event["device"]) == {"os", "model", "app_version"}
     for record in events.malformed:  # none of them is a JSON object with a player and a game
         try:

@@ -29,7 +29,8 @@ def live_members_of_group(pgid: int) -> list[int]:
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                fields = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
+                with open(f"/proc/{entry}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
             except OSError:
                 continue
             if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):

@@ -3,7 +3,6 @@ schema registry of the test's own."""
 
 from __future__ import annotations
 
-
 import pytest
 
 

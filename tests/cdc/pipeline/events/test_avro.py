@@ -121,9 +121,9 @@ def test_the_events_spark_schema_comes_from_the_avro_schema(spark):
     )
     with pytest.raises(ConfigError, match="the Avro schema of events must be a record"):
         avro_event_schema(spark, '"string"')
-    with pytest.raises(ConfigError, match="^Spark cannot read events with this Avro schema: .*Undefined schema: "):
+    with pytest.raises(ConfigError, match=r"^Spark cannot read events with this Avro schema: .*Undefined schema: "):
         avro_event_schema(spark, json.dumps({**READING, "fields": [{"name": "a", "type": "no_such_type"}]}))
-    with pytest.raises(ConfigError, match="^the Avro schema is not JSON: "):
+    with pytest.raises(ConfigError, match=r"^the Avro schema is not JSON: "):
         with_end_marker("{fields")
 
 

@@ -129,30 +129,30 @@ def test_fitness_events_with_a_given_schema(spark, kafka, pipeline_run, unique_n
 
 
 GAME_EVENTS = [
-    dict(
-        player="ann",
-        game="chess",
-        event_type="session_start",
-        time="2026-01-01T10:00:00Z",
-        device={"os": "ios", "model": "iPhone 15"},
-        items=[{"item_id": "clock", "qty": 1}, {"item_id": "pawn", "qty": 8}],
-    ),
-    dict(
-        player="bob",
-        game="go",
-        event_type="session_start",
-        time="2026-01-01T10:00:01Z",
-        device={"os": "android", "model": "Pixel 9"},
-        items=[{"item_id": "stone", "qty": 181}],
-    ),
-    dict(
-        player="ann",
-        game="chess",
-        event_type="move",
-        time="2026-01-01T10:01:00Z",
-        device={"os": "ios", "model": "iPhone 15"},
-        items=[{"item_id": "clock", "qty": 1}, {"item_id": "pawn", "qty": 7}, {"item_id": "queen", "qty": 1}],
-    ),
+    {
+        "player": "ann",
+        "game": "chess",
+        "event_type": "session_start",
+        "time": "2026-01-01T10:00:00Z",
+        "device": {"os": "ios", "model": "iPhone 15"},
+        "items": [{"item_id": "clock", "qty": 1}, {"item_id": "pawn", "qty": 8}],
+    },
+    {
+        "player": "bob",
+        "game": "go",
+        "event_type": "session_start",
+        "time": "2026-01-01T10:00:01Z",
+        "device": {"os": "android", "model": "Pixel 9"},
+        "items": [{"item_id": "stone", "qty": 181}],
+    },
+    {
+        "player": "ann",
+        "game": "chess",
+        "event_type": "move",
+        "time": "2026-01-01T10:01:00Z",
+        "device": {"os": "ios", "model": "iPhone 15"},
+        "items": [{"item_id": "clock", "qty": 1}, {"item_id": "pawn", "qty": 7}, {"item_id": "queen", "qty": 1}],
+    },
 ]
 
 

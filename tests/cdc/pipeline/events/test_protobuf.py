@@ -29,8 +29,8 @@ from cdc.pipeline.events.protobuf import (
     decode_protobuf,
     framing_header,
     indexed_messages,
-    message_descriptor,
     message_converter,
+    message_descriptor,
     message_indexes,
     protobuf_event_schema,
     schema_file,
@@ -196,8 +196,12 @@ def test_message_indexes_name_messages_by_their_path():
     assert message_indexes(b"\x02\x96\x01", 0) == ((75,), 3)  # zigzag 150 is 75
     assert framing_header((2,), 7) == b"\x00\x00\x00\x00\x07\x02\x04"
     assert framing_header((0,), 7) == b"\x00\x00\x00\x00\x07\x00"
-    for cut in (b"\x04\x00", b"\x80", b"\x01"):  # an index missing, a varint cut short, a negative count
-        with pytest.raises(ValueError):
+    for cut, reason in (
+        (b"\x04\x00", "a count of 2 message indexes"),  # an index missing
+        (b"\x80", "the value ends inside a varint"),
+        (b"\x01", "a count of -1 message indexes"),
+    ):
+        with pytest.raises(ValueError, match=reason):
             message_indexes(cut, 0)
 
 
@@ -284,8 +288,10 @@ def test_a_proto2_string_that_is_not_utf8_is_a_problem_of_its_own_record(
     problems, events = problems_and_events(decoded)
     assert problems == [
         None,
-        "the Legacy message does not fit the events' schema: Could not convert b'\\xff\\xfe' "
-        "with type bytes: was not a utf8 string",
+        (
+            "the Legacy message does not fit the events' schema: Could not convert b'\\xff\\xfe' "
+            "with type bytes: was not a utf8 string"
+        ),
         None,
     ]
     # Fields with presence (proto2: all of them) are null when unset: neither `required` nor defaults apply.
@@ -330,8 +336,10 @@ def test_framed_values_are_read_by_their_schema_id_and_message_indexes(
         "the value is 3 bytes: shorter than the header of Confluent's wire format (magic byte 0, 4-byte schema id)",
         "the value is not a Protobuf fitness.Reading message (schema id 1): Wire format was corrupt",
         "the message indexes after schema id 1 are not readable: the value ends inside a varint",
-        "the fitness.Reading message (schema id 1) does not fit the events' schema: field time: Timestamp "
-        "253402300800s 0ns is outside years 1 to 9999",
+        (
+            "the fitness.Reading message (schema id 1) does not fit the events' schema: field time: Timestamp "
+            "253402300800s 0ns is outside years 1 to 9999"
+        ),
         "no value (a null record)",
     ]
     assert [(event["device_id"], event["time"], event["heart_rate"]) for event in events[:2]] == [
@@ -400,7 +408,7 @@ def test_a_registry_decoder_reads_each_writers_message_as_the_latest(
         f"the Protobuf schema of subject broken-value (id {broken}) at the schema registry {schema_registry.url} "
         'does not compile: registered.proto:1:32: "strin" is not defined.'
     )
-    with pytest.raises(ConfigError, match="^message: the Protobuf schema has no message 'fitness.Nope'"):
+    with pytest.raises(ConfigError, match=r"^message: the Protobuf schema has no message 'fitness.Nope'"):
         ProtobufDecoder(SchemaFile(kind="file", path=FIXTURE), "fitness", "fitness.Nope")
 
 
