@@ -155,23 +155,28 @@ def run_refine_job(
     since = datetime.now(UTC)
     batch = RefineBatch(config)
     query = start_refine_query(spark, config.warehouse, config.table, config.target, batch, config.trigger)
-    changes = watch_refine_queries(
-        {config.target: query}, say, stop or threading.Event(), {config.target: batch}, config.warehouse
-    )
-    fail_if_quarantined(config, summarize_run(spark, config.warehouse, changes, since, say))
+    stop = stop or threading.Event()
+    changes = watch_refine_queries({config.target: query}, say, stop, {config.target: batch}, config.warehouse)
+    fail_if_quarantined(config, summarize_run(spark, config.warehouse, changes, since, say, stop))
     return changes[config.target]
 
 
 def summarize_run(
-    spark: SparkSession, warehouse: str, changes: dict[str, int], since: datetime, say: Callable[[str], None]
+    spark: SparkSession,
+    warehouse: str,
+    changes: dict[str, int],
+    since: datetime,
+    say: Callable[[str], None],
+    stop: threading.Event,
 ) -> dict[str, int]:
     """Say what the run did to each table: the changes it read, and the records it sent to the
-    quarantine (with where to look); return those counts."""
-    quarantine, storage = quarantine_location(warehouse), Storage(spark)
-    quarantined = {}
+    quarantine (with where to look); return those counts. A run stopped by a signal only says the
+    changes: its JVM may have stopped with it (a service manager signals the whole process group)."""
+    quarantine = quarantine_location(warehouse)
+    quarantined = dict.fromkeys(changes, 0)
     for name, count in changes.items():
-        raw = recorded_raw_table(storage, warehouse, name)
-        quarantined[name] = 0 if raw is None else quarantined_since(spark, quarantine, raw, since)
+        if not stop.is_set() and (raw := recorded_raw_table(Storage(spark), warehouse, name)) is not None:
+            quarantined[name] = quarantined_since(spark, quarantine, raw, since)
         line = f"refine {name}: {count:,} changes -> {refined_table_location(warehouse, name)}"
         if quarantined[name]:
             line += f"; {quarantined[name]:,} records quarantined (in {quarantine}, source_table {raw})"

@@ -259,7 +259,7 @@ def run_pipeline_refine(
         if threads.threads:
             stop.set()
             threads.join()
-    quarantined = summarize_run(spark, config.warehouse, counts, since, say)
+    quarantined = summarize_run(spark, config.warehouse, counts, since, say, stop)
     if once and not stop.is_set():
         run_business_tables(spark, business, config.trigger, stop, say)
     fail_if_quarantined(config, quarantined)

@@ -155,6 +155,35 @@ def test_undecodable_records_go_to_quarantine_and_the_job_goes_on(
     assert status["quarantined"] == 1
 
 
+def test_a_run_says_what_it_quarantined_and_can_fail_on_it(
+    spark, kafka, stack_config, postgres_connector, tmp_path, monkeypatch, capsys, postgres_table
+):
+    from cdc.cli import main
+    from refine.quarantine import quarantine_location
+
+    run_workload(stack_config.postgres.dsn(), customers=2, seed=14)
+    topic = f"{postgres_connector.topic_prefix}.shop.orders"
+    kafka.wait_for_last_value(topic, lambda value: value is None)
+    kafka.produce(topic, [(b'{"payload":{"customer_id":1,"order_no":1}}', b"{not json")])
+    warehouse = str(tmp_path)
+    monkeypatch.setenv("CDC_KAFKA__BOOTSTRAP_SERVERS", kafka.bootstrap_servers)
+    assert main(["raw", "--topic", topic, "--warehouse", warehouse, "--available-now"]) == 0
+    capsys.readouterr()
+
+    refine = ["refine", "--table", topic, "--warehouse", warehouse, "--available-now", "--fail-on-quarantine"]
+    assert main(refine) == 11
+    out, err = capsys.readouterr()
+    quarantine, raw = quarantine_location(warehouse), f"{warehouse}/raw/{topic}"
+    assert f"; 1 records quarantined (in {quarantine}, source_table {raw})" in out
+    assert err.splitlines()[0] == f"cdc: error: 1 records went to the quarantine ({topic}) (quarantine={quarantine})"
+    # Everything else was applied.
+    refined = spark.read.format("delta").load(refined_table_location(warehouse, topic))
+    assertDataFrameEqual(refined.drop(*METADATA_COLUMNS), postgres_table("orders"))
+
+    assert main(refine) == 0  # a run that quarantined nothing new
+    assert "quarantined" not in capsys.readouterr().out
+
+
 def test_a_recreated_connectors_snapshot_leaves_the_refined_tables_equal_to_postgres(
     spark,
     kafka,
