@@ -636,52 +636,78 @@ def refine_mongo_batch(
                 ensure_json_columns(spark, refined, list(columns.json), "refined")
                 if history_at is not None:
                     ensure_json_columns(spark, history_at, list(columns.json), HISTORY_KIND)
-            if (
-                exists
-            ):  # read again: columns may have been added or converted (a table created above holds no document yet)
+            # Read again: columns may have been added or converted (a table created above holds no document yet).
+            if exists:
                 add_nested_columns(spark, refined, data_columns, columns.types)
                 table = DeltaTable.forPath(spark, refined).toDF()
             latest = latest_documents(flagged, columns, shapes, table).persist()
             try:
-                orphans = (
-                    flagged.join(latest.where("orphan").select(ID), ID, "left_semi")
-                    .where(F.col("kind") == Kind.PATCH)
-                    .withColumn(
-                        "problem",
-                        F.lit(
-                            "an update carrying only updateDescription, for a document the refined table does not hold"
-                        ),
-                    )
-                )
-                problems = [
-                    df.select("kafka_partition", "kafka_offset", "raw_value", "problem")
-                    for df in (flagged.where("problem IS NOT NULL"), orphans)
-                ]
-                quarantine(spark, quarantine_at, raw, topic, problems[0].unionByName(problems[1]))
+                quarantine(spark, quarantine_at, raw, topic, _mongo_problems(flagged, latest))
                 if history_at is not None:  # before the MERGE: the states build on the table's rows as they were
-                    if is_delta_table(spark, history_at):
-                        add_nested_columns(
-                            spark, history_at, DeltaTable.forPath(spark, history_at).toDF().schema, columns.types
-                        )
-                    states = latest_documents(flagged, columns, shapes, table, every=True)
-                    versions = debezium_versions(refined_documents(states, columns).drop(PARTITION))
-                    apply_history(
-                        spark,
-                        history_at,
-                        rules.passing_versions(versions, F.col(OP) == Op.DELETE.value),
-                        debezium_history_spec([ID], list(POSITION)),
-                    )
-                rows = refined_documents(latest, columns)
-                with rules.enforced(spark, rows, [ID], batch_id, deleted=F.col(OP) == Op.DELETE.value) as passing:
-                    merge_changes(spark, refined, passing.drop(PARTITION), [ID], None, POSITION, keys=latest.select(ID))
-                for path, location in children.items():
-                    if path.split(".")[0] not in columns.json and has_path(
-                        DeltaTable.forPath(spark, refined).toDF().schema, path
-                    ):
-                        refresh_children(spark, refined, location, latest.select(ID), [ID], path)
+                    _record_mongo_history(spark, history_at, flagged, columns, shapes, table, rules)
+                _merge_documents(spark, refined, latest, columns, children, rules, batch_id)
             finally:
                 latest.unpersist()
         finally:
             flagged.unpersist()
     finally:
         changes.unpersist()
+
+
+def _mongo_problems(flagged: DataFrame, latest: DataFrame) -> DataFrame:
+    """The batch's records that did not decode, and its updates carrying only updateDescription for a
+    document the refined table does not hold, each with its problem."""
+    orphans = (
+        flagged.join(latest.where("orphan").select(ID), ID, "left_semi")
+        .where(F.col("kind") == Kind.PATCH)
+        .withColumn(
+            "problem",
+            F.lit("an update carrying only updateDescription, for a document the refined table does not hold"),
+        )
+    )
+    problems = [
+        df.select("kafka_partition", "kafka_offset", "raw_value", "problem")
+        for df in (flagged.where("problem IS NOT NULL"), orphans)
+    ]
+    return problems[0].unionByName(problems[1])
+
+
+def _record_mongo_history(
+    spark: SparkSession,
+    history_at: str,
+    flagged: DataFrame,
+    columns: Columns,
+    shapes: list[Shape],
+    table: DataFrame | None,
+    rules: TableRules,
+) -> None:
+    """Every document state of the batch as a version in the history table at ``history_at``."""
+    if is_delta_table(spark, history_at):
+        add_nested_columns(spark, history_at, DeltaTable.forPath(spark, history_at).toDF().schema, columns.types)
+    states = latest_documents(flagged, columns, shapes, table, every=True)
+    versions = debezium_versions(refined_documents(states, columns).drop(PARTITION))
+    apply_history(
+        spark,
+        history_at,
+        rules.passing_versions(versions, F.col(OP) == Op.DELETE.value),
+        debezium_history_spec([ID], list(POSITION)),
+    )
+
+
+def _merge_documents(
+    spark: SparkSession,
+    refined: str,
+    latest: DataFrame,
+    columns: Columns,
+    children: dict[str, str],
+    rules: TableRules,
+    batch_id: int,
+) -> None:
+    """MERGE the last document per ``_id`` that passes the ``rules`` into the ``refined`` table, and
+    refresh the exploded arrays' child tables (a path no document has had yet gives no children)."""
+    rows = refined_documents(latest, columns)
+    with rules.enforced(spark, rows, [ID], batch_id, deleted=F.col(OP) == Op.DELETE.value) as passing:
+        merge_changes(spark, refined, passing.drop(PARTITION), [ID], None, POSITION, keys=latest.select(ID))
+    for path, location in children.items():
+        if path.split(".")[0] not in columns.json and has_path(DeltaTable.forPath(spark, refined).toDF().schema, path):
+            refresh_children(spark, refined, location, latest.select(ID), [ID], path)
