@@ -107,6 +107,8 @@ logger.hadoop_native.level = error
 """
 # The log file of this process's JVM: set by the first local session with a log_dir (a path per process).
 log_file: Path | None = None
+# The log file this process names in each log folder (one name per process and folder, whenever asked).
+_log_files: dict[Path, Path] = {}
 
 
 def _log_options(config: SparkConfig) -> list[str]:
@@ -114,7 +116,7 @@ def _log_options(config: SparkConfig) -> list[str]:
     if not config.is_local or config.log_dir is None:
         return []
     log_dir = config.log_dir.resolve()
-    file = log_file or log_dir / f"cdc-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    file = _log_files.setdefault(log_dir, log_dir / f"cdc-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log")
     return [
         f"-Dlog4j2.configurationFile={log_dir / 'log4j2.properties'}",
         f"-Dcdc.log.file={file}",
@@ -126,14 +128,14 @@ def _log_options(config: SparkConfig) -> list[str]:
 def _prepare_log_file(config: SparkConfig) -> None:
     """Write the log configuration the JVM's options name, and remember this process's log file."""
     global log_file  # noqa: PLW0603 - one log file per process, known once its JVM starts
-    options = _log_options(config)
-    if not options or log_file is not None:
+    if not _log_options(config) or log_file is not None or config.log_dir is None:
         return
-    config.log_dir.mkdir(parents=True, exist_ok=True)  # type: ignore[union-attr]
-    properties = config.log_dir.resolve() / "log4j2.properties"  # type: ignore[union-attr]
+    log_dir = config.log_dir.resolve()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    properties = log_dir / "log4j2.properties"
     if not properties.exists() or properties.read_text() != _LOG4J2_PROPERTIES:
         properties.write_text(_LOG4J2_PROPERTIES)
-    log_file = Path(options[1].removeprefix("-Dcdc.log.file="))
+    log_file = _log_files[log_dir]
 
 
 def job_spark_config(config: SparkConfig, *, refines_continuously: bool) -> SparkConfig:

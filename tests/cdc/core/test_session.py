@@ -37,7 +37,9 @@ def test_a_chosen_garbage_collector_comes_before_the_users_jvm_options_and_only_
     assert spark_conf(cluster)["spark.driver.extraJavaOptions"] == "-XX:TieredStopAtLevel=1"
 
 
-def test_a_local_driver_logs_to_its_file_and_shows_the_terminal_its_errors_only(tmp_path):
+def test_a_local_driver_logs_to_its_file_and_shows_the_terminal_its_errors_only(tmp_path, monkeypatch):
+    # As in a process whose JVM started earlier with another log folder (the test session's own).
+    monkeypatch.setattr("cdc.core.session.log_file", tmp_path / "earlier" / "cdc-1.log")
     config = SparkConfig(jars=ProvidedJars(), class_archive=False, log_dir=tmp_path / "logs")
     options = spark_conf(config)["spark.driver.extraJavaOptions"].split()
     assert options[0] == f"-Dlog4j2.configurationFile={tmp_path / 'logs' / 'log4j2.properties'}"
