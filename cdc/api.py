@@ -136,7 +136,7 @@ class Lakehouse:
             "force_destroy_raw_data": force_destroy_raw_data,
         }
         if sum(choice is not None for choice in (topics, pattern, pipeline)) != 1:
-            raise _config_error("land needs exactly one of topics, pattern and pipeline")
+            raise ConfigError("land needs exactly one of topics, pattern and pipeline")
         if pipeline is not None:
             config = raw_job_config(_pipeline(pipeline), options)
         else:
@@ -180,7 +180,7 @@ class Lakehouse:
             lake.refine(pipeline="examples/pipelines/shop.yaml")
         """
         if (table is None) == (pipeline is None):
-            raise _config_error("refine needs exactly one of table and pipeline")
+            raise ConfigError("refine needs exactly one of table and pipeline")
         trigger = _trigger(continuous, interval_s)
         # Every setting is checked before Spark starts.
         if pipeline is not None:
@@ -196,7 +196,7 @@ class Lakehouse:
             spark = self.spark(refines_continuously=continuous)
             return run_pipeline_refine(spark, loaded, config, say=self.say, stop=stop)
         if reinfer_schema:
-            raise _config_error("reinfer_schema applies to the event sources of a pipeline")
+            raise ConfigError("reinfer_schema applies to the event sources of a pipeline")
         assert table is not None  # one of the two, checked above
         job = self._refine_config(table, columns, key, trigger, fail_on_quarantine)
         spark = self.spark(refines_continuously=continuous)
@@ -238,7 +238,7 @@ class Lakehouse:
             lake.sync(pipeline="examples/pipelines/shop.yaml", continuous=True, stop=stop_event)
         """
         if (topics is None) == (pipeline is None):
-            raise _config_error("sync needs exactly one of topics and pipeline")
+            raise ConfigError("sync needs exactly one of topics and pipeline")
         run = {"warehouse": self.warehouse, "trigger": _trigger(continuous, interval_s)}
         raw = {
             **run,
@@ -330,7 +330,3 @@ def _trigger(continuous: bool, interval_s: float) -> dict[str, Any]:
 
 def _pipeline(pipeline: PipelineSource) -> Pipeline:
     return pipeline if isinstance(pipeline, Pipeline) else load_pipeline(pipeline)
-
-
-def _config_error(message: str) -> ConfigError:
-    return ConfigError(message)
