@@ -23,7 +23,13 @@ A rebuild cut short changes nothing it had not swapped yet, and running it again
 table already swapped is consistent on its own, and a refinement continuing from the old checkpoint
 meanwhile only replays changes its position guards drop.
 
-Stop the table's `cdc refine` (or `cdc sync`) before rebuilding it: both write the same tables.
+Stop the table's `cdc refine` (or `cdc sync`) before rebuilding it: both write the same tables. A
+refinement that commits to a live table while the rebuild runs would have its changes overwritten
+(and its checkpoint has moved past them), so the rebuild checks: a live table whose version moved
+since the rebuild started stops it before anything is replaced, and a commit that slips in between
+that check and a table's swap is found from the swap's commit (it read another version) and stops
+the rebuild too. Both say to stop the refinement and run the rebuild again, which reads the raw
+table as it is then and so includes every change the refinement had applied.
 """
 
 from __future__ import annotations
@@ -99,6 +105,8 @@ def rebuild_refined_table(
     staging = rebuild_location(config.warehouse, config.target)
     storage = Storage(spark)
     storage.delete(staging)  # what a rebuild cut short left
+    pairs = _table_pairs(config, staging)
+    started = {live: _version_if_table(spark, live) for live, _ in pairs}
     rules = config.rules or TableRules(table=config.target, topic=config.table, warehouse=config.warehouse)
     staged = config.model_copy(update={"warehouse": staging, "rules": rules.model_copy(update={"warehouse": staging})})
     batch = RefineBatch(staged, raw_location=raw)
@@ -106,11 +114,12 @@ def rebuild_refined_table(
     for number, chunk in enumerate(chunks):
         batch(chunk.withColumn("_change_type", F.lit("insert")), number)
         say(f"rebuild {config.target}: raw batches {number + 1}/{len(chunks)} refined into {staging}")
+    for live, version in started.items():
+        if _version_if_table(spark, live) != version:
+            raise TableError(_WRITTEN_MEANWHILE + "; nothing was replaced", table=live)
     applied = applied_location(config.warehouse, config.target)
     counted = read_applied(spark, applied)
-    replaced = [
-        rebuilt for live, copy in _table_pairs(config, staging) if (rebuilt := _replace(spark, live, copy)) is not None
-    ]
+    replaced = [rebuilt for live, copy in pairs if (rebuilt := _replace(spark, live, copy, started[live])) is not None]
     _keep_batch_counter(spark, applied, counted)
     _keep_quarantined(spark, quarantine_location(staging), quarantine_location(config.warehouse))
     refined = refined_table_location(config.warehouse, config.target)
@@ -158,14 +167,16 @@ def _table_pairs(config: RefineJobConfig, staging: str) -> list[tuple[str, str]]
     return pairs
 
 
-def _replace(spark: SparkSession, live: str, staged: str) -> RebuiltTable | None:
+def _replace(spark: SparkSession, live: str, staged: str, started: int | None) -> RebuiltTable | None:
     """Make the table at ``live`` hold what the table at ``staged`` holds, in one commit for its rows (None
-    when neither exists). A live table the rebuild wrote nothing for is emptied."""
+    when neither exists). A live table the rebuild wrote nothing for is emptied. ``started``: the live
+    table's version when the rebuild began; the swap must be made on top of it."""
     if not is_delta_table(spark, staged):
         if not is_delta_table(spark, live):
             return None
         emptied_from = _version(spark, live)
         DeltaTable.forPath(spark, live).delete()
+        _check_swapped_on(spark, live, started)
         return RebuiltTable(live, emptied_from, _version(spark, live))
     properties = {
         key: value for key, value in delta_properties(spark, staged).items() if not key.startswith(_PROTOCOL_PROPERTIES)
@@ -181,6 +192,7 @@ def _replace(spark: SparkSession, live: str, staged: str) -> RebuiltTable | None
             builder = builder.property(key, value)
         builder.execute()
     rows.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(live)
+    _check_swapped_on(spark, live, started)
     current = delta_properties(spark, live)
     changed = {key: value for key, value in properties.items() if current.get(key) != value}
     if changed:
@@ -204,6 +216,26 @@ def _keep_quarantined(spark: SparkSession, staged: str, live: str) -> None:
     """Add the records the rebuild quarantined to the warehouse's quarantine (once each)."""
     if is_delta_table(spark, staged):
         add_quarantined(spark, live, spark.read.format("delta").load(staged))
+
+
+_WRITTEN_MEANWHILE = (
+    "another writer committed to this table while the rebuild ran (a `cdc refine` or `cdc sync` of it?): "
+    "stop it and run the rebuild again"
+)
+
+
+def _version_if_table(spark: SparkSession, location: str) -> int | None:
+    return _version(spark, location) if is_delta_table(spark, location) else None
+
+
+def _check_swapped_on(spark: SparkSession, live: str, started: int | None) -> None:
+    """Raise when the swap just committed to ``live`` was made on top of another version than the one the
+    rebuild started from (None: the table did not exist then, and the rebuild created it)."""
+    if started is None:
+        return
+    read = DeltaTable.forPath(spark, live).history(1).select("readVersion").collect()[0][0]
+    if read != started:
+        raise TableError(_WRITTEN_MEANWHILE + " (during its swap)", table=live)
 
 
 def _version(spark: SparkSession, location: str) -> int:

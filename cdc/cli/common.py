@@ -32,9 +32,8 @@ class Options:
         self.as_json.add_argument("--json", action="store_true", help="print machine-readable JSON")
         self.warehouse = argparse.ArgumentParser(add_help=False)
         self.warehouse.add_argument("--warehouse", help="root of the Delta tables, a path or URI (default ./warehouse)")
-        self.warehouse.add_argument(
-            "--kafka-secrets-file", type=Path, help="YAML/JSON file of Kafka settings (SASL, SSL)"
-        )
+        self.kafka = argparse.ArgumentParser(add_help=False)  # only for the commands that read Kafka
+        self.kafka.add_argument("--kafka-secrets-file", type=Path, help="YAML/JSON file of Kafka settings (SASL, SSL)")
         self.landing = argparse.ArgumentParser(add_help=False)
         self.landing.add_argument(
             "--max-offsets-per-trigger", type=int, metavar="N", help="at most N records per raw micro-batch"

@@ -67,7 +67,7 @@ def _add_raw(commands: Commands, options: Options) -> None:
         "raw",
         raw,
         "land Kafka topics as-is in raw Delta tables, exactly once",
-        [options.warehouse, options.landing],
+        [options.warehouse, options.kafka, options.landing],
     )
     selection = land.add_mutually_exclusive_group(required=True)
     selection.add_argument("--topic", action="append", dest="topics", metavar="TOPIC", help="a topic (repeatable)")
@@ -130,7 +130,7 @@ def _add_sync(commands: Commands, options: Options) -> None:
         "sync",
         sync,
         "land topics and refine them in one Spark application (one JVM)",
-        [options.warehouse, options.landing],
+        [options.warehouse, options.kafka, options.landing],
     )
     synced = syncing.add_mutually_exclusive_group(required=True)
     synced.add_argument(

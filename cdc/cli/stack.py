@@ -109,8 +109,8 @@ def add_commands(commands: Commands, options: Options) -> None:
     _add_stack(commands, options)
     _add_connectors(commands)
     run = add_command(commands, "workload", workload, "apply a sample workload to the demo database")
-    run.add_argument("--customers", type=int, default=10, help="new customers to insert (default 10)")
-    run.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    run.add_argument("--customers", type=int, default=10, metavar="N", help="new customers to insert (default 10)")
+    run.add_argument("--seed", type=int, default=0, metavar="N", help="random seed (default 0)")
     _add_demo(commands, options)
 
 
@@ -148,7 +148,9 @@ def _add_connectors(commands: Commands) -> None:
     connector_commands = connectors.add_subparsers(dest="action", required=True, metavar="ACTION")
     register = add_command(connector_commands, "register", connectors_register, "create or update shipped connectors")
     register.add_argument("kinds", nargs="*", default=["postgres"], help="connectors/<kind>.json (default postgres)")
-    register.add_argument("--timeout", type=float, default=60.0, help="seconds to wait until it runs")
+    register.add_argument(
+        "--timeout", type=float, default=60.0, metavar="SECONDS", help="seconds to wait until it runs"
+    )
     add_command(connector_commands, "list", connectors_list, "list connectors and the state of their tasks")
 
 

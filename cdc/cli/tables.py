@@ -63,10 +63,12 @@ def optimize(args: argparse.Namespace, settings: Settings) -> int:
     zorder_by = [column.strip() for column in (args.zorder_by or "").split(",") if column.strip()]
     lake = lakehouse(settings)
     result = lake.optimize(args.table, zorder_by=zorder_by)
-    print(
-        f"optimized {result.location}: {result.files_removed} files compacted into {result.files_added}"
-        + (f", Z-ordered by {', '.join(zorder_by)}" if zorder_by else "")
-    )
+    if result.files_removed == 0:
+        print(f"optimized {result.location}: already compact, no file rewritten")
+    else:
+        files = "1 file" if result.files_removed == 1 else f"{result.files_removed} files"
+        done = f"Z-ordered by {', '.join(zorder_by)} into" if zorder_by else "compacted into"
+        print(f"optimized {result.location}: {files} {done} {result.files_added}")
     return 0
 
 
@@ -87,7 +89,7 @@ def add_commands(commands: Commands, options: Options) -> None:
         status,
         "list raw tables (Delta version, rows, consumed vs end offsets: lag), refined tables (last batch, "
         "raw changes not refined yet, last error) and expectation totals",
-        [options.warehouse, options.as_json],
+        [options.warehouse, options.kafka, options.as_json],
     )
     table = argparse.ArgumentParser(add_help=False)
     table.add_argument(

@@ -30,6 +30,8 @@ def test_optimize_compacts_small_files(spark, tmp_path, capsys):
     assert len(spark.read.format("delta").load(location).inputFiles()) == 1
     assert f"optimized {location}: 5 files compacted into 1" in capsys.readouterr().out
     assert spark.read.format("delta").load(location).count() == 500
+    assert main(["optimize", "--table", location]) == 0  # one file: nothing to do, and it says so
+    assert f"optimized {location}: already compact, no file rewritten" in capsys.readouterr().out
 
 
 def test_optimize_z_orders_by_the_given_columns(spark, tmp_path, capsys):

@@ -13,6 +13,7 @@ from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from cdc.core.config import validate
+from cdc.core.errors import TableError
 from refine.config import RefineJobConfig, refined_table_location
 from refine.quarantine import quarantine_location
 from refine.rebuild import raw_chunks, rebuild_refined_table
@@ -230,3 +231,41 @@ def test_a_rebuilt_keyless_table_goes_on_counting_its_batches(
     for _ in range(2):
         land_and_refine(warehouse, topic)
         assertDataFrameEqual(refined_table(warehouse, topic), postgres_table("page_views"))
+
+
+def test_a_rebuild_stops_when_a_refinement_commits_to_the_table_meanwhile(
+    spark, kafka, land, refine, unique_name, tmp_path
+):
+    """A refinement committing while the rebuild stages would be overwritten with its checkpoint past
+    its changes: the rebuild stops before replacing anything, and run again it includes them."""
+    topic = kafka.create_topic(f"{unique_name}.shop.items")
+    warehouse = str(tmp_path)
+    settings = {"columns": COLUMNS, "key": ["id"], "history": True, "explode": ["tags"]}
+    refined = refined_table_location(warehouse, topic)
+    kafka.produce(topic, produced(FIRST))
+    land(warehouse, topic)
+    refine(warehouse, topic, **settings)
+    kafka.produce(topic, produced(SECOND))
+    land(warehouse, topic)
+    config = validate(
+        RefineJobConfig,
+        {"table": topic, "warehouse": warehouse, "trigger": {"kind": "available_now"}, **settings},
+        "refine job",
+    )
+
+    def refine_meanwhile(line: str) -> None:
+        if "raw batches" in line:  # staged, not swapped yet: the table's refinement runs now
+            refine(warehouse, topic, **settings)
+
+    with pytest.raises(TableError, match="another writer committed to this table while the rebuild ran"):
+        rebuild_refined_table(spark, config, say=refine_meanwhile)
+    refined_by_the_stream = contents(spark, refined).collect()
+    assert sorted((r.id, r.name) for r in refined_by_the_stream) == [(1, "a2"), (3, "c")]
+    assert not any(line.operation == "WRITE" for line in DeltaTable.forPath(spark, refined).history(1).collect())
+
+    rebuild_refined_table(spark, config, say=lambda line: None)
+    assertDataFrameEqual(contents(spark, refined), refined_by_the_stream)
+    kafka.produce(topic, produced(LATER))
+    land(warehouse, topic)
+    refine(warehouse, topic, **settings)
+    assert sorted((r.id, r.name) for r in contents(spark, refined).collect()) == [(1, "a2"), (3, "c2")]

@@ -14,6 +14,20 @@ def test_every_command_has_help(capsys):
     assert "--state-dir" in out
 
 
+@pytest.mark.parametrize("command", ["raw", "sync", "status", "refine", "optimize", "vacuum"])
+def test_only_the_commands_that_read_kafka_take_kafka_secrets(command, capsys):
+    reads_kafka = command in ("raw", "sync", "status")
+    options = {"raw": ["--topic", "t"], "sync": ["--topic", "t"], "status": []}
+    argv = [command, "--kafka-secrets-file", "secrets.yaml", *options.get(command, ["--table", "t"])]
+    if reads_kafka:
+        assert str(build_parser().parse_args(argv).kafka_secrets_file) == "secrets.yaml"
+    else:
+        with pytest.raises(SystemExit) as exited:
+            build_parser().parse_args(argv)
+        assert exited.value.code == 2
+        assert "unrecognized arguments: --kafka-secrets-file" in capsys.readouterr().err
+
+
 def test_status_of_a_stack_that_is_not_running(tmp_path, capsys):
     assert main(["stack", "status", "--state-dir", str(tmp_path)]) == 1
     lines = capsys.readouterr().out.splitlines()
