@@ -38,6 +38,7 @@ from cdc.pipeline.run import PipelineRefineConfig, raw_job_config, run_pipeline_
 from cdc.raw.config import RawJobConfig
 from cdc.raw.job import TopicSummary, run_raw_job
 from cdc.status import WarehouseStatus, warehouse_status
+from cdc.status_page import write_status_page
 from cdc.sync import SyncJobConfig, run_sync_job
 from refine.config import RefineJobConfig, refined_table_location
 from refine.job import run_refine_job
@@ -272,6 +273,16 @@ class Lakehouse:
         """
         kafka = validate(KafkaConnection, self.kafka, "Kafka settings")
         return warehouse_status(self.spark(), self.warehouse, kafka)
+
+    def status_page(self, output: str | Path, *, pipeline: PipelineSource | None = None) -> Path:
+        """Write the warehouse's status as a page (``cdc status --html``): the DAG of ``pipeline`` (else of
+        the tables found), each node with its numbers and a level (ok, warn, error). Returns its path.
+
+        Example::
+
+            lake.status_page("status.html", pipeline="pipelines/shop.yaml")
+        """
+        return write_status_page(self.status(), Path(output), _pipeline(pipeline) if pipeline is not None else None)
 
     def refined_table(self, topic: str) -> DeltaTable:
         """The refined table of ``topic``, as Delta's own :class:`~delta.tables.DeltaTable`.

@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("cdc", "refine", "connectors")
 
-ORCHESTRATION = ("cdc.pipeline", "cdc.sync", "cdc.status", "cdc.maintenance", "cdc.class_training")
+ORCHESTRATION = ("cdc.pipeline", "cdc.sync", "cdc.status", "cdc.status_page", "cdc.maintenance", "cdc.class_training")
 BESIDE = ("cdc.stack", "cdc.demo", "connectors")
 # layer -> the module prefixes in it, and the layers it may import
 LAYERS: dict[str, tuple[tuple[str, ...], set[str]]] = {

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from cdc.cli.common import Commands, Options, add_command, lakehouse
 from cdc.core.config import Settings
@@ -13,7 +14,12 @@ from cdc.core.errors import SourceError
 
 def status(args: argparse.Namespace, settings: Settings) -> int:
     """Exit 0, or SourceError's code when Kafka did not answer (the lag it prints is then unknown)."""
-    found = lakehouse(settings).status()
+    lake = lakehouse(settings)
+    if args.html is not None:
+        page = lake.status_page(args.html, pipeline=args.pipeline)
+        print(f"status page: {page}")
+        return 0
+    found = lake.status()
     unknown_lag = 0 if found.kafka_error is None else SourceError.exit_code
     if args.json:
         print(json.dumps(found.as_dict(), indent=2))
@@ -83,13 +89,19 @@ def vacuum(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def add_commands(commands: Commands, options: Options) -> None:
-    add_command(
+    showing = add_command(
         commands,
         "status",
         status,
         "list raw tables (Delta version, rows, consumed vs end offsets: lag), refined tables (last batch, "
         "raw changes not refined yet, last error) and expectation totals",
         [options.warehouse, options.kafka, options.as_json],
+    )
+    showing.add_argument(
+        "--html", type=Path, metavar="PAGE", help="write the status as a page: the DAG with these numbers on each node"
+    )
+    showing.add_argument(
+        "--pipeline", type=Path, metavar="FILE", help="with --html: draw this pipeline's DAG (business tables too)"
     )
     table = argparse.ArgumentParser(add_help=False)
     table.add_argument(

@@ -3,7 +3,9 @@
 `cdc graph FILE -o OUT.svg` writes the SVG; `-o OUT.html` a self-contained page around it (inline
 SVG and styles, nothing fetched), which any browser opens. Each node is an SVG group with
 ``id`` (``<kind>:<name>``) and ``data-kind``; each edge a path with ``data-from`` and ``data-to``,
-so the drawing can also be read by programs.
+so the drawing can also be read by programs. A node may carry status lines and a level
+(``cdc status --html`` draws them: :mod:`cdc.status_page`), shown under its name, the level as the
+colour of its border and its ``data-level``.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from refine.flatten import child_table_name
 
 KINDS = ("topic", "raw", "refined", "child", "business")
 COLOURS = {"topic": "#fde68a", "raw": "#e5e7eb", "refined": "#bfdbfe", "child": "#ddd6fe", "business": "#bbf7d0"}
-NODE_W, NODE_H, GAP_X, GAP_Y, MARGIN = 220, 46, 70, 18, 20
+LEVELS = {"ok": ("#4b5563", 1), "warn": ("#d97706", 3), "error": ("#dc2626", 3)}  # border colour, width
+NODE_W, NODE_H, LINE_H, GAP_X, GAP_Y, MARGIN = 220, 46, 15, 70, 18, 20
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,8 @@ class Node:
     kind: str
     name: str
     detail: str = ""
+    lines: tuple[str, ...] = ()  # status lines under the detail
+    level: str = "ok"  # one of LEVELS
 
     @property
     def id(self) -> str:
@@ -39,7 +44,7 @@ class Graph:
     edges: list[tuple[str, str]] = field(default_factory=list)
 
     def add(self, node: Node, after: Node | None = None) -> Node:
-        self.nodes.setdefault(node.id, node)
+        node = self.nodes.setdefault(node.id, node)
         if after is not None and (after.id, node.id) not in self.edges:
             self.edges.append((after.id, node.id))
         return node
@@ -104,11 +109,12 @@ def _columns(graph: Graph) -> list[list[Node]]:
 def render_svg(graph: Graph) -> str:
     positions: dict[str, tuple[int, int]] = {}
     columns = _columns(graph)
+    node_h = NODE_H + LINE_H * max((len(node.lines) for node in graph.nodes.values()), default=0)
     for x, nodes in enumerate(columns):
         for y, node in enumerate(nodes):
-            positions[node.id] = (MARGIN + x * (NODE_W + GAP_X), MARGIN + 24 + y * (NODE_H + GAP_Y))
+            positions[node.id] = (MARGIN + x * (NODE_W + GAP_X), MARGIN + 24 + y * (node_h + GAP_Y))
     width = MARGIN * 2 + len(columns) * (NODE_W + GAP_X) - GAP_X
-    height = MARGIN * 2 + 24 + max((len(nodes) for nodes in columns), default=0) * (NODE_H + GAP_Y)
+    height = MARGIN * 2 + 24 + max((len(nodes) for nodes in columns), default=0) * (node_h + GAP_Y)
     parts = [
         (
             f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
@@ -127,7 +133,7 @@ def render_svg(graph: Graph) -> str:
         )
     for source, target in graph.edges:
         (x1, y1), (x2, y2) = positions[source], positions[target]
-        x1, y1, y2 = x1 + NODE_W, y1 + NODE_H // 2, y2 + NODE_H // 2
+        x1, y1, y2 = x1 + NODE_W, y1 + node_h // 2, y2 + node_h // 2
         middle = (x1 + x2) // 2
         parts.append(
             f'<path class="edge" data-from={quoteattr(source)} data-to={quoteattr(target)} fill="none" '
@@ -136,20 +142,31 @@ def render_svg(graph: Graph) -> str:
         )
     for node in graph.nodes.values():
         x, y = positions[node.id]
-        label = node.name if len(node.name) <= 30 else node.name[:29] + "…"
-        detail = node.detail if len(node.detail) <= 36 else node.detail[:35] + "…"
+        stroke, stroke_width = LEVELS[node.level]
+        tip = "\n".join([f"{node.kind} {node.name}" + (f": {node.detail}" if node.detail else ""), *node.lines])
+        lines = "".join(
+            f'<text class="status" x="{x + 8}" y="{y + 36 + LINE_H * (number + 1)}" fill="#111827">'
+            f"{escape(_cut(line, 34))}</text>"
+            for number, line in enumerate(node.lines)
+        )
         parts.append(
-            f'<g class="node" id={quoteattr(node.id)} data-kind="{node.kind}" data-name={quoteattr(node.name)}>'
-            f"<title>{escape(f'{node.kind} {node.name}' + (f': {node.detail}' if node.detail else ''))}</title>"
-            f'<rect x="{x}" y="{y}" width="{NODE_W}" height="{NODE_H}" rx="6" fill="{COLOURS[node.kind]}" '
-            f'stroke="#4b5563"/><text x="{x + 8}" y="{y + 19}" font-weight="bold">{escape(label)}</text>'
-            f'<text x="{x + 8}" y="{y + 36}" fill="#4b5563">{escape(detail)}</text></g>'
+            f'<g class="node" id={quoteattr(node.id)} data-kind="{node.kind}" data-name={quoteattr(node.name)} '
+            f'data-level="{node.level}"><title>{escape(tip)}</title>'
+            f'<rect x="{x}" y="{y}" width="{NODE_W}" height="{node_h}" rx="6" fill="{COLOURS[node.kind]}" '
+            f'stroke="{stroke}" stroke-width="{stroke_width}"/>'
+            f'<text x="{x + 8}" y="{y + 19}" font-weight="bold">{escape(_cut(node.name, 30))}</text>'
+            f'<text x="{x + 8}" y="{y + 36}" fill="#4b5563">{escape(_cut(node.detail, 36))}</text>{lines}</g>'
         )
     parts.append("</svg>")
     return "\n".join(parts)
 
 
-def render_html(graph: Graph, title: str) -> str:
+def _cut(text: str, length: int) -> str:
+    return text if len(text) <= length else text[: length - 1] + "…"
+
+
+def render_html(graph: Graph, title: str, intro: str = "") -> str:
+    """A self-contained page of the graph: ``title``, the legend, ``intro`` (HTML) and the drawing."""
     legend = " ".join(
         f'<span style="background:{COLOURS[kind]};border:1px solid #4b5563;'
         f'padding:2px 8px;margin-right:6px">{kind}</span>'
@@ -158,7 +175,7 @@ def render_html(graph: Graph, title: str) -> str:
     return (
         f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title></head>\n'
         f'<body style="font-family:sans-serif;margin:24px"><h1>{escape(title)}</h1>\n'
-        f"<p>{legend}</p>\n<p>Hover a node for its details.</p>\n{render_svg(graph)}\n</body></html>\n"
+        f"<p>{legend}</p>\n{intro}<p>Hover a node for its details.</p>\n{render_svg(graph)}\n</body></html>\n"
     )
 
 
