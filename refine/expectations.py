@@ -23,6 +23,7 @@ import functools
 import operator
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from enum import Enum
 
 from pydantic import Field, field_validator
@@ -34,6 +35,7 @@ from pyspark.sql.types import BooleanType, LongType, StringType, StructField, St
 from cdc.core.config import _Strict
 from cdc.core.errors import ConfigError, ExpectationError
 from cdc.core.shared_tables import merge_into_shared_table
+from cdc.core.tables import is_delta_table
 from refine.quarantine import quarantine, quarantine_location
 
 FAILED = "_cdc_failed_expectations"  # on violations: the names of the expectations a row failed
@@ -85,6 +87,16 @@ class ExpectationsConfig(_Strict):
         if duplicated := sorted({name for name in names if names.count(name) > 1}):
             raise ValueError(f"expectation names must be unique: {', '.join(duplicated)} repeated")
         return expectations
+
+
+def expectation_failures_since(spark: SparkSession, warehouse: str, table: str, since: datetime) -> int:
+    """Rows of ``table`` that failed an expectation in the batches recorded at ``since`` or later."""
+    location = expectations_location(warehouse)
+    if not is_delta_table(spark, location):
+        return 0
+    counts = spark.read.format("delta").load(location)
+    recent = counts.where((F.col("table") == table) & (F.col("recorded_at") >= F.lit(since)))
+    return int(recent.agg(F.coalesce(F.sum("failed"), F.lit(0))).collect()[0][0])  # one row
 
 
 def expectations_location(warehouse: str) -> str:

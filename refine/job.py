@@ -30,7 +30,14 @@ from cdc.core.streaming import ProgressReports, ending_on_request, failure, stop
 from cdc.core.tables import delta_properties, is_delta_table, raw_table_location, raw_table_topic
 from refine.batch import RefineBatch
 from refine.config import RefineJobConfig, RefineRun, refined_table_location
-from refine.progress import record_failure, record_tables, recorded_raw_table, refine_checkpoint_location
+from refine.expectations import expectation_failures_since
+from refine.progress import (
+    record_failure,
+    record_tables,
+    recorded_raw_table,
+    refine_checkpoint_location,
+    refined_table_status,
+)
 from refine.quarantine import quarantine_location, quarantined_since
 from refine.rebuild import REBUILT_FROM_PROPERTY
 
@@ -169,17 +176,26 @@ def summarize_run(
     say: Callable[[str], None],
     stop: threading.Event,
 ) -> dict[str, int]:
-    """Say what the run did to each table: the changes it read, and the records it sent to the
-    quarantine (with where to look); return those counts. A run stopped by a signal only says the
-    changes: its JVM may have stopped with it (a service manager signals the whole process group)."""
+    """Say what the run did to each table: the changes it read, the records it sent to the quarantine
+    (with where to look), the rows that failed expectations, and the raw changes still to refine; return
+    the quarantined counts. A run stopped by a signal only says the changes: its JVM may have stopped
+    with it (a service manager signals the whole process group)."""
     quarantine = quarantine_location(warehouse)
     quarantined = dict.fromkeys(changes, 0)
     for name, count in changes.items():
-        if not stop.is_set() and (raw := recorded_raw_table(Storage(spark), warehouse, name)) is not None:
-            quarantined[name] = quarantined_since(spark, quarantine, raw, since)
         line = f"refine {name}: {count:,} changes -> {refined_table_location(warehouse, name)}"
-        if quarantined[name]:
-            line += f"; {quarantined[name]:,} records quarantined (in {quarantine}, source_table {raw})"
+        if not stop.is_set() and (raw := recorded_raw_table(Storage(spark), warehouse, name)) is not None:
+            # Undecodable records are filed under the raw table, rows a drop expectation failed under the table.
+            by_source = quarantined_since(spark, quarantine, [raw, name], since)
+            quarantined[name] = sum(by_source.values())
+            if quarantined[name]:
+                sources = " and ".join(sorted(by_source))
+                line += f"; {quarantined[name]:,} records quarantined (in {quarantine}, source_table {sources})"
+            if failed := expectation_failures_since(spark, warehouse, name, since):
+                line += f"; {failed:,} rows failed expectations (`cdc status` totals them)"
+            status = refined_table_status(spark, warehouse, name)
+            if status is not None and status.behind is not None:
+                line += f"; {status.behind:,} raw changes not refined yet"
         say(line)
     return quarantined
 

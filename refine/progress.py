@@ -76,6 +76,14 @@ def refined_table_statuses(spark: SparkSession, warehouse: str) -> list[RefinedT
     return [_status(spark, storage, warehouse, name) for name in names]
 
 
+def refined_table_status(spark: SparkSession, warehouse: str, name: str) -> RefinedTableStatus | None:
+    """The progress of the refine query ``name`` (None: it never recorded its tables)."""
+    storage = Storage(spark)
+    if not _read(storage, warehouse, name).get("raw"):
+        return None
+    return _status(spark, storage, warehouse, name)
+
+
 def _status(spark: SparkSession, storage: Storage, warehouse: str, name: str) -> RefinedTableStatus:
     document = _read(storage, warehouse, name)
     checkpoint = refine_checkpoint_location(warehouse, name)

@@ -63,9 +63,14 @@ def add_quarantined(spark: SparkSession, location: str, rows: DataFrame) -> None
     )
 
 
-def quarantined_since(spark: SparkSession, location: str, source_table: str, since: datetime) -> int:
-    """Records of ``source_table`` the quarantine at ``location`` received at ``since`` or later."""
+def quarantined_since(spark: SparkSession, location: str, source_tables: list[str], since: datetime) -> dict[str, int]:
+    """Records the quarantine at ``location`` received at ``since`` or later, per one of ``source_tables``
+    (those with none left out)."""
     if not is_delta_table(spark, location):
-        return 0
+        return {}
     table = spark.read.format("delta").load(location)
-    return table.where((F.col("source_table") == source_table) & (F.col("quarantined_at") >= F.lit(since))).count()
+    recent = table.where(F.col("source_table").isin(source_tables) & (F.col("quarantined_at") >= F.lit(since)))
+    return {
+        row.source_table: row.records
+        for row in recent.groupBy("source_table").agg(F.count("*").alias("records")).collect()
+    }

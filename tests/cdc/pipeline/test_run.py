@@ -229,7 +229,9 @@ T = "2026-01-01T10:0{}:00Z".format
 
 
 @pytest.mark.integration
-def test_expectations_history_and_business_tables_of_an_events_pipeline(spark, kafka, pipeline_run, unique_name):
+def test_expectations_history_and_business_tables_of_an_events_pipeline(
+    spark, kafka, pipeline_run, unique_name, capsys
+):
     topic = kafka.create_topic(f"{unique_name}.scores")
     pipeline = scores_pipeline(
         topic,
@@ -255,8 +257,18 @@ def test_expectations_history_and_business_tables_of_an_events_pipeline(spark, k
             F.col("is_deleted").alias("_cdc_is_deleted"),
         )
 
-    for _ in range(2):  # a rerun changes nothing
+    for attempt in range(2):  # a rerun changes nothing
+        capsys.readouterr()
         assert pipeline_run(pipeline) == 0
+        # The run's summary: per table, its changes, failed expectations and what is left to refine.
+        summary = {line.split(":")[0]: line for line in capsys.readouterr().out.splitlines() if " changes -> " in line}
+        if attempt == 0:
+            assert "; 1 rows failed expectations" in summary["refine scores"]
+            assert "; 1 records quarantined" in summary["refine players"]
+            assert "; 1 rows failed expectations" in summary["refine players"]
+        else:
+            assert not [line for line in summary.values() if "failed expectations" in line]
+        assert all(line.endswith("; 0 raw changes not refined yet") for line in summary.values()), summary
         players = pipeline_run.table("players").select("player", "score")
         assertDataFrameEqual(players, spark.createDataFrame([("ann", 40), ("bob", 5)], players.schema))
         assertDataFrameEqual(
