@@ -26,7 +26,7 @@ from pyspark.sql.streaming import StreamingQuery
 from cdc.core.config import Trigger
 from cdc.core.errors import CdcError, QuarantineError, StreamError, TableError
 from cdc.core.storage import Storage
-from cdc.core.streaming import ProgressReports, ending_on_request, failure, stop_queries, with_trigger
+from cdc.core.streaming import ProgressLine, ProgressReports, ending_on_request, failure, stop_queries, with_trigger
 from cdc.core.tables import delta_properties, is_delta_table, raw_table_location, raw_table_topic
 from refine.batch import RefineBatch
 from refine.config import RefineJobConfig, RefineRun, refined_table_location
@@ -116,11 +116,13 @@ def watch_refine_queries(
                             changes[name] += rows
                             rerun = conflicts.pop(batch, 0)
                             say(
-                                f"refine {name} batch {batch}: {rows:,} changes"
-                                + (
-                                    f" (run again after {rerun} conflicting commit(s) by another writer)"
-                                    if rerun
-                                    else ""
+                                ProgressLine(
+                                    f"refine {name} batch {batch}: {rows:,} changes"
+                                    + (
+                                        f" (run again after {rerun} conflicting commit(s) by another writer)"
+                                        if rerun
+                                        else ""
+                                    )
                                 )
                             )
                     _raise_failure(name, query, batches)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cdc.cli import jobs, pipelines, stack, tables
-from cdc.cli.common import Options, settings_of
+from cdc.cli.common import Options, job_lines, settings_of
 from cdc.core.errors import CdcError
 
 __all__ = ["build_parser", "main"]
@@ -59,6 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.handler(args, settings_of(args))
     except CdcError as error:
+        job_lines.end_line()
         if args.debug:
             traceback.print_exc()
         print(f"cdc: error: {error}", file=sys.stderr)
@@ -66,6 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"cdc: Spark's log of this run: {log}", file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt:
+        job_lines.end_line()
         print("cdc: interrupted", file=sys.stderr)
         return 130
 

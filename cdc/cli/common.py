@@ -6,10 +6,11 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from cdc.core.config import Settings, load_settings
 
@@ -86,11 +87,46 @@ def settings_of(args: argparse.Namespace) -> Settings:
     return load_settings(overrides)
 
 
+class TerminalLines:
+    """Prints a job's lines to ``stream``. On a terminal, a :class:`~cdc.core.streaming.ProgressLine` is
+    drawn over the one before it (live progress), and the next other line starts below it; elsewhere (a
+    pipe, a file) every line is printed as it is."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self._stream = stream  # None: sys.stdout as it is when a line is printed
+        self.drawn = False  # a progress line is on the screen, without its newline
+
+    @property
+    def stream(self) -> TextIO:
+        return self._stream or sys.stdout
+
+    def __call__(self, line: str) -> None:
+        from cdc.core.streaming import ProgressLine
+
+        if isinstance(line, ProgressLine) and self.stream.isatty():
+            self.stream.write("\r\x1b[K" + line)  # back to the line's start, cleared
+            self.stream.flush()
+            self.drawn = True
+            return
+        self.end_line()
+        print(line, file=self.stream, flush=True)
+
+    def end_line(self) -> None:
+        """Ends a progress line left on the screen (before anything else is printed, errors included)."""
+        if self.drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.drawn = False
+
+
+job_lines = TerminalLines()  # the job commands' lines, on this process's stdout
+
+
 def lakehouse(settings: Settings) -> Lakehouse:
     """The Lakehouse a job command calls (imported here: the commands without Spark start without it)."""
     from cdc.api import Lakehouse
 
-    return Lakehouse(settings=settings)
+    return Lakehouse(settings=settings, say=job_lines)
 
 
 def stop_on_signals() -> threading.Event:

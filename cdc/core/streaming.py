@@ -17,6 +17,12 @@ from cdc.core.errors import CdcError, StreamError
 from cdc.core.source import redact
 
 
+class ProgressLine(str):
+    """A job's line about a micro-batch, which the job's next one of the same kind makes old: on a
+    terminal the CLI draws each over the last (:class:`cdc.cli.common.TerminalLines`); elsewhere it is
+    an ordinary line."""
+
+
 def with_trigger(writer: DataStreamWriter, trigger: Trigger) -> DataStreamWriter:
     """``writer`` set to run once over what is there, or every ``interval_s`` seconds."""
     match trigger:

@@ -21,7 +21,7 @@ from cdc.core.config import Continuous
 from cdc.core.errors import OffsetGapError, SourceError, StreamError, TableError
 from cdc.core.source import KafkaTopics
 from cdc.core.storage import Storage
-from cdc.core.streaming import ProgressReports, ending_on_request, failure, stop_queries, with_trigger
+from cdc.core.streaming import ProgressLine, ProgressReports, ending_on_request, failure, stop_queries, with_trigger
 from cdc.core.tables import (
     RESET_ALLOWED_PROPERTY,
     checkpoint_location,
@@ -190,8 +190,10 @@ def start_query(
     return with_trigger(writer, config.trigger).start()
 
 
-def progress_lines(run: TopicRun) -> list[str]:
-    """A line per micro-batch completed since the last call (rows, offsets, lag); updates the run's totals."""
+def progress_lines(run: TopicRun) -> list[ProgressLine]:
+    """A line per micro-batch completed since the last call: its rows, this run's records landed out of
+    those known (landed plus the lag, Kafka's latest offsets read at the batch), the rate and the time
+    left at that rate, the next offsets; updates the run's totals."""
     lines = []
     for report in run.reports.new():
         batch, rows = report["batchId"], report["numInputRows"]
@@ -209,11 +211,22 @@ def progress_lines(run: TopicRun) -> list[str]:
             f"p{partition}:{offset}" for partition, offset in sorted(end.items(), key=lambda kv: int(kv[0]))
         )
         rate = report.get("processedRowsPerSecond")
-        lines.append(
-            f"raw {run.topic} batch {batch}: {rows:,} rows, next offsets {offsets}, lag {lag:,}"
-            + (f", {rate:,.0f} rows/s" if rate else "")
-        )
+        known = run.rows + lag
+        line = f"raw {run.topic} batch {batch}: {rows:,} rows, {run.rows:,}/{known:,} ({100 * run.rows // known}%)"
+        if rate:
+            line += f", {rate:,.0f} rows/s" + (f", {_duration(lag / rate)} left" if lag else "")
+        lines.append(ProgressLine(f"{line}, next offsets {offsets}, lag {lag:,}"))
     return lines
+
+
+def _duration(seconds: float) -> str:
+    """``seconds`` as people read a time left: 45 s, 12 min 5 s, 3 h 20 min."""
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60} s"
+    return f"{whole // 3600} h {whole % 3600 // 60} min"
 
 
 def _topic_offsets(offsets: dict | str | None, topic: str) -> dict[str, int]:

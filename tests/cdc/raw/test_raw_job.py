@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import signal
@@ -17,6 +18,7 @@ from pyspark.testing import assertDataFrameEqual
 from cdc.core.config import validate
 from cdc.core.errors import OffsetGapError, TableError
 from cdc.core.functions import original_bytes
+from cdc.core.streaming import ProgressLine
 from cdc.core.tables import checkpoint_location, gaps_table_location, is_delta_table, raw_table_location
 from cdc.raw.config import RawJobConfig
 from cdc.raw.job import run_raw_job
@@ -106,6 +108,26 @@ def test_pattern_lands_every_matching_topic(spark, kafka, tmp_path, unique_name)
     summaries = run_raw_job(spark, config, say=lambda line: None)
     assert sorted((s.topic, s.rows) for s in summaries) == [(f"{unique_name}.game.a", 1), (f"{unique_name}.game.b", 1)]
     assert not (tmp_path / "raw" / f"{unique_name}.other").exists()
+
+
+def test_a_catch_up_reports_what_it_landed_out_of_what_kafka_holds(spark, kafka, tmp_path, unique_name):
+    """Each micro-batch's line: this run's records landed out of those known (landed + lag), the rate and
+    the time left at it; the last batch at 100% and nothing left. Lines the CLI redraws on a terminal."""
+    topic = kafka.create_topic(unique_name, partitions=2)
+    kafka.produce(topic, [(f"k{i}".encode(), b"v") for i in range(1000)])
+    lines: list[str] = []
+    config = raw_job(tmp_path, [topic], kafka.bootstrap_servers, max_offsets_per_trigger=300)
+    run_raw_job(spark, config, say=lines.append)
+    progress = [line for line in lines if isinstance(line, ProgressLine)]
+    pattern = re.compile(rf"^raw {re.escape(topic)} batch \d+: ([\d,]+) rows, ([\d,]+)/([\d,]+) \((\d+)%\)")
+    seen = [tuple(int(group.replace(",", "")) for group in pattern.match(line).groups()) for line in progress]
+    assert len(seen) >= 4  # 1000 records, at most 300 a batch
+    assert [landed for _rows, landed, _known, _percent in seen] == list(itertools.accumulate(rows for rows, *_ in seen))
+    assert all(known == 1000 and percent == 100 * landed // 1000 for _rows, landed, known, percent in seen)
+    assert all(" left, next offsets " in line for line in progress[:-1])
+    assert progress[-1].endswith(", lag 0")
+    assert " left" not in progress[-1]
+    assert not [line for line in lines if line.startswith(f"raw {topic}: ") and isinstance(line, ProgressLine)]
 
 
 def test_kill_9_at_any_moment_loses_and_duplicates_nothing(spark, kafka, tmp_path, unique_name, cdc_process, wait_for):
