@@ -62,18 +62,23 @@ def read_schema(text: str) -> tuple[ConnectSchema | None, str | None]:
 
 def _envelope_problem(schema: ConnectSchema) -> str | None:
     """Why a Debezium envelope's schema cannot be read (its row images are no structs)."""
+    names = {field.field for field in schema.fields or ()}
     for image in ("before", "after"):
+        if image not in names:
+            return f"field {image}: missing"
         field = schema.field_named(image)
         if field.type != ConnectType.STRUCT:
             return f"field {image}: the schema's type is {field.type.value}, not struct"
     return None
 
 
-def readable_value_schemas(texts: list[str]) -> tuple[list[ConnectSchema], list[str], dict[str, str]]:
+def readable_value_schemas(
+    texts: list[str], holds_rows: bool = False
+) -> tuple[list[ConnectSchema], list[str], dict[str, str]]:
     """The value schemas of a batch that can be read, their texts, and the others' texts with why.
     One topic holds one kind: Debezium envelopes, or rows (flattened by ExtractNewRecordState), told by
-    the batch's first schema of either kind; schemas of the other kind are refused, and so are
-    schemas that are no struct (MongoDB envelopes among rows are kept, as before)."""
+    ``holds_rows`` (the refined table was refined from rows) or else by the batch's first schema of
+    either kind; schemas of the other kind are refused, and so are schemas that are no struct."""
     read = {text: read_schema(text) for text in texts}
     refused = {text: f"value {why}" for text, (_, why) in read.items() if why is not None}
     valid = {text: schema for text, (schema, _) in read.items() if schema is not None}
@@ -85,7 +90,9 @@ def readable_value_schemas(texts: list[str]) -> tuple[list[ConnectSchema], list[
     structs = {text: schema for text, schema in valid.items() if text not in refused}
     envelopes = {text for text, schema in structs.items() if not is_flattened(schema) and not is_mongo(schema)}
     rows = {text for text, schema in structs.items() if is_flattened(schema)}
-    if envelopes and (not rows or min(texts.index(t) for t in envelopes) < min(texts.index(t) for t in rows)):
+    kinds = ["rows" if text in rows else "envelopes" for text in texts if text in rows or text in envelopes]
+    topic_kind = "rows" if holds_rows else next(iter(kinds), None)
+    if topic_kind == "envelopes":
         for text, schema in structs.items():
             if text not in envelopes:
                 refused[text] = (
@@ -93,7 +100,7 @@ def readable_value_schemas(texts: list[str]) -> tuple[list[ConnectSchema], list[
                 )
             elif (why := _envelope_problem(schema)) is not None:
                 refused[text] = f"value schema: {why}"
-    elif rows:
+    elif topic_kind == "rows":
         for text in envelopes:
             refused[text] = "value schema is a Debezium envelope, not a flattened row as the topic's others are"
     kept = [text for text in texts if text in valid and text not in refused]

@@ -52,7 +52,7 @@ SCHEMA_PROPERTY = "cdc.flattened.schema"  # the refined table's last row schema 
 _REMEMBERED: dict[str, ConnectSchema] = {}  # the schema each refined table holds, as this process set it
 _MAX_LSN = 2**63 - 1
 # The ops ExtractNewRecordState writes in ``__op`` (a truncate it drops).
-_ROW_OPS = (Op.READ.value, Op.CREATE.value, Op.UPDATE.value, Op.DELETE.value)
+_TRANSFORM_OPS = (Op.READ.value, Op.CREATE.value, Op.UPDATE.value, Op.DELETE.value)
 _METADATA = StructType(
     [
         StructField("__op", StringType()),
@@ -213,7 +213,7 @@ def _row_problems(
         problem = key_problems(problem, key_schema, ["payload"])
     problem = problem.when(F.col("key").isNull(), F.lit("key: missing, and the topic's rows are keyed"))
     problem = problem.when(
-        F.col("metadata.__op").isNotNull() & ~F.col("metadata.__op").isin(*_ROW_OPS),
+        F.col("metadata.__op").isNotNull() & ~F.col("metadata.__op").isin(*_TRANSFORM_OPS),
         F.concat(F.lit("field __op: unknown op "), F.col("metadata.__op")),
     ).when(
         F.col("metadata.__deleted").isNotNull() & ~F.col("metadata.__deleted").isin("true", "false"),
