@@ -121,14 +121,16 @@ class RefineBatch:
         """Refine a batch by the wrapper schemas its records hold: MongoDB documents, Postgres envelopes
         or flattened rows (with or without the wrapper), or, with none readable, records to quarantine."""
         texts = self._wrapper_schemas(records)
-        schemas, value_texts, refused = readable_value_schemas(texts["value"])
+        # A table refined from flattened rows keeps their schema: an envelope in its topic is refused.
+        remembered = remembered_schema(spark, self.refined)
+        schemas, value_texts, refused = readable_value_schemas(texts["value"], holds_rows=remembered is not None)
         _LAST_SCHEMAS[self.raw] = {"value": value_texts[-1:], "key": texts["key"][-1:]} if value_texts else None
         bare_mongo = not texts["value"] and has_bare_mongo_envelopes(records)  # documents need no declared columns
         if not texts["value"] and not bare_mongo and _has_bare_envelopes(records):
             return self._refine_schemaless(spark, records)
         if bare_mongo or (schemas and is_mongo(schemas[-1])):
             return self._refine_mongo(spark, records)
-        schemas = schemas or [known for known in [remembered_schema(spark, self.refined)] if known]
+        schemas = schemas or [known for known in [remembered] if known]
         if not schemas:  # tombstones (their deletes came before them), and values that are no envelope
             return self._quarantine_unreadable(spark, records, refused)
         self._refine_rows(spark, records, schemas, {**texts, "value": value_texts}, refused=refused)

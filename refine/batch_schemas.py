@@ -62,42 +62,67 @@ def read_schema(text: str) -> tuple[ConnectSchema | None, str | None]:
 
 def _envelope_problem(schema: ConnectSchema) -> str | None:
     """Why a Debezium envelope's schema cannot be read (its row images are no structs)."""
+    names = {field.field for field in schema.fields or ()}
     for image in ("before", "after"):
+        if image not in names:
+            return f"field {image}: missing"
         field = schema.field_named(image)
         if field.type != ConnectType.STRUCT:
             return f"field {image}: the schema's type is {field.type.value}, not struct"
     return None
 
 
-def readable_value_schemas(texts: list[str]) -> tuple[list[ConnectSchema], list[str], dict[str, str]]:
+def readable_value_schemas(
+    texts: list[str], holds_rows: bool = False
+) -> tuple[list[ConnectSchema], list[str], dict[str, str]]:
     """The value schemas of a batch that can be read, their texts, and the others' texts with why.
-    When some are Debezium envelopes, schemas of another kind (rows, another connector's) are refused:
-    one topic holds one kind."""
+    One topic holds one kind: Debezium envelopes, or rows (flattened by ExtractNewRecordState), told by
+    ``holds_rows`` (the refined table was refined from rows) or else by the batch's first schema of
+    either kind; schemas of the other kind are refused, and so are schemas that are no struct."""
     read = {text: read_schema(text) for text in texts}
     refused = {text: f"value {why}" for text, (_, why) in read.items() if why is not None}
     valid = {text: schema for text, (schema, _) in read.items() if schema is not None}
-    envelopes = {text: schema for text, schema in valid.items() if not is_flattened(schema) and not is_mongo(schema)}
-    if envelopes:
-        for text, schema in valid.items():
+    for text, schema in valid.items():
+        if schema.type != ConnectType.STRUCT:
+            refused[text] = (
+                f"value schema is a {schema.type.value}, not a struct (a Debezium envelope or a flattened row)"
+            )
+    structs = {text: schema for text, schema in valid.items() if text not in refused}
+    envelopes = {text for text, schema in structs.items() if not is_flattened(schema) and not is_mongo(schema)}
+    rows = {text for text, schema in structs.items() if is_flattened(schema)}
+    kinds = ["rows" if text in rows else "envelopes" for text in texts if text in rows or text in envelopes]
+    topic_kind = "rows" if holds_rows else next(iter(kinds), None)
+    if topic_kind == "envelopes":
+        for text, schema in structs.items():
             if text not in envelopes:
                 refused[text] = (
                     "value schema is no Debezium envelope (before, after, source, op), as the topic's others are"
                 )
             elif (why := _envelope_problem(schema)) is not None:
                 refused[text] = f"value schema: {why}"
+    elif topic_kind == "rows":
+        for text in envelopes:
+            refused[text] = "value schema is a Debezium envelope, not a flattened row as the topic's others are"
     kept = [text for text in texts if text in valid and text not in refused]
     return [valid[text] for text in kept], kept, refused
 
 
-def readable_key_schemas(texts: list[str], value_schema: ConnectSchema) -> tuple[list[str], dict[str, str]]:
+def readable_key_schemas(
+    texts: list[str], value_schema: ConnectSchema, flattened: bool = False
+) -> tuple[list[str], dict[str, str]]:
     """The key schemas of a batch whose fields are all columns of the value's rows, of the same type;
-    the others' texts with why (a change is applied by its key's columns)."""
+    the others' texts with why (a change is applied by its key's columns). ``flattened``: rows of
+    ExtractNewDocumentState, which hold ``_id`` where the key holds ``id`` (see
+    :func:`refine.flattened.with_key_columns`)."""
     columns = {field.field: field for field in value_schema.field_named("after").fields or ()}
+    document_id = flattened and "_id" in columns
     refused = {}
     for text in texts:
         schema, why = read_schema(text)
         if schema is not None:
             for field in schema.fields or () if schema.type == ConnectType.STRUCT else ():
+                if field.field == "id" and document_id and field.field not in columns:
+                    continue
                 if field.field not in columns:
                     why = f"field {field.field} of the key's schema is no column of the value's rows"
                 elif decoded_type(field) != decoded_type(columns[field.field]):

@@ -3,7 +3,8 @@ transforms, as typed change rows (pure DataFrame -> DataFrame).
 
 The value is the row itself (JsonConverter ``{schema, payload}``), with the fields the transform's
 ``add.fields`` adds (``__op``, ``__lsn``, ``__source_ts_ms``) and, with
-``delete.handling.mode=rewrite``, ``__deleted``; see :class:`refine.envelope.FlattenedMetadata`.
+``delete.tombstone.handling.mode=rewrite`` (``rewrite-with-tombstone``; ``delete.handling.mode=rewrite``
+before Debezium 2.5), ``__deleted``; see :class:`refine.envelope.FlattenedMetadata`.
 Deletes arrive as tombstones (or rows with ``__deleted: "true"``); truncates are dropped by the
 transform. The output has the columns of :func:`refine.parse.parse_changes`, so the rest of the
 job (last change per key, MERGE with position guards) is the same as for envelopes:
@@ -14,25 +15,35 @@ job (last change per key, MERGE with position guards) is the same as for envelop
   only the offset orders changes (so replays cannot be told from new changes: add ``lsn`` to
   ``add.fields``). A tombstone carries no position: it takes the LSN of the key's change before it in
   the batch, and deletes whatever the refined table holds when it has none.
+
+A record that is no such row (or whose key is not its row's) gets a ``problem`` for the quarantine,
+by the checks envelopes get (:mod:`refine.parse`), in the same pass.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from cdc.core.tables import delta_properties, is_delta_table
-from refine.decode import decode
+from refine.decode import decode, json_type
 from refine.envelope import FLATTENED_METADATA_FIELDS, ConnectSchema, Op
 from refine.parse import (
+    UNPARSED,
     change_columns,
     decoding_problems,
+    key_image_problems,
+    key_problems,
+    mismatched_field,
     of_known_schemas,
     record_columns,
-    with_other_schemas,
+    record_problems,
+    required_field_problems,
+    text_columns,
+    with_byte_columns,
     wrapped_payload,
 )
 
@@ -40,6 +51,8 @@ ENVELOPE_FIELDS = ("op", "source")
 SCHEMA_PROPERTY = "cdc.flattened.schema"  # the refined table's last row schema (Connect JSON)
 _REMEMBERED: dict[str, ConnectSchema] = {}  # the schema each refined table holds, as this process set it
 _MAX_LSN = 2**63 - 1
+# The ops ExtractNewRecordState writes in ``__op`` (a truncate it drops).
+_TRANSFORM_OPS = (Op.READ.value, Op.CREATE.value, Op.UPDATE.value, Op.DELETE.value)
 _METADATA = StructType(
     [
         StructField("__op", StringType()),
@@ -93,15 +106,24 @@ def with_key_columns(value_schema: ConnectSchema, key_schema: ConnectSchema) -> 
 
 def parse_flattened(
     raw: DataFrame,
-    key_schema: ConnectSchema,
+    key_schema: ConnectSchema | None,
     value_schema: ConnectSchema,
     with_lsn: bool,
     schema_texts: Mapping[str, Sequence[str]] | None = None,
     only_schemas: bool = False,
+    refused_schemas: Mapping[str, Mapping[str, str]] | None = None,
+    key_only: Collection[str] = (),
 ) -> DataFrame:
     """Typed changes from raw rows of a flattened topic; ``value_schema`` from :func:`as_envelope`,
-    ``with_lsn``: the transform adds ``__lsn``; ``schema_texts`` and ``only_schemas`` as for
-    :func:`refine.parse.parse_changes`."""
+    ``with_lsn``: the transform adds ``__lsn``; ``schema_texts``, ``only_schemas`` and
+    ``refused_schemas`` as for :func:`refine.parse.parse_changes`; ``key_only``: the key's fields that
+    are no columns of the rows (:func:`with_key_columns`). ``key_schema`` None: no key schema of the
+    batch can be read, and every record gets a problem.
+
+    A record gets a problem (for the quarantine) as an envelope does (:class:`refine.parse.ChangeParser`):
+    a value or key that is not UTF-8, not JSON or not of its schema (naming the field), a schema refused,
+    a required column null, an ``__op`` or ``__deleted`` the transform does not write, a key that is not
+    its row's."""
     row_schema = value_schema.field_named("after")
     texts = schema_texts or {}
     # The row and the transform's fields, parsed together (and split below).
@@ -115,18 +137,29 @@ def parse_flattened(
             ],
         }
     )
-    parsed = raw.select(
+    parsed = with_byte_columns(raw).select(
         *record_columns(),
-        wrapped_payload(F.col("value"), value_type, texts.get("value", ())).alias("row"),
-        decode(wrapped_payload(F.col("key"), key_schema, texts.get("key", ())), key_schema).alias("key"),
+        *text_columns(),
+        wrapped_payload(F.col("value"), value_type, texts.get("value", ()), unparsed=True).alias("row"),
+        (
+            wrapped_payload(F.col("key"), key_schema, texts.get("key", ()), unparsed=True)
+            if key_schema is not None
+            else F.lit(None)
+        ).alias("raw_key"),
         (of_known_schemas(texts) if only_schemas else F.lit(True)).alias("schema_known"),
-    ).withColumn("metadata", F.struct(*[F.col(f"row.`{f.name}`").cast(f.dataType).alias(f.name) for f in _METADATA]))
+    )
+    parsed = parsed.select(
+        "*",
+        (decode(F.col("raw_key"), key_schema) if key_schema is not None else F.lit(None)).alias("key"),
+        F.struct(*[F.col(f"row.`{f.name}`").cast(f.dataType).alias(f.name) for f in _METADATA]).alias("metadata"),
+    )
+    tombstone = F.col("value").isNull() & ~F.col("value_not_utf8")
     deleted = (F.col("metadata.__deleted") == "true") | (F.col("metadata.__op") == Op.DELETE.value)
-    op = F.when(F.col("value").isNull() | F.coalesce(deleted, F.lit(False)), F.lit(Op.DELETE.value)).otherwise(
+    op = F.when(tombstone | F.coalesce(deleted, F.lit(False)), F.lit(Op.DELETE.value)).otherwise(
         F.coalesce(F.col("metadata.__op"), F.lit(Op.UPDATE.value))
     )
     after = decode(F.col("row"), row_schema)
-    key_names = {k.field for k in key_schema.fields or ()}
+    key_names = [k.field for k in key_schema.fields or ()] if key_schema is not None else []
     lsn = F.coalesce(F.col("metadata.__lsn"), F.lit(0)) if with_lsn else F.lit(0).cast("long")
     by_key = Window.partitionBy(*[F.col(f"key.`{k}`") for k in key_names]).orderBy("kafka_offset")
     before_it = F.max(F.when(F.col("value").isNotNull(), lsn)).over(by_key.rowsBetween(Window.unboundedPreceding, -1))
@@ -136,7 +169,7 @@ def parse_flattened(
     assert isinstance(decoded_type, StructType)
     # A tombstone's image is its key (the MERGE finds the row to delete by it); a key field the row
     # lacks (see with_key_columns) comes from the key too.
-    image = F.when(F.col("value").isNull(), F.lit(None)).otherwise(F.col("decoded"))
+    image = F.when(tombstone, F.lit(None)).otherwise(F.col("decoded"))
     image = F.struct(
         *[
             (F.coalesce(image[f.field], F.col(f"key.`{f.field}`")) if f.field in key_names else image[f.field])
@@ -145,20 +178,57 @@ def parse_flattened(
             for f in row_schema.fields or ()
         ]
     )
-    problem = with_other_schemas(F.col("schema_known")).when(
-        F.col("value").isNotNull() & F.col("row").isNull(), F.lit("value is not a JSON row")
-    )
-    problem = decoding_problems(problem, "row", "decoded", row_schema)
+    problem = _row_problems(value_type, row_schema, key_schema, key_only, refused_schemas)
     return decoded.select(
         *change_columns(
             F.when(F.col("op") == Op.DELETE.value, image),
             F.when(F.col("op") != Op.DELETE.value, image),
-            F.when(F.col("value").isNull(), tombstone_lsn).otherwise(lsn),
+            F.when(tombstone, tombstone_lsn).otherwise(lsn),
             F.lit(None).cast("long"),  # only keyless refinement reads it, and it needs the envelope's before
             F.timestamp_millis(F.col("metadata.__source_ts_ms")),
             problem,
         )
     )
+
+
+def _row_problems(
+    value_type: ConnectSchema,
+    row_schema: ConnectSchema,
+    key_schema: ConnectSchema | None,
+    key_only: Collection[str],
+    refused_schemas: Mapping[str, Mapping[str, str]] | None,
+) -> Column:
+    """The ``problem`` of a flattened record: the checks of :class:`refine.parse.ChangeParser`, on a row
+    (``row`` read as ``value_type``, the ``row_schema`` and the transform's fields; ``decoded``)."""
+    problem = record_problems(refused_schemas or {})
+    unparsed = F.col(f"row.{UNPARSED}")
+    not_a_row = F.lit("value is not a JSON row of the topic's schema")
+    problem = problem.when(F.col("value").isNotNull() & F.col("row").isNull(), not_a_row).when(
+        unparsed.isNotNull(),
+        F.coalesce(mismatched_field(F.col("value"), "row", value_type, ["payload"], ""), not_a_row),
+    )
+    if key_schema is None:
+        return problem.otherwise(F.lit("key: none of the batch's key schemas can be read"))
+    if isinstance(json_type(key_schema), StructType):
+        problem = key_problems(problem, key_schema, ["payload"])
+    problem = problem.when(F.col("key").isNull(), F.lit("key: missing, and the topic's rows are keyed"))
+    problem = problem.when(
+        F.col("metadata.__op").isNotNull() & ~F.col("metadata.__op").isin(*_TRANSFORM_OPS),
+        F.concat(F.lit("field __op: unknown op "), F.col("metadata.__op")),
+    ).when(
+        F.col("metadata.__deleted").isNotNull() & ~F.col("metadata.__deleted").isin("true", "false"),
+        F.concat(F.lit("field __deleted: "), F.col("metadata.__deleted"), F.lit(" is neither true nor false")),
+    )
+    # A delete's row (delete.tombstone.handling.mode=rewrite) is its before image: with the default
+    # replica identity only the key's columns are set.
+    problem = required_field_problems(problem, "row", row_schema, when=F.col("op") != Op.DELETE.value)
+    row_key = [field for field in key_schema.fields or () if field.field not in key_only]
+    if row_key:
+        key_of_rows = ConnectSchema.model_validate(
+            {**key_schema.model_dump(exclude_none=True), "fields": [f.model_dump(exclude_none=True) for f in row_key]}
+        )
+        problem = key_image_problems(problem, key_of_rows, [(F.col("value").isNotNull(), "decoded", "")])
+    return decoding_problems(problem, "row", "decoded", row_schema)
 
 
 def remembered_schema(spark: SparkSession, refined: str) -> ConnectSchema | None:

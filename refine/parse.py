@@ -271,6 +271,54 @@ def record_columns() -> list[Column]:
     ]
 
 
+def with_byte_columns(raw: DataFrame) -> DataFrame:
+    """``raw`` with ``key_bytes`` and ``value_bytes`` (null where the raw table predates them)."""
+    missing = [column for column in ("key_bytes", "value_bytes") if column not in raw.columns]
+    return raw.withColumns({column: F.lit(None).cast("binary") for column in missing}) if missing else raw
+
+
+def text_columns() -> list[Column]:
+    """Whether a raw record's value and key were not UTF-8 (the raw table keeps their bytes apart, and
+    its ``value``/``key`` null), and its key's text: what :func:`record_problems` and
+    :func:`key_problems` read."""
+    return [
+        F.col("value_bytes").isNotNull().alias("value_not_utf8"),
+        F.col("key_bytes").isNotNull().alias("key_not_utf8"),
+        F.col("key").alias("key_text"),
+    ]
+
+
+def record_problems(refused: Mapping[str, Mapping[str, str]]) -> Column:
+    """The start of a ``problem`` column for a record's own faults, before its content is read: a schema
+    not among those parsed with (:func:`with_other_schemas`), a value or key that is not UTF-8, and a
+    wrapper schema ``refused`` (by column, ``value``/``key``: schema text -> why). Reads
+    ``schema_known`` and :func:`text_columns`."""
+    problem = (
+        with_other_schemas(F.col("schema_known"))
+        .when(F.col("value_not_utf8"), F.lit("value is not UTF-8 text (its bytes are in the raw table's value_bytes)"))
+        .when(F.col("key_not_utf8"), F.lit("key is not UTF-8 text (its bytes are in the raw table's key_bytes)"))
+    )
+    for column, text in (("value", "value"), ("key", "key_text")):
+        if (reason := refused_schema(F.col(text), dict(refused.get(column, {})))) is not None:
+            problem = problem.when(reason.isNotNull(), reason)
+    return problem
+
+
+def required_field_problems(
+    problem: Column, row: str, row_schema: ConnectSchema, label: str = "", when: Column | None = None
+) -> Column:
+    """``problem`` extended with a field of struct column ``row`` that is null where ``row_schema`` says it
+    is not optional (only ``when``, if given)."""
+    checked = F.col(row).isNotNull() if when is None else F.col(row).isNotNull() & when
+    for field in row_schema.fields or ():
+        if not field.optional:
+            problem = problem.when(
+                checked & F.col(f"{row}.`{field.field}`").isNull(),
+                F.lit(f"field {label}{field.field}: null, and the schema says it is not optional"),
+            )
+    return problem
+
+
 def decoding_problems(problem: Column, raw: str, decoded: str, row_schema: ConnectSchema, label: str = "") -> Column:
     """``problem`` extended with the first field of struct column ``raw`` that did not decode into ``decoded``."""
     for field in row_schema.fields or ():
@@ -369,9 +417,7 @@ class ChangeParser:
         row_schema = value_schema.field_named("after")
         self._envelopes: list[str | Column] = [
             *record_columns(),
-            F.col("value_bytes").isNotNull().alias("value_not_utf8"),
-            F.col("key_bytes").isNotNull().alias("key_not_utf8"),
-            F.col("key").alias("key_text"),
+            *text_columns(),
             read("value", value_schema).alias("envelope"),
             (read("key", key_schema) if key_schema else F.lit(None)).alias("raw_key"),
         ]
@@ -388,16 +434,7 @@ class ChangeParser:
         ]
         known_ops = [member.value for member in Op] + [TOMBSTONE]
         at = ["payload"] if wrapped else []
-        problem = (
-            with_other_schemas(F.col("schema_known"))
-            .when(
-                F.col("value_not_utf8"), F.lit("value is not UTF-8 text (its bytes are in the raw table's value_bytes)")
-            )
-            .when(F.col("key_not_utf8"), F.lit("key is not UTF-8 text (its bytes are in the raw table's key_bytes)"))
-        )
-        for column, text in (("value", "value"), ("key", "key_text")):
-            if (reason := refused_schema(F.col(text), refused.get(column, {}))) is not None:
-                problem = problem.when(reason.isNotNull(), reason)
+        problem = record_problems(refused)
         unparsed = F.col(f"envelope.{UNPARSED}")
         problem = (
             problem.when(
@@ -416,19 +453,21 @@ class ChangeParser:
             )
         )
         if key_schema is not None and isinstance(json_type(key_schema), StructType):
-            problem = _key_problems(problem, key_schema, at)
+            problem = key_problems(problem, key_schema, at)
         problem = problem.when(
             F.col("op").isin(*_ROW_OPS) & F.col("envelope.after").isNull(),
             F.concat(F.lit("field after: missing in a change of op "), F.col("op")),
         )
-        for field in row_schema.fields or ():
-            if not field.optional:
-                problem = problem.when(
-                    F.col("envelope.after").isNotNull() & F.col(f"envelope.after.`{field.field}`").isNull(),
-                    F.lit(f"field after.{field.field}: null, and the schema says it is not optional"),
-                )
+        problem = required_field_problems(problem, "envelope.after", row_schema, "after.")
         if key_schema is not None:
-            problem = _key_image_problems(problem, key_schema)
+            problem = key_image_problems(
+                problem,
+                key_schema,
+                [
+                    (F.col("op").isin(*_ROW_OPS), "after", "after."),
+                    (F.col("op") == Op.DELETE.value, "before", "before."),
+                ],
+            )
         for image in ("before", "after"):
             problem = decoding_problems(problem, f"envelope.{image}", image, row_schema, f"{image}.")
         self._changes = change_columns(
@@ -443,17 +482,16 @@ class ChangeParser:
 
     def __call__(self, raw: DataFrame) -> DataFrame:
         """Typed changes from raw rows (columns of :data:`cdc.raw.table.RAW_SCHEMA`)."""
-        missing = [column for column in ("key_bytes", "value_bytes") if column not in raw.columns]
-        raw = raw.withColumns({column: F.lit(None).cast("binary") for column in missing}) if missing else raw
-        return raw.select(*self._envelopes).select(*self._decoded).select(*self._changes)
+        return with_byte_columns(raw).select(*self._envelopes).select(*self._decoded).select(*self._changes)
 
 
 # Changes whose row is ``after``.
 _ROW_OPS = (Op.READ.value, Op.CREATE.value, Op.UPDATE.value)
 
 
-def _key_problems(problem: Column, key_schema: ConnectSchema, at: list[str]) -> Column:
-    """``problem`` extended with a key that is no JSON of ``key_schema``, or misses a required field."""
+def key_problems(problem: Column, key_schema: ConnectSchema, at: list[str]) -> Column:
+    """``problem`` extended with a key (``raw_key``, read from ``key_text`` by :func:`wrapped_payload` with
+    ``unparsed``) that is no JSON of ``key_schema``, or misses a required field."""
     unparsed = F.col(f"raw_key.{UNPARSED}")
     problem = problem.when(
         F.col("key_text").isNotNull() & F.col("raw_key").isNull(),
@@ -474,21 +512,22 @@ def _key_problems(problem: Column, key_schema: ConnectSchema, at: list[str]) -> 
     return problem
 
 
-def _key_image_problems(problem: Column, key_schema: ConnectSchema) -> Column:
-    """``problem`` extended with a key that is not that of the change's row: ``after``'s for a row
-    change, ``before``'s for a delete (changes are applied by key)."""
+def key_image_problems(problem: Column, key_schema: ConnectSchema, images: Sequence[tuple[Column, str, str]]) -> Column:
+    """``problem`` extended with a key (the decoded ``key``) that is not that of the change's row: for each
+    of ``images``, (when, the decoded row's column, its label in the reason), the row's key columns
+    (changes are applied by key)."""
     for field in key_schema.fields or ():
         name = field.field
         key = F.col(f"key.`{name}`")
-        for ops, image in ((_ROW_OPS, "after"), ((Op.DELETE.value,), "before")):
+        for when, image, label in images:
             row = F.col(f"{image}.`{name}`")
-            differs = F.col("op").isin(*ops) & F.col(image).isNotNull() & ~key.eqNullSafe(row)
+            differs = when & F.col(image).isNotNull() & ~key.eqNullSafe(row)
             problem = problem.when(
                 differs,
                 F.concat(
                     F.lit(f"field key.{name}: "),
                     F.coalesce(key.cast("string"), F.lit("null")),
-                    F.lit(f" is not the row's {image}.{name}, "),
+                    F.lit(f" is not the row's {label}{name}, "),
                     F.coalesce(row.cast("string"), F.lit("null")),
                 ),
             )

@@ -41,22 +41,32 @@ def parse_rows(
     read with, and why (their records get that problem). ``raw``: the raw table, for errors."""
     flattened = is_flattened(schemas[-1])
     value_schema = merged_schema([as_envelope(schema) if flattened else schema for schema in schemas])
-    key_texts = texts["key"]
-    refused_keys: dict[str, str] = {}
-    if not flattened:
-        key_texts, refused_keys = readable_key_schemas(texts["key"], value_schema)
-        if guessed and refused_keys:
-            return None
+    key_texts, refused_keys = readable_key_schemas(texts["key"], value_schema, flattened)
+    if guessed and refused_keys:
+        return None
     key_schema = ConnectSchema.model_validate_json(key_texts[-1]) if key_texts else None
     if flattened:
-        if key_schema is None:
+        if key_schema is None and not refused_keys:
             raise TableError(
                 "flattened rows (ExtractNewRecordState) of a table without a primary key cannot "
                 "be refined: without `before`, a delete cannot say which row it removes",
                 table=raw,
             )
-        value_schema = with_key_columns(value_schema, key_schema)
-        changes = parse_flattened(records, key_schema, value_schema, has_lsn(schemas[-1]), texts, only_schemas=guessed)
+        row_columns = {field.field_name for field in value_schema.field_named("after").fields or ()}
+        key_fields = key_schema.fields or () if key_schema is not None else ()
+        key_only = [field.field_name for field in key_fields if field.field_name not in row_columns]
+        if key_schema is not None:
+            value_schema = with_key_columns(value_schema, key_schema)
+        changes = parse_flattened(
+            records,
+            key_schema,
+            value_schema,
+            has_lsn(schemas[-1]),
+            {**texts, "key": key_texts},
+            only_schemas=guessed,
+            refused_schemas={"value": refused or {}, "key": refused_keys},
+            key_only=key_only,
+        )
     else:
         changes = parse_changes(
             records,

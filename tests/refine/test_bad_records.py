@@ -1,6 +1,7 @@
-"""Malformed records on a real Debezium Postgres topic: each goes to the quarantine with a reason naming
-the field, every good record is applied, the job exits 0 and a rerun changes nothing; a batch that
-fails for another reason stops the job with one line naming the cause, the table and the batch.
+"""Malformed records on a real Debezium Postgres topic, of envelopes or of rows flattened by
+ExtractNewRecordState: each goes to the quarantine with a reason naming the field, every good record is
+applied, the job exits 0 and a rerun changes nothing; a batch that fails for another reason stops the
+job with one line naming the cause, the table and the batch.
 
 The good records are the real connector's, byte for byte: captured from a table of this test's own,
 then produced again, in order, to a topic of their own with the malformed ones (copies of real records,
@@ -34,11 +35,32 @@ SPARK_SCHEMA = (
 )
 
 
+# ExtractNewRecordState as connectors are told to set it up: the row, the change's op, LSN and time,
+# and a delete as a row marked `__deleted: "true"` followed by a tombstone (Debezium 3's name for the
+# setting that was `delete.handling.mode=rewrite`).
+FLATTENED = {
+    "transforms": "unwrap",
+    "transforms.unwrap.type": "io.debezium.transforms.ExtractNewRecordState",
+    "transforms.unwrap.add.fields": "op,lsn,source.ts_ms",
+    "transforms.unwrap.delete.tombstone.handling.mode": "rewrite-with-tombstone",
+}
+
+
 @pytest.fixture
 def captured_table(stack, stack_config, unique_name):
+    yield from _captured_table(stack_config, unique_name, {})
+
+
+@pytest.fixture
+def captured_flattened_table(stack, stack_config, unique_name):
+    yield from _captured_table(stack_config, unique_name, FLATTENED)
+
+
+def _captured_table(stack_config, unique_name, settings: dict[str, str]):
     """``capture(statements)``: the table ``<unique_name>.items`` (:data:`COLUMNS`), changed by the SQL
-    ``statements`` while a Debezium connector of this test's own captures it; returns its topic's records
-    once the last statement's change is there. Removes the connector with its slot and publication."""
+    ``statements`` while a Debezium connector of this test's own (with the connector ``settings``)
+    captures it; returns its topic's records once the last statement's change is there. Removes the
+    connector with its slot and publication."""
     from connectors import definitions
     from connectors.client import ConnectClient
     from connectors.definitions import ConnectorDefinition
@@ -55,6 +77,7 @@ def captured_table(stack, stack_config, unique_name):
             "slot.name": unique_name,
             "publication.name": unique_name,
             "schema.include.list": unique_name,
+            **settings,
         },
     )
     topic = f"{unique_name}.{unique_name}.items"
@@ -166,17 +189,89 @@ def malformed_records(records: list[tuple]) -> list[tuple[str, str, bytes | None
     ]
 
 
-def test_malformed_records_go_to_the_quarantine_and_every_good_record_is_applied(
-    spark, kafka, captured_table, tmp_path, monkeypatch, capsys, unique_name
-):
+def malformed_rows(records: list[tuple]) -> list[tuple[str, str, bytes | None, bytes | None]]:
+    """(kind, the text its reason must hold, key, value): copies of the real flattened ``records``
+    (rows with ``__op``, ``__lsn``, ``__source_ts_ms`` and ``__deleted``), mutated."""
+    create = next(r for r in records if r[4] and _split(r[4])[1]["__op"] == "c")
+    key_schema, _ = _split(create[3])
+    schema, payload = _split(create[4])
+
+    def new_row(row_id: int, **changes) -> dict:  # a create of a row Postgres never had
+        return {**payload, "id": row_id, "name": "BAD", **changes}
+
+    def record(kind, reason, row_id, row=None, key=None, value_schema=None):
+        return (
+            kind,
+            reason,
+            _key(key_schema, key if key is not None else {"id": row_id}),
+            _wrap(value_schema or schema, new_row(row_id, **(row or {}))),
+        )
+
+    good_value = create[4]
+    unknown_type = json.loads(json.dumps(schema))
+    next(f for f in unknown_type["fields"] if f["field"] == "qty")["type"] = "int128"
+    row_schema = {**schema, "optional": True}
+    envelope = {
+        "type": "struct",
+        "optional": False,
+        "name": "x.Envelope",
+        "fields": [
+            {**row_schema, "field": "before"},
+            {**row_schema, "field": "after"},
+            {"type": "struct", "optional": False, "field": "source", "fields": []},
+            {"type": "string", "optional": False, "field": "op"},
+        ],
+    }
+    wrong_key_schema = {**key_schema, "fields": [{"type": "int32", "optional": False, "field": "nope"}]}
+    return [
+        ("value not JSON", "value", _key(key_schema, {"id": 101}), b"{not json"),
+        ("value cut short", "value", _key(key_schema, {"id": 102}), good_value[: len(good_value) // 2]),
+        ("value not UTF-8", "UTF-8", _key(key_schema, {"id": 103}), b"\xff\xfe" + good_value[2:]),
+        ("value a JSON array", "value", _key(key_schema, {"id": 104}), b"[1,2,3]"),
+        ("payload null", "value", _key(key_schema, {"id": 105}), _wrap(schema, None)),
+        ("payload a string", "value", _key(key_schema, {"id": 106}), _wrap(schema, "oops")),
+        record("unknown op", "field __op", 107, row={"__op": "x"}),
+        record("__deleted neither true nor false", "field __deleted", 108, row={"__deleted": "yes"}),
+        record("date as a string", "field born", 110, row={"born": "2020-01-01"}),
+        record("timestamp as a string", "field seen_at", 111, row={"seen_at": "2026-01-01T10:00:00"}),
+        record("zoned timestamp not a time", "field updated_at", 112, row={"updated_at": "yesterday"}),
+        record("int32 key column a string", "field id", 113, row={"id": "one hundred"}),
+        record("int32 key column out of range", "field id", 114, row={"id": 2**40}),
+        record("decimal not base64", "field price", 115, row={"price": "!!"}),
+        record("boolean a string", "field flag", 116, row={"flag": "yes"}),
+        record("int64 a fraction", "field qty", 117, row={"qty": 1.5}),
+        record("required column null", "field name", 118, row={"name": None}),
+        record("__lsn a string", "field __lsn", 119, row={"__lsn": "abc"}),
+        ("key not JSON", "key", b"{oops", _wrap(schema, new_row(120))),
+        ("key not UTF-8", "key", b"\xff\xfe\x00", _wrap(schema, new_row(121))),
+        record("key disagrees with the row", "field key.id", 122, key={"id": 1}),
+        ("key missing", "key: missing", None, _wrap(schema, new_row(123))),
+        (
+            "key schema names a field the row lacks",
+            "nope",
+            _wrap(wrong_key_schema, {"nope": 124}),
+            _wrap(schema, new_row(124)),
+        ),
+        record("unknown type in the schema", "int128", 125, value_schema=unknown_type),
+        ("schema not a struct", "struct", _key(key_schema, {"id": 126}), _wrap({"type": "string"}, "row 126")),
+        (
+            "an envelope among rows",
+            "envelope",
+            _key(key_schema, {"id": 127}),
+            _wrap(envelope, {"before": None, "after": new_row(127), "source": {}, "op": "c"}),
+        ),
+    ]
+
+
+def _refine_with_malformed(spark, kafka, captured, records, bad, warehouse, capsys, topic) -> None:
+    """Produce the real ``records`` with the ``bad`` ones (:func:`malformed_records`) between them to
+    ``topic``, land and refine it twice (the second run replays every batch), and check after each run
+    that every bad record is quarantined with its reason and the refined table equals Postgres."""
     from cdc.cli import main
 
-    records = captured_table(WORKLOAD, kafka, lambda value: value is not None and b'"name":"late"' in value)
-    bad = malformed_records(records)
     # One topic: the real records in their order, a malformed one after each (and the rest at the end).
-    topic = kafka.create_topic(f"{unique_name}.corpus")
     good = [(key, value, headers) for _, _, _, key, value, headers in records]
-    mixed, kinds = [], {}
+    mixed = []
     for index in range(max(len(good), len(bad))):
         if index < len(good):
             mixed.append(("good", good[index]))
@@ -186,8 +281,6 @@ def test_malformed_records_go_to_the_quarantine_and_every_good_record_is_applied
     kafka.produce(topic, [record for _, record in mixed], partition=0)
     kinds = {offset: kind for offset, (kind, _) in enumerate(mixed) if kind != "good"}
 
-    warehouse = str(tmp_path)
-    monkeypatch.setenv("CDC_KAFKA__BOOTSTRAP_SERVERS", kafka.bootstrap_servers)
     assert main(["raw", "--topic", topic, "--warehouse", warehouse, "--available-now"]) == 0
     refined = lambda: spark.read.format("delta").load(refined_table_location(warehouse, topic))  # noqa: E731
     quarantined = lambda: spark.read.format("delta").load(quarantine_location(warehouse))  # noqa: E731
@@ -206,7 +299,32 @@ def test_malformed_records_go_to_the_quarantine_and_every_good_record_is_applied
         }
         assert not wrong, f"not quarantined with a reason naming the field: {wrong}"
         assert set(reasons) == set(kinds), "good records were quarantined"
-        assertDataFrameEqual(refined().drop(*METADATA_COLUMNS), captured_table.read(spark))
+        assert all("\n" not in reason for reason in reasons.values()), reasons
+        assertDataFrameEqual(refined().drop(*METADATA_COLUMNS), captured.read(spark))
+
+
+def test_malformed_records_go_to_the_quarantine_and_every_good_record_is_applied(
+    spark, kafka, captured_table, tmp_path, monkeypatch, capsys, unique_name
+):
+    records = captured_table(WORKLOAD, kafka, lambda value: value is not None and b'"name":"late"' in value)
+    monkeypatch.setenv("CDC_KAFKA__BOOTSTRAP_SERVERS", kafka.bootstrap_servers)
+    topic = kafka.create_topic(f"{unique_name}.corpus")
+    bad = malformed_records(records)
+    _refine_with_malformed(spark, kafka, captured_table, records, bad, str(tmp_path), capsys, topic)
+
+
+def test_malformed_flattened_rows_go_to_the_quarantine_and_every_good_row_is_applied(
+    spark, kafka, captured_flattened_table, tmp_path, monkeypatch, capsys, unique_name
+):
+    """The same for a topic of rows flattened by ExtractNewRecordState (deletes as rows marked
+    ``__deleted`` followed by tombstones)."""
+    captured = captured_flattened_table
+    records = captured(WORKLOAD, kafka, lambda value: value is not None and b'"name":"late"' in value)
+    assert b'"__deleted":"true"' in b"".join(r[4] for r in records if r[4]), "no delete in the rows"
+    monkeypatch.setenv("CDC_KAFKA__BOOTSTRAP_SERVERS", kafka.bootstrap_servers)
+    topic = kafka.create_topic(f"{unique_name}.corpus")
+    bad = malformed_rows(records)
+    _refine_with_malformed(spark, kafka, captured, records, bad, str(tmp_path), capsys, topic)
 
 
 def test_a_batch_that_fails_stops_the_job_with_one_line_naming_the_cause_table_and_batch(

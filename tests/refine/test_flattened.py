@@ -169,3 +169,51 @@ def test_flattened_documents_are_keyed_by_the_kafka_key(spark, kafka, land_and_r
         refined.select("id", "_id", "name", "age"),
         spark.createDataFrame([('"bob"', "bob", "Bob", 41)], "id string, _id string, name string, age int"),
     )
+
+
+def test_a_batch_of_only_bad_records_on_a_flattened_topic_is_quarantined(
+    spark, kafka, land_and_refine, unique_name, tmp_path
+):
+    """Batches holding no good row: a Debezium envelope (the topic holds rows, as its refined table
+    remembers), a value schema that is no struct, a key schema naming a field the rows lack (no key
+    schema of the batch can be read). Each is quarantined with its reason, the table is left as it
+    was, and the job goes on."""
+    from refine.quarantine import quarantine_location
+
+    topic = kafka.create_topic(f"{unique_name}.shop.items")
+    warehouse = str(tmp_path)
+    kafka.produce(topic, [(key(topic, 1), row(topic, 1, "a", "12.50", "c", 100))])
+    land_and_refine(warehouse, topic)
+    good = json.loads(row(topic, 2, "b", "3.00", "c", 200))
+    columns = [{**field, "optional": True} for field in good["schema"]["fields"] if not field["field"].startswith("__")]
+    envelope = {
+        "type": "struct",
+        "optional": False,
+        "name": f"{topic}.Envelope",
+        "fields": [
+            {"type": "struct", "optional": True, "field": "before", "fields": columns},
+            {"type": "struct", "optional": True, "field": "after", "fields": columns},
+            {"type": "struct", "optional": False, "field": "source", "fields": []},
+            {"type": "string", "optional": False, "field": "op"},
+        ],
+    }
+    after = {name: good["payload"][name] for name in ("id", "name", "price")}
+    nope = {"type": "struct", "optional": False, "fields": [{"type": "int64", "optional": False, "field": "nope"}]}
+    batches = {
+        "envelope": [(key(topic, 2), _wrapped(envelope, {"after": after, "source": {}, "op": "c"}))],
+        "not a struct": [(key(topic, 3), _wrapped({"type": "string"}, "row 3"))],
+        "nope": [(_wrapped(nope, {"nope": 4}), row(topic, 4, "d", "3.00", "c", 400))],
+    }
+    expected = spark.createDataFrame([(1, "a", Decimal("12.50"))], "id long, name string, price decimal(10,2)")
+    for reason, records in batches.items():
+        kafka.produce(topic, records)
+        land_and_refine(warehouse, topic)
+        refined = spark.read.format("delta").load(refined_table_location(warehouse, topic))
+        assertDataFrameEqual(refined.select(*expected.columns), expected)
+        quarantined = spark.read.format("delta").load(quarantine_location(warehouse)).orderBy("offset").collect()
+        assert reason in quarantined[-1].reason, quarantined[-1].reason
+    assert [q.offset for q in quarantined] == [1, 2, 3]
+
+
+def _wrapped(schema: dict, payload) -> bytes:
+    return json.dumps({"schema": schema, "payload": payload}).encode()
