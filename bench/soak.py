@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import psycopg
 
 from cdc.core.config import load_settings
+from cdc.core.errors import CdcError
 from cdc.core.session import build_spark_session
 from cdc.stack.local import LocalStack
 from cdc.stack.random_workload import SCHEMA, RandomTables, RandomWorkload, compare, wait_for_marks
@@ -229,7 +230,7 @@ def soak(args: argparse.Namespace, settings, stack: LocalStack, seed: int) -> in
         for process in [locals().get("sync"), locals().get("once")]:
             if process is not None and process.poll() is None:
                 kill_group(process)
-        try:
+        try:  # a failed cleanup is said, not raised: it would hide what stopped the soak
             client.delete(name)
             restart_deadline = time.monotonic() + 60
             with psycopg.connect(dsn, autocommit=True) as conn:
@@ -244,6 +245,8 @@ def soak(args: argparse.Namespace, settings, stack: LocalStack, seed: int) -> in
                 )
                 conn.execute(f'DROP PUBLICATION IF EXISTS "{name}"')
                 tables.drop(conn)
+        except (CdcError, psycopg.Error) as error:
+            print(f"soak: cleanup failed: {error}", flush=True)
         finally:
             if args.keep or status:
                 print(f"soak: warehouse and log kept in {warehouse}")

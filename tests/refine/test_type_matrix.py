@@ -721,7 +721,7 @@ CASES = {
         "transforms": "unwrap",
         "transforms.unwrap.type": "io.debezium.transforms.ExtractNewRecordState",
         "transforms.unwrap.add.fields": "op,lsn,source.ts_ms",
-        "transforms.unwrap.delete.handling.mode": "rewrite",
+        "transforms.unwrap.delete.tombstone.handling.mode": "rewrite-with-tombstone",
     },
 }
 PRECISE_DECIMALS = set(CASES) - {"decimal_string", "decimal_double", "schemaless"}
