@@ -173,8 +173,8 @@ class FlattenedMetadata(BaseModel):
     """What ExtractNewRecordState (Postgres) / ExtractNewDocumentState (MongoDB) add to the row they
     make of a change: ``add.fields=op,lsn,source.ts_ms`` gives ``__op``, ``__lsn``,
     ``__source_ts_ms``; ``delete.tombstone.handling.mode=rewrite`` (``delete.handling.mode=rewrite``
-    before Debezium 2.5) gives ``__deleted`` ("true" on a delete's row). The row's own columns are extra fields. Deletes are otherwise tombstones only; truncates
-    are dropped by the transforms."""
+    before Debezium 2.5) gives ``__deleted`` ("true" on a delete's row). The row's own columns are
+    extra fields. Deletes are otherwise tombstones only; truncates are dropped by the transforms."""
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 
