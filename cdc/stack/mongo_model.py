@@ -243,10 +243,25 @@ def _values(rng: random.Random) -> dict[str, list]:
     }
 
 
-def random_writes(seed: int, collection: Collection, steps: int, full_document: bool) -> None:
+def _array_drift(rng: random.Random, name: str, present: list) -> list[tuple[str, str, Any]]:
+    """Updates that change the type of the array ``name`` (holding ``present``) or of its elements' fields."""
+    if rng.random() < 0.6:
+        return []
+    drift: list[tuple[str, str, Any]] = [("$set", name, rng.choice(["none", "many"]))]
+    if name == "items" and present and isinstance(present[-1], dict):
+        drift.append(("$set", f"items.{len(present) - 1}.n", rng.choice(["one", "two"])))
+    return drift
+
+
+def random_writes(
+    seed: int, collection: Collection, steps: int, full_document: bool, array_drift: bool = False
+) -> None:
     """Seeded random writes into ``collection``: inserts (ids of several BSON types), updates with
     nested $set, $unset, $push/$pull/$pop (array truncation), type drift of scalar fields, replaces,
-    deletes and re-inserts of the same _id, several changes to one document within a second."""
+    deletes and re-inserts of the same _id, several changes to one document within a second. With
+    ``array_drift``, the arrays drift too: ``tags`` and ``items`` are set to a string now and then,
+    and an element's ``items.N.n`` to a string (an update that sets a whole field again makes it an
+    array again)."""
     rng = random.Random(seed)
     values = _values(rng)
     ids = [ObjectId(f"{rng.getrandbits(96):024x}") for _ in range(3)] + ["s1", "s2", 7, Int64(2**40)]
@@ -298,6 +313,7 @@ def random_writes(seed: int, collection: Collection, steps: int, full_document: 
                                 ("$pull", name, element[0]),
                             ]
                             + ([("$set", "items.0.n", rng.randint(0, 9))] if name == "items" and present else [])
+                            + (_array_drift(rng, name, present) if array_drift else [])
                         )
                     )
                 elif rng.random() < 0.2 and name in current:
