@@ -156,21 +156,29 @@ def test_scripted_writes_refine_to_the_model_documents(spark, kafka, land_and_re
 
 
 @pytest.mark.parametrize(
-    ("mode", "schemas"),
+    ("mode", "schemas", "snapshot"),
     [
-        ("change_streams_update_full", True),
-        ("change_streams", True),
-        ("change_streams_update_full", False),
-        ("change_streams", False),
+        ("change_streams_update_full", True, False),
+        ("change_streams", True, False),
+        ("change_streams_update_full", False, False),
+        ("change_streams", False, False),
+        ("change_streams_update_full", True, True),
+        ("change_streams", False, True),
     ],
 )
 def test_random_writes_refine_to_the_model_documents(
-    spark, kafka, land_and_refine, unique_name, tmp_path, mode, schemas
+    spark, kafka, land_and_refine, unique_name, tmp_path, mode, schemas, snapshot
 ):
+    """With ``snapshot``, the collection holds documents before capture starts, which the connector's
+    initial snapshot reads (op ``r``, its snapshot record emitter) before the streamed changes."""
     seed = random.randrange(2**32)
     collection = Collection("shop", "things")
-    random_writes(seed, collection, steps=160, full_document=mode == "change_streams_update_full")
+    random_writes(seed, collection, steps=160, full_document=mode == "change_streams_update_full", snapshot=snapshot)
     records = connector_records(collection.events, {"topic.prefix": unique_name, "capture.mode": mode})
+    payloads = [json.loads(r["value"])["payload"] for r in records if r["value"]]
+    reads = [p for p in payloads if p["op"] == "r"]
+    assert bool(reads) == snapshot
+    assert all(r["source"]["snapshot"] == "true" for r in reads)
     topic = kafka.create_topic(records[0]["topic"])
     warehouse = str(tmp_path)
     rng = random.Random(seed)
@@ -322,4 +330,5 @@ def test_an_exploded_array_that_drifts_leaves_no_stale_child_rows(
         assert not is_delta_table(spark, quarantine_location(warehouse))
     else:
         reasons = [r.reason for r in spark.read.format("delta").load(quarantine_location(warehouse)).collect()]
-        assert len(reasons) == 1 and reasons[0].startswith("cannot apply update path items"), reasons
+        assert len(reasons) == 1, reasons
+        assert reasons[0].startswith("cannot apply update path items"), reasons
