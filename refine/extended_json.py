@@ -241,6 +241,17 @@ def json_text(value: Column) -> Column:
     return F.when(value.isNotNull(), F.regexp_extract(F.to_json(F.array(value)), r"^\[(.*)\]$", 1))
 
 
+def _holds_variant(shape: DataType) -> bool:
+    """Whether a variant shape has a part of mixed types (``VARIANT``: an array's elements, a field of them)."""
+    if isinstance(shape, VariantType):
+        return True
+    if isinstance(shape, ArrayType):
+        return _holds_variant(shape.elementType)
+    if isinstance(shape, StructType):
+        return any(_holds_variant(f.dataType) for f in shape.fields)
+    return False
+
+
 def variant_json_text(value: Column, shapes: list[str]) -> Column:
     """A variant (Extended JSON, strict or relaxed) as :func:`json_text` of its value decoded to
     its own type (``shapes``: the ``schema_of_variant`` strings the batch has for it), so an int64
@@ -250,11 +261,15 @@ def variant_json_text(value: Column, shapes: list[str]) -> Column:
     for shape in sorted(set(shapes)):
         shape_type = variant_type(shape)
         column = known(document_type(shape_type))
-        if column is None or (
-            isinstance(column, StringType)
-            and not isinstance(shape_type, StringType)
-            and not (isinstance(shape_type, StructType) and shape_type.names == ["$oid"])
+        if (
+            column is None
+            or _holds_variant(shape_type)
+            or (
+                isinstance(column, StringType)
+                and not isinstance(shape_type, StringType)
+                and not (isinstance(shape_type, StructType) and shape_type.names == ["$oid"])
+            )
         ):
-            continue
+            continue  # a value of mixed types inside (decoded, an 8 among strings would be "8")
         result = result.when(F.schema_of_variant(value) == shape, json_text(decode(value, column)))
     return result.otherwise(F.to_json(value))

@@ -29,7 +29,8 @@ Per batch (:func:`refine_mongo_batch`):
    are quarantined;
 4. the documents are checked against the table's expectations (pipelines; :mod:`refine.rules`),
    then MERGEd with position guards (:func:`refine.merge.merge_changes`); exploded arrays refresh
-   their child tables, and with SCD type 2 the state after each change is a version of the
+   their child tables (an array whose field drifted to JSON text: each element's JSON text,
+   :func:`refresh_json_children`), and with SCD type 2 the state after each change is a version of the
    document's history (:mod:`refine.history`).
 """
 
@@ -68,7 +69,8 @@ from refine.extended_json import (
     variant_json_text,
     variant_type,
 )
-from refine.flatten import array_element
+from refine.flatten import ELEMENT, array_element
+from refine.flatten import POSITION as POS
 from refine.history import HISTORY_KIND, apply_history, debezium_history_spec, debezium_versions
 from refine.merge import (
     COMMITTED_AT,
@@ -81,6 +83,7 @@ from refine.merge import (
     ensure_refined_table,
     merge_changes,
     refresh_children,
+    replace_children,
 )
 from refine.patch import apply_patch, leaf_type, path_type, resolve
 from refine.quarantine import quarantine
@@ -231,15 +234,17 @@ def batch_shapes(changes: DataFrame) -> list[Shape]:
     fields = fine.where(F.col("kind") == Kind.IMAGE).select(
         F.lit("field").alias("kind"), F.explode(F.try_variant_get("document", "$", "map<string,variant>"))
     )
-    updated = fine.where(F.col("kind") == Kind.PATCH).select(
+    # An update carrying `after` too (capture.mode=change_streams_update_full) is applied as a whole document.
+    patches = fine.where(F.col("kind") == Kind.PATCH)
+    updated = patches.select(
         F.lit("set").alias("kind"), F.explode(F.try_variant_get("patch.updated", "$", "map<string,variant>"))
     )
-    removed = fine.select(
+    removed = patches.select(
         F.lit("unset").alias("kind"),
         F.explode("patch.removed").alias("key"),
         F.lit(None).cast("variant").alias("value"),
     )
-    truncated = fine.select(
+    truncated = patches.select(
         F.lit("truncate").alias("kind"),
         F.explode("patch.truncated.field").alias("key"),
         F.lit(None).cast("variant").alias("value"),
@@ -418,14 +423,15 @@ def flag_misfits(changes: DataFrame, columns: Columns) -> DataFrame:
         problem = _misfit(
             F.when(F.col("kind") == (Kind.IMAGE if kind == "field" else Kind.PATCH), value), name, reasons, problem
         )
+    # Only updates carrying just updateDescription apply paths: one that carries `after` applies that.
+    patch = F.col("kind") == Kind.PATCH
     for (kind, path), reason in sorted(columns.unsupported.items()):
         touched = {
             "set": member(F.col("patch.updated"), path).isNotNull(),
             "unset": F.array_contains(F.col("patch.removed"), path),
-            # (mypy cannot infer a lambda whose argument is bound by a default)
-            "truncate": F.exists(F.col("patch.truncated"), lambda t, p=path: t["field"] == p),  # type: ignore[misc]
+            "truncate": F.array_contains(F.col("patch.truncated.field"), path),
         }[kind]
-        problem = problem.when(F.coalesce(touched, F.lit(False)), F.lit(reason))
+        problem = problem.when(patch & F.coalesce(touched, F.lit(False)), F.lit(reason))
     for column in columns.types.fields:
         raw = member(F.col("document"), column.name)
         problem = problem.when(
@@ -709,5 +715,45 @@ def _merge_documents(
     with rules.enforced(spark, rows, [ID], batch_id, deleted=F.col(OP) == Op.DELETE.value) as passing:
         merge_changes(spark, refined, passing.drop(PARTITION), [ID], None, POSITION, keys=latest.select(ID))
     for path, location in children.items():
-        if path.split(".")[0] not in columns.json and has_path(DeltaTable.forPath(spark, refined).toDF().schema, path):
+        if path.split(".")[0] in columns.json:
+            refresh_json_children(spark, refined, location, latest.select(ID), path)
+        elif has_path(DeltaTable.forPath(spark, refined).toDF().schema, path):
             refresh_children(spark, refined, location, latest.select(ID), [ID], path)
+
+
+def json_child_rows(parents: DataFrame, array_path: str) -> DataFrame:
+    """One row per element of the array at ``array_path`` inside the parents' JSON-text column
+    (pure DataFrame -> DataFrame): ``_id``, ``pos`` and ``value``, the element's JSON text (null for
+    null). A document whose value there is not an array has none."""
+    top, *rest = array_path.split(".")
+    value = F.try_parse_json(F.col(f"`{top}`"))
+    for part in rest:
+        value = member(value, part)
+    exploded = parents.select(ID, F.posexplode(F.try_variant_get(value, "$", "array<variant>")).alias(POS, "element"))
+    return exploded.select(
+        ID,
+        POS,
+        F.when(~is_null(F.col("element")), F.to_json("element")).alias(ELEMENT, metadata=JSON_TEXT_METADATA),
+        F.current_timestamp().alias(REFINED_AT),
+    )
+
+
+def is_json_children(schema: StructType) -> bool:
+    """Whether a child table holds its elements as JSON text (``value`` alone, a JSON-text column)."""
+    elements = [f for f in schema.fields if f.name not in (ID, POS, REFINED_AT)]
+    return len(elements) == 1 and elements[0].name == ELEMENT and is_json_text(elements[0])
+
+
+def refresh_json_children(spark: SparkSession, refined: str, location: str, keys: DataFrame, array_path: str) -> None:
+    """Make the child rows of ``keys`` (a batch's ids) the elements of the array at ``array_path``
+    of their documents, whose top-level field is a JSON-text column (it drifted): each element's
+    JSON text in ``value``. A child table whose elements were typed columns is rewritten first, from
+    every document of the refined table, in one overwrite (the old version stays for time travel)."""
+    stored = spark.read.format("delta").load(refined)
+    if is_delta_table(spark, location) and is_json_children(spark.read.format("delta").load(location).schema):
+        replace_children(spark, location, json_child_rows(stored.join(keys, ID, "left_semi"), array_path), keys, [ID])
+        return
+    rows = json_child_rows(stored, array_path)
+    if not is_delta_table(spark, location):
+        ensure_refined_table(spark, location, rows.schema)
+    rows.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(location)

@@ -7,8 +7,11 @@ the MongoDB driver's own ``ChangeStreamDocument`` codec decodes them, the connec
 (``MongoDbConnectorConfig``, ``MongoDbSchema``/``MongoDbCollectionSchema``, ``MongoDbOffsetContext``/
 ``SourceInfo``, ``MongoDbChangeRecordEmitter``) build each record as the connector's streaming source
 does, and Kafka Connect's ``JsonConverter`` serialises key and value, with and without schemas. What
-is not proven is only what a real server would have sent. Not covered: snapshot reads and the
-``__debezium.context.*`` headers (the connector's EventDispatcher is not driven).
+is not proven is only what a real server would have sent. Snapshot reads (:meth:`Collection.snapshot
+<cdc.stack.mongo_model.Collection.snapshot>`) go through the connector's ``MongoDbSnapshotRecordEmitter``
+with the offset context in snapshot mode, as its snapshot source drives them. Not covered: the
+``__debezium.context.*`` headers (the connector's EventDispatcher is not driven) and
+ExtractNewDocumentState.
 """
 
 from __future__ import annotations

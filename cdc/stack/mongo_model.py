@@ -194,6 +194,25 @@ class Collection:
         self.seconds += 1
         self.increment = 0
 
+    def load(self, document: dict) -> None:
+        """A document the collection holds before capture starts (no change-stream event)."""
+        self.documents[document["_id"]] = copy.deepcopy(document)
+
+    def snapshot(self) -> None:
+        """The connector's initial snapshot: a read of every document, at the current second (the
+        harness's snapshot lines; the connector's snapshot record emitter makes records of op ``r``)."""
+        for document in self.documents.values():
+            self.tick += 1
+            self.events.append(
+                {
+                    "snapshot": {
+                        "ns": {"db": self.db, "coll": self.name},
+                        "document": canonical(document),
+                        "readAt": {"$numberLong": str(self.seconds * 1000)},
+                    }
+                }
+            )
+
     def insert(self, document: dict) -> None:
         self.documents[document["_id"]] = copy.deepcopy(document)
         self._event("insert", document["_id"], fullDocument=canonical(document))
@@ -243,10 +262,31 @@ def _values(rng: random.Random) -> dict[str, list]:
     }
 
 
-def random_writes(seed: int, collection: Collection, steps: int, full_document: bool) -> None:
+def _array_drift(rng: random.Random, name: str, present: list) -> list[tuple[str, str, Any]]:
+    """Updates that change the type of the array ``name`` (holding ``present``) or of its elements' fields."""
+    if rng.random() < 0.6:
+        return []
+    drift: list[tuple[str, str, Any]] = [("$set", name, rng.choice(["none", "many"]))]
+    if name == "items" and present and isinstance(present[-1], dict):
+        drift.append(("$set", f"items.{len(present) - 1}.n", rng.choice(["one", "two"])))
+    return drift
+
+
+def random_writes(
+    seed: int,
+    collection: Collection,
+    steps: int,
+    full_document: bool,
+    array_drift: bool = False,
+    snapshot: bool = False,
+) -> None:
     """Seeded random writes into ``collection``: inserts (ids of several BSON types), updates with
     nested $set, $unset, $push/$pull/$pop (array truncation), type drift of scalar fields, replaces,
-    deletes and re-inserts of the same _id, several changes to one document within a second."""
+    deletes and re-inserts of the same _id, several changes to one document within a second. With
+    ``array_drift``, the arrays drift too: ``tags`` and ``items`` are set to a string now and then,
+    and an element's ``items.N.n`` to a string (an update that sets a whole field again makes it an
+    array again). With ``snapshot``, the collection first holds a few documents, which the
+    connector's initial snapshot reads."""
     rng = random.Random(seed)
     values = _values(rng)
     ids = [ObjectId(f"{rng.getrandbits(96):024x}") for _ in range(3)] + ["s1", "s2", 7, Int64(2**40)]
@@ -256,6 +296,11 @@ def random_writes(seed: int, collection: Collection, steps: int, full_document: 
         fields = rng.sample(sorted(values), rng.randint(3, len(values)))
         return {"_id": document_id, **{name: values[name][0]() for name in fields}}
 
+    if snapshot:
+        for document_id in rng.sample(ids, rng.randint(1, len(ids))):
+            collection.load(document(document_id))
+        collection.snapshot()
+        collection.next_second()
     for _ in range(steps):
         if rng.random() < 0.3:
             collection.next_second()
@@ -298,6 +343,7 @@ def random_writes(seed: int, collection: Collection, steps: int, full_document: 
                                 ("$pull", name, element[0]),
                             ]
                             + ([("$set", "items.0.n", rng.randint(0, 9))] if name == "items" and present else [])
+                            + (_array_drift(rng, name, present) if array_drift else [])
                         )
                     )
                 elif rng.random() < 0.2 and name in current:

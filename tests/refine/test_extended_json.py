@@ -145,6 +145,8 @@ def test_values_of_any_type_as_json_text(spark):
         ('"discontinued"', '"discontinued"', '"discontinued"'),
         ("true", "true", "true"),
         ('[1, "x"]', '[1, "x"]', '[1,"x"]'),
+        # a field of mixed types in an array's documents: the 8 stays a number
+        ('[{"n": "four"}, {"n": 8}]', '[{"n": "four"}, {"n": 8}]', '[{"n":"four"},{"n":8}]'),
         ("null", "null", None),
     ]
     frame = spark.createDataFrame([(s, r) for s, r, _ in pairs], "strict string, relaxed string").select(

@@ -10,6 +10,7 @@ arrays, replaces, deletes and re-inserts of one _id, type drift, ids of several 
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 
@@ -155,21 +156,29 @@ def test_scripted_writes_refine_to_the_model_documents(spark, kafka, land_and_re
 
 
 @pytest.mark.parametrize(
-    ("mode", "schemas"),
+    ("mode", "schemas", "snapshot"),
     [
-        ("change_streams_update_full", True),
-        ("change_streams", True),
-        ("change_streams_update_full", False),
-        ("change_streams", False),
+        ("change_streams_update_full", True, False),
+        ("change_streams", True, False),
+        ("change_streams_update_full", False, False),
+        ("change_streams", False, False),
+        ("change_streams_update_full", True, True),
+        ("change_streams", False, True),
     ],
 )
 def test_random_writes_refine_to_the_model_documents(
-    spark, kafka, land_and_refine, unique_name, tmp_path, mode, schemas
+    spark, kafka, land_and_refine, unique_name, tmp_path, mode, schemas, snapshot
 ):
+    """With ``snapshot``, the collection holds documents before capture starts, which the connector's
+    initial snapshot reads (op ``r``, its snapshot record emitter) before the streamed changes."""
     seed = random.randrange(2**32)
     collection = Collection("shop", "things")
-    random_writes(seed, collection, steps=160, full_document=mode == "change_streams_update_full")
+    random_writes(seed, collection, steps=160, full_document=mode == "change_streams_update_full", snapshot=snapshot)
     records = connector_records(collection.events, {"topic.prefix": unique_name, "capture.mode": mode})
+    payloads = [json.loads(r["value"])["payload"] for r in records if r["value"]]
+    reads = [p for p in payloads if p["op"] == "r"]
+    assert bool(reads) == snapshot
+    assert all(r["source"]["snapshot"] == "true" for r in reads)
     topic = kafka.create_topic(records[0]["topic"])
     warehouse = str(tmp_path)
     rng = random.Random(seed)
@@ -197,3 +206,129 @@ def test_random_writes_refine_to_the_model_documents(
     if is_delta_table(spark, quarantine_location(warehouse)):
         reasons = [row.reason for row in spark.read.format("delta").load(quarantine_location(warehouse)).collect()]
         assert not reasons, f"seed {seed} ({mode}): quarantined {reasons}"
+
+
+def _flat(element, prefix: str = "") -> dict:
+    """A document element as the child table's columns name its fields (``a.b`` -> ``a_b``)."""
+    columns = {}
+    for name, value in element.items():
+        if isinstance(value, dict):
+            columns.update(_flat(value, f"{prefix}{name}_"))
+        else:
+            columns[f"{prefix}{name}"] = value
+    return columns
+
+
+def child_rows(spark, location: str) -> tuple[dict[tuple[str, int], object], bool]:
+    """A child table's rows: (_id, pos) -> the element (a JSON-text ``value`` parsed; a scalar
+    ``value``; else the element's columns, nulls left out), and whether ``value`` is JSON text."""
+    table = spark.read.format("delta").load(location)
+    fields = [f for f in table.schema.fields if f.name not in ("_id", "pos") and not f.name.startswith("_cdc_")]
+    texts = [f.name == "value" and f.metadata.get("comment") == JSON_TEXT_COMMENT for f in fields]
+    as_text = texts == [True]
+    rows = {}
+    for row in table.select(
+        "_id", "pos", F.to_json(F.struct(*[F.col(f"`{f.name}`") for f in fields])).alias("e")
+    ).collect():
+        element = json.loads(row.e)
+        key = (json.dumps(json.loads(row._id), sort_keys=True), row.pos)
+        if [f.name for f in fields] == ["value"]:
+            value = element.get("value")
+            rows[key] = json.loads(value) if as_text and value is not None else value
+        else:
+            rows[key] = element
+    return rows, as_text
+
+
+def expected_child_rows(collection: Collection, field: str, as_text: bool) -> dict[tuple[str, int], object]:
+    """The model's elements of the array ``field`` of each document (none where it is not an array)."""
+    expected = {}
+    for document_id, document in collection.documents.items():
+        value = document.get(field)
+        if not isinstance(value, list):
+            continue
+        for pos, element in enumerate(as_json(value)):
+            flat = not as_text and isinstance(element, dict)
+            expected[(_id_text(document_id), pos)] = _flat(element) if flat else element
+    return expected
+
+
+@pytest.mark.parametrize("schemas", [True, False])
+def test_exploded_arrays_follow_the_documents_through_type_drift(
+    spark, kafka, land_and_refine, unique_name, tmp_path, schemas
+):
+    """Arrays exploded into child tables drift (to a string; an element's field to a string): the
+    child rows are each document's current elements, as the model has them."""
+    seed = random.randrange(2**32)
+    collection = Collection("shop", "carts")
+    random_writes(seed, collection, steps=120, full_document=True, array_drift=True)
+    records = connector_records(
+        collection.events, {"topic.prefix": unique_name, "capture.mode": "change_streams_update_full"}
+    )
+    topic = kafka.create_topic(records[0]["topic"])
+    warehouse = str(tmp_path)
+    rng = random.Random(seed)
+    key, value = ("key", "value") if schemas else ("key_bare", "value_bare")
+    start = 0
+    for cut in [*sorted(rng.sample(range(1, len(records)), 2)), len(records)]:
+        kafka.produce(
+            topic, [(r[key].encode(), None if r[value] is None else r[value].encode()) for r in records[start:cut]]
+        )
+        start = cut
+        land_and_refine(warehouse, topic, explode=["items", "tags"])
+    location = refined_table_location(warehouse, topic)
+    for _ in range(2):  # a rerun changes nothing
+        columns = set(spark.read.format("delta").load(location).columns)
+        assert refined_documents(spark, location) == expected_documents(collection, columns), f"seed {seed}"
+        for field in ("items", "tags"):
+            got, as_text = child_rows(spark, refined_table_location(warehouse, f"{topic}__{field}"))
+            wanted = expected_child_rows(collection, field, as_text)
+            differing = sorted(k for k in set(got) | set(wanted) if got.get(k) != wanted.get(k))
+            assert not differing, (
+                f"seed {seed} ({field}): {len(differing)} child rows differ, e.g. {differing[0]}: "
+                f"refined {got.get(differing[0])} != model {wanted.get(differing[0])}"
+            )
+        land_and_refine(warehouse, topic, explode=["items", "tags"])
+    assert not is_delta_table(spark, quarantine_location(warehouse)), f"seed {seed}"
+
+
+@pytest.mark.parametrize("mode", ["change_streams_update_full", "change_streams"])
+def test_an_exploded_array_that_drifts_leaves_no_stale_child_rows(
+    spark, kafka, land_and_refine, unique_name, tmp_path, mode
+):
+    """An exploded array drifts (to a string; an element's field to a string) after its child rows
+    were refined: the child rows are the documents' current elements (JSON text), as the model has
+    them. An update that truncates the drifted array is applied when it carries the whole document,
+    and quarantined when it carries only the path (which cannot reach into JSON text)."""
+    full = mode == "change_streams_update_full"
+    collection = Collection("shop", "carts")
+    a, b = ObjectId("64b7f0c2a1b2c3d4e5f60718"), "b"
+    collection.insert({"_id": a, "items": [{"sku": "x", "n": 1}, {"sku": "y", "n": 2}, {"sku": "z", "n": 3}]})
+    collection.insert({"_id": b, "items": [{"sku": "x", "n": 4}]})
+    first = len(collection.events)
+    collection.update(a, Update([("$set", "items", "none")]), full)  # no longer an array
+    collection.update(b, Update([("$set", "items", [{"sku": "x", "n": "four"}, {"sku": "v", "n": 8}])]), full)
+    if full:
+        collection.update(b, Update([("$set", "items.1.n", "eight")]), full)
+    collection.insert({"_id": 7, "items": [{"sku": "q", "n": 6}, {"sku": "r", "n": 7}]})
+    oracle = copy.deepcopy(collection)
+    collection.update(7, Update([("$pop", "items", -1)]), full)  # truncated
+    if full:
+        oracle = collection
+    records = connector_records(collection.events, {"topic.prefix": unique_name, "capture.mode": mode})
+    topic = kafka.create_topic(records[0]["topic"])
+    warehouse = str(tmp_path)
+    for batch in (records[:first], records[first:]):
+        kafka.produce(topic, [(r["key"].encode(), r["value"].encode()) for r in batch])
+        land_and_refine(warehouse, topic, explode=["items"])
+    got, as_text = child_rows(spark, refined_table_location(warehouse, f"{topic}__items"))
+    assert as_text
+    assert got == expected_child_rows(oracle, "items", as_text)
+    location = refined_table_location(warehouse, topic)
+    assert refined_documents(spark, location) == expected_documents(oracle, {"items"})
+    if full:
+        assert not is_delta_table(spark, quarantine_location(warehouse))
+    else:
+        reasons = [r.reason for r in spark.read.format("delta").load(quarantine_location(warehouse)).collect()]
+        assert len(reasons) == 1, reasons
+        assert reasons[0].startswith("cannot apply update path items"), reasons

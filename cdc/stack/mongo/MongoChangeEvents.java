@@ -13,6 +13,7 @@ import org.apache.kafka.connect.data.Struct;
 import org.apache.kafka.connect.header.ConnectHeaders;
 import org.apache.kafka.connect.json.JsonConverter;
 import org.bson.BsonDocument;
+import org.bson.BsonTimestamp;
 import org.bson.codecs.Codec;
 import org.bson.codecs.DecoderContext;
 import org.bson.json.JsonReader;
@@ -22,6 +23,7 @@ import com.mongodb.MongoClientSettings;
 import com.mongodb.client.model.changestream.ChangeStreamDocument;
 
 import io.debezium.config.Configuration;
+import io.debezium.connector.SnapshotRecord;
 import io.debezium.connector.mongodb.CollectionId;
 import io.debezium.connector.mongodb.MongoDbCollectionSchema;
 import io.debezium.connector.mongodb.MongoDbConnectorConfig;
@@ -30,6 +32,7 @@ import io.debezium.connector.mongodb.MongoDbPartition;
 import io.debezium.connector.mongodb.MongoDbSchema;
 import io.debezium.connector.mongodb.MongoDbTaskContext;
 import io.debezium.connector.mongodb.recordemitter.MongoDbChangeRecordEmitter;
+import io.debezium.connector.mongodb.recordemitter.MongoDbSnapshotRecordEmitter;
 import io.debezium.data.Envelope.Operation;
 import io.debezium.pipeline.spi.ChangeRecordEmitter;
 import io.debezium.pipeline.spi.OffsetContext;
@@ -42,7 +45,10 @@ import io.debezium.util.Clock;
  * Extended JSON), decoded by the MongoDB driver's own ChangeStreamDocument codec; the connector's
  * own classes (its configuration, collection schema, offset context and record emitter) build the
  * record as its streaming source does, and Kafka Connect's JsonConverter serialises key and value
- * with and without schemas. A delete is followed by its tombstone (tombstones.on.delete).
+ * with and without schemas. A delete is followed by its tombstone (tombstones.on.delete). A line
+ * {"snapshot": {"ns": {"db", "coll"}, "document": {...}, "readAt": millis}} is a document the
+ * connector's initial snapshot reads (its snapshot record emitter, the offset in snapshot mode, the
+ * clock at readAt): a record of op r.
  *
  * Usage: MongoChangeEvents key=value... (connector settings: topic.prefix, capture.mode, ...).
  * Each output line is a JSON object: topic, key, value (schemas.enable=true), key_bare, value_bare
@@ -84,13 +90,40 @@ public final class MongoChangeEvents {
             if (line.isBlank()) {
                 continue;
             }
-            ChangeStreamDocument<BsonDocument> event = codec.decode(new JsonReader(line), DecoderContext.builder().build());
-            CollectionId collectionId = new CollectionId(event.getNamespace().getDatabaseName(), event.getNamespace().getCollectionName());
+            BsonDocument input = BsonDocument.parse(line);
+            CollectionId collectionId;
+            ChangeRecordEmitter<MongoDbPartition> emitter;
+            if (input.containsKey("snapshot")) {
+                // As MongoDbSnapshotChangeEventSource does: the offset reads the collection at the clock's time, then the emitter.
+                BsonDocument read = input.getDocument("snapshot");
+                collectionId = new CollectionId(read.getDocument("ns").getString("db").getValue(),
+                        read.getDocument("ns").getString("coll").getValue());
+                long readAt = read.getInt64("readAt").getValue();
+                Clock clock = () -> readAt;
+                if (!offset.isInitialSnapshotRunning()) {
+                    // The snapshot starts at the cluster time the change stream will resume from.
+                    offset.initFromOpTimeIfNeeded(new BsonTimestamp((int) (readAt / 1000), 0));
+                    offset.preSnapshotStart(false);
+                    call(offset, "startInitialSnapshot");
+                }
+                offset.readEvent(collectionId, clock.currentTime());
+                offset.markSnapshotRecord(SnapshotRecord.TRUE);
+                emitter = new MongoDbSnapshotRecordEmitter(partition, offset, clock, read.getDocument("document"), connectorConfig);
+            }
+            else {
+                if (offset.isInitialSnapshotRunning()) {
+                    call(offset, "stopInitialSnapshot");
+                    offset.preSnapshotCompletion();
+                    offset.postSnapshotCompletion();
+                }
+                ChangeStreamDocument<BsonDocument> event = codec.decode(new JsonReader(line), DecoderContext.builder().build());
+                collectionId = new CollectionId(event.getNamespace().getDatabaseName(), event.getNamespace().getCollectionName());
+                // As MongoDbStreamingChangeEventSource does: the emitter, then the offset moves to the event, then the dispatch.
+                emitter = new MongoDbChangeRecordEmitter(partition, offset, Clock.system(), event, connectorConfig);
+                offset.changeStreamEvent(event);
+            }
             MongoDbCollectionSchema collectionSchema = (MongoDbCollectionSchema) schema.schemaFor(collectionId);
             String topic = connectorConfig.getTopicNamingStrategy(MongoDbConnectorConfig.TOPIC_NAMING_STRATEGY).dataChangeTopic(collectionId);
-            // As MongoDbStreamingChangeEventSource does: the emitter, then the offset moves to the event, then the dispatch.
-            MongoDbChangeRecordEmitter emitter = new MongoDbChangeRecordEmitter(partition, offset, Clock.system(), event, connectorConfig);
-            offset.changeStreamEvent(event);
             List<Map<String, Object>> records = new ArrayList<>();
             emitter.emitChangeRecords(collectionSchema, new ChangeRecordEmitter.Receiver<MongoDbPartition>() {
                 @Override
@@ -118,6 +151,13 @@ public final class MongoChangeEvents {
                     : text(converters.get("value" + suffix).fromConnectData(topic, schema.getEnvelopeSchema().schema(), value)));
         }
         return record;
+    }
+
+    /** A method of the offset context that only the connector's own package may call (as its snapshot source does). */
+    private static void call(MongoDbOffsetContext offset, String method) throws Exception {
+        java.lang.reflect.Method m = MongoDbOffsetContext.class.getDeclaredMethod(method);
+        m.setAccessible(true);
+        m.invoke(offset);
     }
 
     private static String text(byte[] bytes) {
