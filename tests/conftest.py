@@ -305,7 +305,12 @@ def read_with_delta_rs(spark):
     from deltalake import DeltaTable as RustDeltaTable
 
     def read(location: str):
-        return spark.createDataFrame(RustDeltaTable(location).to_pyarrow_table())
+        # Arrow timestamps without a zone are Spark's timestamp_ntz (Postgres `timestamp`), with one Spark's timestamp.
+        spark.conf.set("spark.sql.timestampType", "TIMESTAMP_NTZ")
+        try:
+            return spark.createDataFrame(RustDeltaTable(location).to_pyarrow_table())
+        finally:
+            spark.conf.unset("spark.sql.timestampType")
 
     return read
 
