@@ -59,7 +59,7 @@ SOURCE_POSITION = (LSN, OFFSET)  # a Postgres row's source position, compared in
 # can match before that shuffle (10,000 changes into 10M rows: MERGE ~5 s instead of ~7 s).
 KEY_FILTER_MIN_BYTES = 32 * 1024 * 1024
 KEY_FILTER_FALSE_POSITIVES = 0.01
-# Every MERGE adds a file (and deletion vectors), so a job that runs a batch a second leaves tens of
+# Every MERGE adds a file (and, with them on, deletion vectors), so a job that runs a batch a second leaves tens of
 # thousands a day, and each batch's MERGE reads the state of them all: Delta compacts the small ones
 # after a write once there are enough (50), in the writing job. A table's explicit setting is kept.
 AUTO_COMPACT_PROPERTY = "delta.autoOptimize.autoCompact"
