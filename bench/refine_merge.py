@@ -1,6 +1,7 @@
 """Refine throughput, and how one MERGE batch's cost grows with the refined table.
 
     .venv/bin/python bench/refine_merge.py [--sizes 1000000,10000000] [--changes 1000000] [--batch 10000]
+                                           [--features plain,cdf,dv,cdf+dv]
 
 For each refined-table size it builds, in a fresh warehouse:
 
@@ -18,6 +19,11 @@ For each refined-table size it builds, in a fresh warehouse:
   the run and the MERGE's own time from the Delta history;
 - the naive approach on the same table: every batch applied by a full outer join of the whole
   table with the batch, and an overwrite.
+
+Each size is measured once per FEATURES variant of the refined table (its Delta features, see
+cdc/core/tables.py): ``plain`` (neither: the default, which every reader opens), ``cdf`` (Change
+Data Feed), ``dv`` (deletion vectors), ``cdf+dv`` (both). Delta's MERGE alone runs on the same
+table, so each variant has its own floor.
 
 A small unreported round runs first, so that every size is measured on a warm JVM
 (``--no-warmup`` measures the first size cold). Prints figures; asserts nothing. Needs no running
@@ -42,14 +48,14 @@ from pyspark.sql import functions as F
 
 from cdc.core.config import load_settings
 from cdc.core.session import build_spark_session, job_spark_config
-from cdc.core.tables import raw_table_location
+from cdc.core.tables import TableFeatures, raw_table_location
 from cdc.raw.rows import raw_rows
 from cdc.raw.table import create_raw_table
 from refine.config import refined_table_location
 from refine.envelope import COMMON_SOURCE_FIELDS, ConnectSchema
 from refine.job import RefineJobConfig, run_refine_job
 from refine.latest import latest_per_key
-from refine.merge import LSN, OP, ensure_refined_table, refined_rows
+from refine.merge import LSN, OP, declare_features, ensure_refined_table, refined_rows
 from refine.parse import parse_changes
 
 TOPIC = "bench.bench.accounts"
@@ -123,6 +129,13 @@ VALUE_SCHEMA = {
 KEY_SCHEMA = {"type": "struct", "fields": [ROW_FIELDS[0]], "optional": False, "name": "bench.bench.accounts.Key"}
 BASE_MICROS = 1_780_000_000_000_000
 STATUSES = "array('active', 'frozen', 'closed')"
+# The refined table's Delta features, by the name --features gives.
+FEATURES = {
+    "plain": TableFeatures(deletion_vectors=False, change_data_feed=False),
+    "cdf": TableFeatures(deletion_vectors=False, change_data_feed=True),
+    "dv": TableFeatures(deletion_vectors=True, change_data_feed=False),
+    "cdf+dv": TableFeatures(deletion_vectors=True, change_data_feed=True),
+}
 
 
 def row_image(id_: str, version: str) -> str:
@@ -243,12 +256,12 @@ def append_raw_changes(
     raw_rows(records, 0).write.format("delta").mode("append").save(location)
 
 
-def refine(spark: SparkSession, warehouse: str) -> float:
+def refine(spark: SparkSession, warehouse: str, features: TableFeatures) -> float:
     """Seconds of one `cdc refine --available-now` run."""
     started = time.monotonic()
     run_refine_job(
         spark,
-        RefineJobConfig(table=TOPIC, warehouse=warehouse, trigger={"kind": "available_now"}),
+        RefineJobConfig(table=TOPIC, warehouse=warehouse, trigger={"kind": "available_now"}, features=features),
         say=lambda line: None,
     )
     return time.monotonic() - started
@@ -306,17 +319,25 @@ def naive_apply(
 
 
 def bench_size(
-    spark: SparkSession, size: int, changes: int, batch: int, rounds: int, updated: str, rows_per_file: int | None
+    spark: SparkSession,
+    size: int,
+    changes: int,
+    batch: int,
+    rounds: int,
+    updated: str,
+    rows_per_file: int | None,
+    features: TableFeatures,
 ) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="bench-refine-") as warehouse:
         refined = refined_table_location(warehouse, TOPIC)
         raw = raw_table_location(warehouse, TOPIC)
+        declare_features(refined, features)
         started = time.monotonic()
         refined_snapshot(spark, refined, size, rows_per_file)
         print(f"  {size:,}-row refined table written in {time.monotonic() - started:.0f} s", flush=True)
         create_raw_table(spark, raw, TOPIC)
         append_raw_changes(spark, raw, size, 0, changes, updated)
-        seconds = refine(spark, warehouse)
+        seconds = refine(spark, warehouse, features)
         result = {"changes_per_s": changes / seconds}
         print(f"  refine of {changes:,} changes: {seconds:.1f} s, {result['changes_per_s']:,.0f} changes/s", flush=True)
         decoded = decoded_batch(spark, warehouse, size, changes, changes, updated)
@@ -331,7 +352,7 @@ def bench_size(
         for _ in range(rounds):
             append_raw_changes(spark, raw, size, first, batch, updated)
             first += batch
-            runs.append(refine(spark, warehouse))
+            runs.append(refine(spark, warehouse, features))
             merges.append(last_merge_ms(spark, refined) / 1000)
         for _ in range(rounds):
             naive.append(naive_apply(spark, warehouse, refined, size, first, batch, updated))
@@ -362,6 +383,11 @@ def main() -> None:
         help="which rows updates change: random rows of the whole table, or of its newest 5%%",
     )
     parser.add_argument(
+        "--features",
+        default=",".join(FEATURES),
+        help="the refined table's Delta features, one run per variant: plain, cdf, dv, cdf+dv (comma-separated)",
+    )
+    parser.add_argument(
         "--rows-per-file", type=int, help="rows per file of the refined table (default: one file per core)"
     )
     parser.add_argument(
@@ -371,31 +397,49 @@ def main() -> None:
         help="measure from a cold JVM (default: a small unreported round first)",
     )
     args = parser.parse_args()
+    variants = args.features.split(",")
+    if unknown := [name for name in variants if name not in FEATURES]:
+        parser.error(f"--features: unknown {', '.join(unknown)} (choose among {', '.join(FEATURES)})")
     # As `cdc refine --available-now` runs: each refine here is such a run (its collector: the parallel one).
     spark = build_spark_session(job_spark_config(load_settings().spark, refines_continuously=False))
     if args.warmup:
         # A fresh JVM compiles for the first minute or so: whichever size came first was measured cold
         # (MERGE of 10,000 changes into 10M rows: 8.8 s first, 6.1 s second, same machine).
         print(f"warm-up (not reported): refined table of {WARMUP_SIZE:,} rows", flush=True)
-        bench_size(spark, WARMUP_SIZE, min(args.changes, WARMUP_SIZE), args.batch, 1, args.updates, args.rows_per_file)
+        bench_size(
+            spark,
+            WARMUP_SIZE,
+            min(args.changes, WARMUP_SIZE),
+            args.batch,
+            1,
+            args.updates,
+            args.rows_per_file,
+            FEATURES[variants[0]],
+        )
     results = {}
     for size in [int(size) for size in args.sizes.split(",")]:
-        print(f"refined table of {size:,} rows", flush=True)
-        results[size] = bench_size(spark, size, args.changes, args.batch, args.rounds, args.updates, args.rows_per_file)
+        for variant in variants:
+            print(f"refined table of {size:,} rows, features {variant}", flush=True)
+            results[size, variant] = bench_size(
+                spark, size, args.changes, args.batch, args.rounds, args.updates, args.rows_per_file, FEATURES[variant]
+            )
     print(
-        f"\n{'table rows':>12} {'changes/s':>10} {'Delta MERGE alone/s':>20} {'batch run s':>12} {'MERGE s':>8} "
-        f"{'naive s':>8}"
+        f"\n{'table rows':>12} {'features':>8} {'changes/s':>10} {'Delta MERGE alone/s':>20} {'ratio':>6} "
+        f"{'batch run s':>12} {'MERGE s':>8} {'naive s':>8}"
     )
-    for size, result in results.items():
+    for (size, variant), result in results.items():
         print(
-            f"{size:>12,} {result['changes_per_s']:>10,.0f} {result['delta_merge_per_s']:>20,.0f} "
-            f"{result['run_s']:>12.1f} {result['merge_s']:>8.1f} "
-            f"{result['naive_s']:>8.1f}"
+            f"{size:>12,} {variant:>8} {result['changes_per_s']:>10,.0f} {result['delta_merge_per_s']:>20,.0f} "
+            f"{result['changes_per_s'] / result['delta_merge_per_s']:>6.2f} {result['run_s']:>12.1f} "
+            f"{result['merge_s']:>8.1f} {result['naive_s']:>8.1f}"
         )
-    if len(results) > 1:
-        small, large = min(results), max(results)
-        for name in ("run_s", "merge_s", "naive_s"):
-            print(f"{name} at {large:,} / at {small:,}: {results[large][name] / results[small][name]:.2f}")
+    sizes = sorted({size for size, _ in results})
+    if len(sizes) > 1:
+        small, large = sizes[0], sizes[-1]
+        for variant in variants:
+            for name in ("run_s", "merge_s", "naive_s"):
+                ratio = results[large, variant][name] / results[small, variant][name]
+                print(f"{variant}: {name} at {large:,} / at {small:,}: {ratio:.2f}")
 
 
 if __name__ == "__main__":

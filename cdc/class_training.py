@@ -39,7 +39,7 @@ TRAINING_TOPIC = "train.public.items"
 def _land_and_refine(spark: SparkSession, warehouse: str) -> None:
     from pyspark.sql import functions as F
 
-    from cdc.core.tables import raw_table_location
+    from cdc.core.tables import TableFeatures, raw_table_location
     from cdc.raw.config import RawJobConfig
     from cdc.raw.job import LandBatch
     from cdc.raw.table import create_raw_table
@@ -55,7 +55,13 @@ def _land_and_refine(spark: SparkSession, warehouse: str) -> None:
         }
     )
     feed = f"{warehouse}/_training_feed"
-    refine = RefineJobConfig(table=TRAINING_TOPIC, warehouse=warehouse, trigger={"kind": "available_now"})
+    # With a Change Data Feed: the read of it below loads what a business table's refresh loads.
+    refine = RefineJobConfig(
+        table=TRAINING_TOPIC,
+        warehouse=warehouse,
+        trigger={"kind": "available_now"},
+        features=TableFeatures(change_data_feed=True),
+    )
     for first, envelopes in enumerate(
         [_envelopes(range(1, 6), "c"), [*_envelopes(range(2, 5), "u"), ("{}", "{not json")]]
     ):

@@ -29,6 +29,7 @@ from refine.flatten import child_table_name
 from refine.flattened import is_flattened, remember_schema, remembered_schema
 from refine.keyed import KeyedTables, merge_keyed_batch
 from refine.keyless import applied_location, merge_keyless_batch
+from refine.merge import declare_features
 from refine.mongo import has_bare_mongo_envelopes, is_mongo, refine_mongo_batch
 from refine.parse import first_wrapper_schemas, record_columns, refused_schema, wrapper_schemas
 from refine.parse_batch import ParsedBatch, parse_rows, parse_schemaless
@@ -58,6 +59,7 @@ class RefineBatch:
         # Another warehouse's raw table: a rebuild (refine/rebuild.py) refines into staging tables.
         self.raw = raw_location or raw_table_location(config.warehouse, config.table)
         self.refined = refined_table_location(config.warehouse, config.target)
+        declare_features(self.refined, config.features)
         self.deleted = deleted_location(config.warehouse, config.target)
         self.applied = applied_location(config.warehouse, config.target)
         history = refined_table_location(config.warehouse, history_table_name(config.target))

@@ -8,6 +8,7 @@ from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from cdc.core.config import TOPIC_NAME, Continuous, Trigger, _Strict
 from cdc.core.storage import normalize_location
+from cdc.core.tables import TableFeatures
 from refine.columns import connect_type
 from refine.rules import TableRules
 
@@ -87,6 +88,11 @@ class RefineJobConfig(RefineRun):
         description=(
             "Keep every version of each row in <warehouse>/refined/<name>__history (SCD type 2, refine/history.py)."
         ),
+    )
+    features: TableFeatures = Field(
+        default_factory=TableFeatures,
+        description="The Delta features of the refined table and the tables beside it (deletion vectors, Change Data "
+        "Feed); default neither on a new table, and an existing table keeps what it has.",
     )
 
     @property

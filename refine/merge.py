@@ -10,6 +10,11 @@ source column name Debezium produces for Postgres):
 
 A change applies only when it is at or after the row's position, so replays and late duplicates
 never overwrite newer state.
+
+A refined table's Delta features (:class:`cdc.core.tables.TableFeatures`: deletion vectors, Change
+Data Feed) are declared by its job once (:func:`declare_features`, by location) and hold for the
+tables beside it too (``<location>__<child>``, ``<location>__history``, ``<location>/<split value>``);
+a table no job declared (the side tables under ``_cdc/``) has neither.
 """
 
 from __future__ import annotations
@@ -30,8 +35,11 @@ from cdc.core.storage import Storage
 from cdc.core.tables import (
     CHECKPOINT_PROPERTIES,
     KIND_PROPERTY,
+    TableFeatures,
     add_missing_properties,
+    apply_features,
     clear_interrupted_creation,
+    delta_properties,
     is_delta_table,
 )
 from refine.envelope import Op
@@ -51,14 +59,28 @@ SOURCE_POSITION = (LSN, OFFSET)  # a Postgres row's source position, compared in
 # can match before that shuffle (10,000 changes into 10M rows: MERGE ~5 s instead of ~7 s).
 KEY_FILTER_MIN_BYTES = 32 * 1024 * 1024
 KEY_FILTER_FALSE_POSITIVES = 0.01
-# Every MERGE adds a file (and deletion vectors), so a job that runs a batch a second leaves tens of
+# Every MERGE adds a file (and, with them on, deletion vectors), so a job that runs a batch a second leaves tens of
 # thousands a day, and each batch's MERGE reads the state of them all: Delta compacts the small ones
 # after a write once there are enough (50), in the writing job. A table's explicit setting is kept.
 AUTO_COMPACT_PROPERTY = "delta.autoOptimize.autoCompact"
-# What refined tables are created with beyond their feed and deletion vectors, and what one created
+# What refined tables are created with beyond their features, and what one created
 # by an earlier version is given when it lacks it (see cdc/raw/table.py for the checkpoint interval).
 MAINTENANCE_PROPERTIES = {AUTO_COMPACT_PROPERTY: "true", **CHECKPOINT_PROPERTIES}
 _PROPERTIES_CHECKED: set[str] = set()  # tables whose settings this process has seen
+_DECLARED_FEATURES: dict[str, TableFeatures] = {}  # by the refined table's location
+
+
+def declare_features(location: str, features: TableFeatures) -> None:
+    """The features of the refined table at ``location`` and of the tables beside it, for this process."""
+    _DECLARED_FEATURES[location] = features
+
+
+def declared_features(location: str) -> TableFeatures:
+    """The features declared for the table at ``location`` or for the refined table it belongs to."""
+    for declared, features in _DECLARED_FEATURES.items():
+        if location == declared or location.startswith((f"{declared}__", f"{declared}/")):
+            return features
+    return TableFeatures()
 
 
 def refined_rows(latest: DataFrame, columns: list[str]) -> DataFrame:
@@ -75,27 +97,24 @@ def refined_rows(latest: DataFrame, columns: list[str]) -> DataFrame:
 
 
 def ensure_refined_table(spark: SparkSession, location: str, schema: StructType, kind: str = "refined") -> None:
-    """Create the table (Change Data Feed on, ``cdc.kind=kind``), or add the columns the source gained;
-    refuse a column whose type changed."""
+    """Create the table (with its :func:`declared_features`, ``cdc.kind=kind``), or add the columns the
+    source gained; refuse a column whose type changed. An existing table is given its declared features
+    (and the maintenance settings an earlier version did not set) once per process."""
+    features = declared_features(location)
     if not is_delta_table(spark, location):
         clear_interrupted_creation(Storage(spark), location)  # a job killed while creating it
         builder = (
-            DeltaTable.createIfNotExists(spark)
-            .location(location)
-            .addColumns(schema)
-            .property("delta.enableChangeDataFeed", "true")
-            .property(KIND_PROPERTY, kind)
-            # A MERGE then marks the rows it replaces in a deletion vector instead of rewriting
-            # every file a key of the batch falls in: a batch costs its size, not the table's.
-            .property("delta.enableDeletionVectors", "true")
+            DeltaTable.createIfNotExists(spark).location(location).addColumns(schema).property(KIND_PROPERTY, kind)
         )
-        for key, value in MAINTENANCE_PROPERTIES.items():
+        for key, value in {**features.creation_properties(), **MAINTENANCE_PROPERTIES}.items():
             builder = builder.property(key, value)
         builder.execute()
         _PROPERTIES_CHECKED.add(location)
         return
-    if location not in _PROPERTIES_CHECKED:  # a table created by an earlier version
-        add_missing_properties(spark, location, MAINTENANCE_PROPERTIES)
+    if location not in _PROPERTIES_CHECKED:
+        present = delta_properties(spark, location)
+        add_missing_properties(spark, location, MAINTENANCE_PROPERTIES, present)
+        apply_features(spark, location, features, present)
         _PROPERTIES_CHECKED.add(location)
     current = {field.name: field.dataType for field in DeltaTable.forPath(spark, location).toDF().schema}
     added = []

@@ -43,7 +43,14 @@ from pyspark.sql import functions as F
 
 from cdc.core.errors import TableError
 from cdc.core.storage import Storage
-from cdc.core.tables import delta_properties, is_delta_table, raw_table_location, raw_table_topic
+from cdc.core.tables import (
+    CHANGE_DATA_FEED_PROPERTY,
+    DELETION_VECTORS_PROPERTY,
+    delta_properties,
+    is_delta_table,
+    raw_table_location,
+    raw_table_topic,
+)
 from refine.batch import RefineBatch
 from refine.config import RefineJobConfig, refined_table_location
 from refine.deleted import deleted_location
@@ -56,6 +63,9 @@ from refine.rules import TableRules, history_table_name
 RECORDS_PER_BATCH = 2_000_000
 # Table properties Delta manages itself: not copied from a staged table to its live one.
 _PROTOCOL_PROPERTIES = ("delta.minReaderVersion", "delta.minWriterVersion", "delta.feature.")
+# A table's Delta features: a new live table takes the staged one's (its job's); an existing one keeps
+# its own, and its job applies those it declares at its first batch (refine/merge.py).
+_FEATURE_PROPERTIES = (CHANGE_DATA_FEED_PROPERTY, DELETION_VECTORS_PROPERTY)
 
 # On a rebuilt refined table: the raw table's version it was rebuilt from (its stream goes on after it).
 REBUILT_FROM_PROPERTY = "cdc.rebuilt_from_raw_version"
@@ -183,6 +193,8 @@ def _replace(spark: SparkSession, live: str, staged: str, started: int | None) -
     }
     rows = spark.read.format("delta").load(staged)
     before = _version(spark, live) if is_delta_table(spark, live) else None
+    if before is not None:
+        properties = {key: value for key, value in properties.items() if key not in _FEATURE_PROPERTIES}
     if before is not None:  # the live table's columns keep their order (a column added mid-stream stays last)
         kept = [c for c in spark.read.format("delta").load(live).columns if c in rows.columns]
         rows = rows.select(*[F.col(f"`{c}`") for c in [*kept, *[c for c in rows.columns if c not in kept]]])

@@ -299,6 +299,23 @@ def pipeline_run(spark, kafka: KafkaTestClient, tmp_path, monkeypatch) -> Pipeli
 
 
 @pytest.fixture
+def read_with_delta_rs(spark):
+    """The rows delta-rs (`deltalake`, the reader behind pandas' and Polars' read_delta) reads from the
+    Delta table at a location, as a Spark DataFrame to compare with Spark's own read."""
+    from deltalake import DeltaTable as RustDeltaTable
+
+    def read(location: str):
+        # Arrow timestamps without a zone are Spark's timestamp_ntz (Postgres `timestamp`), with one Spark's timestamp.
+        spark.conf.set("spark.sql.timestampType", "TIMESTAMP_NTZ")
+        try:
+            return spark.createDataFrame(RustDeltaTable(location).to_pyarrow_table())
+        finally:
+            spark.conf.unset("spark.sql.timestampType")
+
+    return read
+
+
+@pytest.fixture
 def refined_table(spark):
     """``refined_table(warehouse, topic)``: the refined table without its metadata columns."""
     from refine.config import refined_table_location

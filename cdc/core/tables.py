@@ -7,6 +7,11 @@ keeps for itself lives under ``<warehouse>/_cdc/``: one streaming checkpoint per
 
 The tool marks the tables it creates with properties: ``cdc.kind`` (``raw``, ``refined``, ...),
 ``cdc.topic`` and ``cdc.reset.allowed`` (see :mod:`cdc.raw.table` for the raw table's protection).
+
+A refined table's optional Delta features (:class:`TableFeatures`) decide which readers open it:
+deletion vectors make a MERGE cheaper but a reader must support them (delta-rs, behind pandas' and
+Polars' ``read_delta``, does not), a Change Data Feed makes every MERGE write the changed rows again
+but lets a reader (a business table's incremental refresh) read what changed.
 """
 
 from __future__ import annotations
@@ -15,8 +20,10 @@ import re
 import time
 
 from delta.tables import DeltaTable
+from pydantic import Field
 from pyspark.sql import SparkSession
 
+from cdc.core.config import _Strict
 from cdc.core.errors import TableError
 from cdc.core.storage import Storage
 
@@ -44,6 +51,68 @@ def gaps_table_location(warehouse: str) -> str:
 # a fresh JVM), which a commit's latency meets at p95. Every 100 commits it is one in a hundred; a
 # reader that starts replays at most 100 small commit files. A table's explicit setting is kept.
 CHECKPOINT_PROPERTIES = {"delta.checkpointInterval": "100"}
+
+
+CHANGE_DATA_FEED_PROPERTY = "delta.enableChangeDataFeed"
+DELETION_VECTORS_PROPERTY = "delta.enableDeletionVectors"
+# How SHOW TBLPROPERTIES tells that a table's protocol holds deletion vectors (readers must support them).
+DELETION_VECTORS_SUPPORTED = "delta.feature.deletionVectors"
+
+
+class TableFeatures(_Strict):
+    """The optional Delta features of a refined table and of the child and history tables beside it.
+    Unset (null): off on a new table, and an existing table keeps what it has. Set: a new table is
+    created so, and an existing one is changed so at its job's first batch."""
+
+    deletion_vectors: bool | None = Field(
+        default=None,
+        description="Deletion vectors: a MERGE marks the rows it replaces instead of rewriting their files (cheaper "
+        "for a large table), but readers without deletion-vector support (delta-rs: pandas' and Polars' read_delta) "
+        "cannot open the table. false on an existing table purges them (`REORG ... APPLY (PURGE)`, a rewrite of the "
+        "files holding some) and drops the feature from the table's protocol, once.",
+    )
+    change_data_feed: bool | None = Field(
+        default=None,
+        description="Change Data Feed: every MERGE also writes the rows it changed, for readers of the table's changes "
+        "(a business table's incremental refresh). In a pipeline, unset means on for a table a business table reads. "
+        "Turned on or off on an existing table by a property change; a feed only covers the versions written while on.",
+    )
+
+    def over(self, default: TableFeatures) -> TableFeatures:
+        """These settings where set, ``default``'s elsewhere."""
+        return TableFeatures(
+            deletion_vectors=default.deletion_vectors if self.deletion_vectors is None else self.deletion_vectors,
+            change_data_feed=default.change_data_feed if self.change_data_feed is None else self.change_data_feed,
+        )
+
+    def creation_properties(self) -> dict[str, str]:
+        """The properties a new table is created with."""
+        return {
+            CHANGE_DATA_FEED_PROPERTY: str(bool(self.change_data_feed)).lower(),
+            DELETION_VECTORS_PROPERTY: str(bool(self.deletion_vectors)).lower(),
+        }
+
+
+def apply_features(spark: SparkSession, location: str, features: TableFeatures, present: dict[str, str]) -> None:
+    """Change the existing Delta table at ``location`` (with the properties ``present``) to have the
+    ``features`` that are set; nothing when it has them."""
+    wanted = {
+        key: str(value).lower()
+        for key, value in (
+            (CHANGE_DATA_FEED_PROPERTY, features.change_data_feed),
+            (DELETION_VECTORS_PROPERTY, True if features.deletion_vectors else None),
+        )
+        if value is not None
+    }
+    if changed := {key: value for key, value in wanted.items() if present.get(key, "false") != value}:
+        settings = ", ".join(f"'{key}' = '{value}'" for key, value in changed.items())
+        spark.sql(f"ALTER TABLE delta.`{location}` SET TBLPROPERTIES ({settings})")
+    if features.deletion_vectors is False and (
+        DELETION_VECTORS_SUPPORTED in present or present.get(DELETION_VECTORS_PROPERTY) == "true"
+    ):
+        # Turns the property off, rewrites the files that have deletion vectors, and removes the
+        # feature from the protocol, so readers without their support open the table again.
+        spark.sql(f"ALTER TABLE delta.`{location}` DROP FEATURE deletionVectors")
 
 
 def is_delta_table(spark: SparkSession, location: str) -> bool:

@@ -18,6 +18,7 @@ from pyspark.sql.types import StructType
 
 from cdc.core.config import TOPIC_NAME, _kafka_topic_name, _Strict
 from cdc.core.ddl import DdlError, parse_schema
+from cdc.core.tables import TableFeatures
 from cdc.raw.config import GapPolicy
 
 NAME_RULE = "letters, digits and single underscores, starting with a letter (`__` is kept for child tables)"
@@ -223,6 +224,11 @@ class RefinedTable(_Model):
         description="Event sources: write one table per value of this column, at <warehouse>/refined/<name>/<value>; "
         "a new value creates its table on the fly.",
     )
+    features: TableFeatures = Field(
+        default_factory=TableFeatures,
+        description="The Delta features of this table and of its child and history tables; what is unset here is "
+        "the pipeline's `features`.",
+    )
 
     @field_validator("keys", "explode")
     @classmethod
@@ -286,5 +292,10 @@ class Pipeline(_Model):
     sources: dict[Name, Source] = Field(min_length=1, description="Topics by source name.")
     raw: RawLanding = Field(default_factory=RawLanding, description="How the sources' topics land in raw tables.")
     refined: dict[Name, RefinedTable] = Field(default_factory=dict, description="Refined tables by name.")
+    features: TableFeatures = Field(
+        default_factory=TableFeatures,
+        description="The Delta features of every refined table (its own `features` override them). Unset: no "
+        "deletion vectors, and a Change Data Feed only on a table a business table reads.",
+    )
     business: dict[Name, BusinessTable] = Field(default_factory=dict, description="Business tables by name.")
     expectations: dict[Name, Expectation] = Field(default_factory=dict, description="Expectations by name.")

@@ -23,6 +23,7 @@ from pyspark.sql.streaming import StreamingQuery
 from cdc.core.config import AvailableNow, Continuous, validate
 from cdc.core.errors import ConfigError
 from cdc.core.streaming import JobThreads, stop_queries
+from cdc.core.tables import TableFeatures
 from cdc.pipeline.business import BusinessTableConfig, run_business_tables
 from cdc.pipeline.checks import sql_tables, table_names
 from cdc.pipeline.config import (
@@ -108,6 +109,23 @@ def table_rules(pipeline: Pipeline, name: str, warehouse: str) -> TableRules:
     )
 
 
+def table_features(pipeline: Pipeline, name: str) -> TableFeatures:
+    """The Delta features of refined table ``name``: its own, else the pipeline's; a Change Data Feed
+    left unset is on when a business query reads the table (or a child table of it): its incremental
+    refresh reads the feed (cdc/pipeline/business.py)."""
+    features = pipeline.refined[name].features.over(pipeline.features)
+    if features.change_data_feed is None and name.lower() in _read_by_business(pipeline):
+        features = features.model_copy(update={"change_data_feed": True})
+    return features
+
+
+def _read_by_business(pipeline: Pipeline) -> set[str]:
+    """The refined tables a business query names, itself or by one of its child tables."""
+    return {
+        table.split("__")[0].lower() for business in pipeline.business.values() for table in sql_tables(business.sql)
+    }
+
+
 def refine_jobs(pipeline: Pipeline, config: PipelineRefineConfig) -> list[RefineJob]:
     """One job per refined table (Debezium Postgres and MongoDB sources: :class:`RefineJobConfig`,
     event sources: :class:`EventsRefineJobConfig`); a ConfigError names each declared feature that is
@@ -121,6 +139,7 @@ def refine_jobs(pipeline: Pipeline, config: PipelineRefineConfig) -> list[Refine
             "warehouse": config.warehouse,
             "trigger": config.trigger,
             "rules": table_rules(pipeline, name, config.warehouse),
+            "features": table_features(pipeline, name),
         }
         if isinstance(source, JsonEvents):
             jobs.append(

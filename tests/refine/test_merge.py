@@ -9,7 +9,7 @@ from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 import refine.merge
-from cdc.core.tables import CHECKPOINT_PROPERTIES
+from cdc.core.tables import CHECKPOINT_PROPERTIES, TableFeatures, delta_properties
 from refine.merge import (
     AUTO_COMPACT_PROPERTY,
     COMMITTED_AT,
@@ -17,6 +17,7 @@ from refine.merge import (
     OFFSET,
     OP,
     REFINED_AT,
+    declare_features,
     ensure_refined_table,
     key_filter,
     merge_changes,
@@ -136,6 +137,7 @@ def test_no_key_filter_with_a_truncate(spark, tmp_path, monkeypatch):
 
 def test_refined_tables_compact_their_small_files(spark, tmp_path):
     location = str(tmp_path / "refined")
+    declare_features(location, TableFeatures(change_data_feed=True))  # its feed is read below
     # Delta compacts once 50 small files are there; 4 keep the test short.
     spark.conf.set("spark.databricks.delta.autoCompact.minNumFiles", "4")
     try:
@@ -177,3 +179,70 @@ def test_a_refined_table_whose_creation_was_cut_short_is_created(spark, tmp_path
     (table / "_delta_log" / "_staged_commits").mkdir(parents=True)  # a kill -9 while Delta created it
     ensure_refined_table(spark, str(table), spark.range(0).schema)
     assert spark.read.format("delta").load(str(table)).columns == ["id"]
+
+
+def _feature_state(spark, location: str) -> tuple[bool, bool]:
+    """(deletion vectors in the table's protocol, Change Data Feed on)."""
+    properties = delta_properties(spark, location)
+    return "delta.feature.deletionVectors" in properties, properties.get("delta.enableChangeDataFeed") == "true"
+
+
+def _deletion_vectors_added(spark, location: str) -> int:
+    metrics = spark.sql(f"DESCRIBE HISTORY delta.`{location}`").where("operation = 'MERGE'").collect()
+    return sum(int(row.operationMetrics.get("numTargetDeletionVectorsAdded", 0)) for row in metrics)
+
+
+def _changes_leaving_deletion_vectors(spark, location: str) -> None:
+    """Inserts in one file, then an update and a delete of two of its rows: with deletion vectors on,
+    the MERGE marks them in a deletion vector instead of rewriting the file."""
+    merge_changes(spark, location, changes(spark, [(i, "eu", f"name {i}", 100, "c") for i in range(20)]), KEYS, None)
+    later = changes(spark, [(3, "eu", "three", 200, "u"), (4, "eu", None, 200, "d")])
+    merge_changes(spark, location, later, KEYS, None)
+
+
+def test_refined_tables_get_the_declared_features_and_by_default_delta_rs_reads_them(
+    spark, tmp_path, read_with_delta_rs
+):
+    for features, expected in [
+        (TableFeatures(), (False, False)),
+        (TableFeatures(deletion_vectors=True, change_data_feed=True), (True, True)),
+    ]:
+        location = str(tmp_path / f"refined-{expected[0]}")
+        declare_features(location, features)
+        _changes_leaving_deletion_vectors(spark, location)
+        history = f"{location}__history"  # a table beside it: the same features
+        ensure_refined_table(spark, history, spark.range(0).schema)
+        assert _feature_state(spark, location) == _feature_state(spark, history) == expected
+        assert (_deletion_vectors_added(spark, location) > 0) == expected[0]
+        stored = spark.read.format("delta").load(location)
+        assert sorted(row.id for row in stored.collect()) == [i for i in range(20) if i != 4]
+        if not features.deletion_vectors:
+            assertDataFrameEqual(read_with_delta_rs(location), stored)
+
+
+def test_features_set_on_an_existing_table_are_applied_and_unset_ones_leave_it_as_it_is(
+    spark, tmp_path, read_with_delta_rs, monkeypatch
+):
+    location = str(tmp_path / "refined")
+    declare_features(location, TableFeatures(deletion_vectors=True, change_data_feed=True))
+    _changes_leaving_deletion_vectors(spark, location)
+    assert _deletion_vectors_added(spark, location) > 0
+
+    def next_process_declares(features: TableFeatures) -> None:  # applied at a table's first batch in a process
+        monkeypatch.setattr(refine.merge, "_PROPERTIES_CHECKED", set())
+        declare_features(location, features)
+
+    next_process_declares(TableFeatures())
+    merge_changes(spark, location, changes(spark, [(30, "us", "thirty", 300, "c")]), KEYS, None)
+    assert _feature_state(spark, location) == (True, True)
+    # Both off: the deletion vectors are purged and the feature leaves the protocol.
+    next_process_declares(TableFeatures(deletion_vectors=False, change_data_feed=False))
+    merge_changes(spark, location, changes(spark, [(31, "us", "thirty-one", 300, "c")]), KEYS, None)
+    assert _feature_state(spark, location) == (False, False)
+    stored = spark.read.format("delta").load(location)
+    assert sorted(row.id for row in stored.collect()) == [*[i for i in range(20) if i != 4], 30, 31]
+    assertDataFrameEqual(read_with_delta_rs(location), stored)
+    # On again: a Change Data Feed from the next version on, deletion vectors for the next MERGE.
+    next_process_declares(TableFeatures(deletion_vectors=True, change_data_feed=True))
+    merge_changes(spark, location, changes(spark, [(5, "eu", "five", 400, "u")]), KEYS, None)
+    assert _feature_state(spark, location) == (True, True)

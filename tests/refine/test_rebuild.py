@@ -14,6 +14,7 @@ from pyspark.testing import assertDataFrameEqual
 
 from cdc.core.config import validate
 from cdc.core.errors import TableError
+from cdc.core.tables import delta_properties
 from refine.config import RefineJobConfig, refined_table_location
 from refine.quarantine import quarantine_location
 from refine.rebuild import raw_chunks, rebuild_refined_table
@@ -101,6 +102,8 @@ def test_a_rebuild_replaces_wrong_tables_from_the_raw_tables_current_files(
     spark.sql(f"UPDATE delta.`{refined}` SET name = '__debezium_unavailable_value' WHERE id = 1")
     spark.sql(f"UPDATE delta.`{refined}__history` SET name = 'wrong'")
     spark.sql(f"DELETE FROM delta.`{refined}__tags` WHERE id = 3")
+    # A Change Data Feed turned on by hand (the job's features leave it unset): a rebuild keeps it.
+    spark.sql(f"ALTER TABLE delta.`{refined}` SET TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')")
     wrong_version = DeltaTable.forPath(spark, refined).history(1).first().version
     # The raw table compacted and vacuumed: its Change Data Feed from the first version is gone.
     raw = f"{warehouse}/raw/{topic}"
@@ -123,6 +126,7 @@ def test_a_rebuild_replaces_wrong_tables_from_the_raw_tables_current_files(
         assert {table.location for table in replaced} >= set(tables)
         for location in tables:
             assertDataFrameEqual(contents(spark, location), right[location])
+        assert delta_properties(spark, refined)["delta.enableChangeDataFeed"] == "true"
     # The wrong version stays for time travel.
     old = spark.read.format("delta").option("versionAsOf", wrong_version).load(refined)
     assert old.where("id = 1").first().name == "__debezium_unavailable_value"

@@ -30,7 +30,7 @@ from pyspark.sql.types import IntegerType, LongType, StringType, StructField, St
 from cdc.core.config import TOPIC_NAME
 from cdc.core.errors import CdcError, ConfigError
 from cdc.core.streaming import batch_error
-from cdc.core.tables import raw_table_location
+from cdc.core.tables import TableFeatures, raw_table_location
 from cdc.pipeline.checks import table_shape_problems
 from cdc.pipeline.config import Name, RefinedTable, WireSchema
 from cdc.pipeline.events.avro import AvroDecoder
@@ -39,7 +39,16 @@ from refine.batch import run_batch_retrying_conflicts
 from refine.config import RefineRun, refined_table_location
 from refine.flatten import child_rows, child_table_name, column, flat_name, flatten
 from refine.history import HistorySpec
-from refine.merge import EVENT_POSITION, OFFSET, PARTITION, REFINED_AT, append_rows, merge_latest, replace_children
+from refine.merge import (
+    EVENT_POSITION,
+    OFFSET,
+    PARTITION,
+    REFINED_AT,
+    append_rows,
+    declare_features,
+    merge_latest,
+    replace_children,
+)
 from refine.quarantine import quarantine, quarantine_location
 from refine.rules import TableRules, history_table_name
 from refine.schemas import event_schema
@@ -58,6 +67,10 @@ class EventsRefineJobConfig(RefineRun):
     schema_ddl: str | None = Field(default=None, description="The events' schema (Spark DDL); None: inferred, kept.")
     reinfer_schema: bool = Field(default=False, description="Infer the kept schema again from the raw table first.")
     rules: TableRules | None = Field(default=None, description="Expectations and history (SCD type 2) of the table.")
+    features: TableFeatures = Field(
+        default_factory=TableFeatures,
+        description="The Delta features of the table and the tables beside it (the pipeline's, resolved per table).",
+    )
     format: Literal["json", "avro", "protobuf"] = Field(
         default="json",
         description="How values are encoded: JSON text (schema_ddl), Avro or Protobuf binary (wire_schema).",
@@ -211,6 +224,7 @@ class EventsBatch:
         self.schema = schema
         self.decode = decode or (lambda records: decode_json(records, schema))
         self.raw = raw_table_location(config.warehouse, config.topic)
+        declare_features(refined_table_location(config.warehouse, config.name), config.features)
         self.rules = config.rules or TableRules(table=config.name, topic=config.topic, warehouse=config.warehouse)
         self.error: CdcError | None = None
         self.conflicts: dict[int, int] = {}  # how often each batch (by id) ran again after a conflict

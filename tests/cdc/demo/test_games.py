@@ -16,7 +16,7 @@ from refine.quarantine import quarantine_location
 pytestmark = pytest.mark.integration
 
 
-def test_the_game_events_pipeline_gives_a_table_per_game(spark, kafka, stack_config, tmp_path):
+def test_the_game_events_pipeline_gives_a_table_per_game(spark, kafka, stack_config, tmp_path, delta_rs_mismatches):
     warehouse = str(tmp_path / "warehouse")
     settings = Settings(stack=stack_config, warehouse=warehouse)
     pipeline = load_pipeline(PIPELINES["games"])
@@ -51,3 +51,8 @@ def test_the_game_events_pipeline_gives_a_table_per_game(spark, kafka, stack_con
         quarantined = quarantined.where(F.col("topic") == "game-events")
         assert {(row.partition, row.offset) for row in quarantined.collect()} == bad_offsets
         assert len(bad_offsets) == len(malformed) == 4
+    # Every table it wrote (raw, a refined table per game and their child tables, the quarantine)
+    # opens in delta-rs with the rows Spark reads.
+    tables, mismatches = delta_rs_mismatches(tmp_path / "warehouse")
+    assert {"raw/game-events", "refined/players", "refined/events__items/" + sorted(per_game)[0]} <= set(tables)
+    assert not mismatches

@@ -1,5 +1,6 @@
 """The shop demo on the real stack: examples/pipelines/shop.yaml from Postgres to refined tables equal
-to Postgres, run twice (the rerun adds a workload and lands and refines only its changes)."""
+to Postgres, run twice (the rerun adds a workload and lands and refines only its changes); every table
+it writes opens in delta-rs with the rows Spark reads."""
 
 import pytest
 from pyspark.testing import assertDataFrameEqual
@@ -15,7 +16,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_the_shop_pipeline_equals_postgres_after_two_runs(
-    spark, stack_config, shipped_postgres_connector, postgres_table, tmp_path
+    spark, stack_config, shipped_postgres_connector, postgres_table, tmp_path, delta_rs_mismatches
 ):
     settings = Settings(stack=stack_config, warehouse=str(tmp_path / "warehouse"))
     pipeline = load_pipeline(PIPELINES["shop"])
@@ -31,3 +32,14 @@ def test_the_shop_pipeline_equals_postgres_after_two_runs(
         assert any(line.startswith(f"business customer_order_totals: {customers} rows") for line in said)
     assert (tmp_path / "out" / "shop.html").read_text().startswith("<!DOCTYPE html>")
     assert f"the pipeline's graph (topics -> raw -> refined -> business): open {tmp_path / 'out' / 'shop.html'}" in said
+    # Every Delta table of the warehouse, raw, refined (in the default features), business and the
+    # tool's own: delta-rs (pandas' and Polars' read_delta) reads the rows Spark reads.
+    tables, mismatches = delta_rs_mismatches(tmp_path / "warehouse")
+    assert {
+        "raw/demo.shop.orders",
+        "refined/customers",
+        "refined/customers__tags",
+        "refined/customers__history",
+    } <= set(tables)
+    assert {"refined/orders", "refined/page_views", "business/customer_order_totals"} <= set(tables)
+    assert not mismatches

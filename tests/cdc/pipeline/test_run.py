@@ -139,6 +139,30 @@ def test_debezium_tables_get_their_explode_and_history_settings(tmp_path):
     assert (orders.explode, orders.history, orders.rules.history) == (["items"], True, None)
 
 
+def test_each_table_gets_its_features_else_the_pipelines_and_a_feed_where_a_business_table_reads_it(tmp_path):
+    document = {
+        **SHOP,
+        "sources": {**SHOP["sources"], "refunds": {"kind": "debezium_postgres", "topic": "demo.shop.refunds"}},
+        "features": {"deletion_vectors": True},
+        "refined": {
+            "shop_orders": {"source": "orders", "explode": ["items"]},
+            "clicks": {"source": "clicks", "features": {"deletion_vectors": False, "change_data_feed": True}},
+            "refunds": {"source": "refunds", "features": {"change_data_feed": False}},
+        },
+        # Read through a child table: its parent's feed is on (children and history share its features).
+        "business": {"items_sold": {"sql": "SELECT value, count(*) AS n FROM Shop_Orders__items GROUP BY value"}},
+    }
+    jobs = refine_jobs(Pipeline.model_validate(document), PipelineRefineConfig(warehouse=str(tmp_path)))
+    assert {job.target: (job.features.deletion_vectors, job.features.change_data_feed) for job in jobs} == {
+        "shop_orders": (True, True),
+        "clicks": (False, True),
+        "refunds": (True, False),
+    }
+    # Nothing declared: neither feature is set (a new table gets neither; an existing one keeps its own).
+    plain = refine_jobs(Pipeline.model_validate(SHOP), PipelineRefineConfig(warehouse=str(tmp_path)))
+    assert {(job.features.deletion_vectors, job.features.change_data_feed) for job in plain} == {(None, None)}
+
+
 def test_an_invalid_pipeline_stops_the_commands_before_spark_starts(tmp_path, capsys):
     file = tmp_path / "p.yaml"
     file.write_text(yaml.safe_dump({"name": "x", "sources": {}}))
