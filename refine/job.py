@@ -34,7 +34,6 @@ from refine.expectations import expectation_failures_since
 from refine.progress import (
     record_failure,
     record_tables,
-    recorded_raw_table,
     refine_checkpoint_location,
     refined_table_status,
 )
@@ -186,17 +185,17 @@ def summarize_run(
     quarantined = dict.fromkeys(changes, 0)
     for name, count in changes.items():
         line = f"refine {name}: {count:,} changes -> {refined_table_location(warehouse, name)}"
-        if not stop.is_set() and (raw := recorded_raw_table(Storage(spark), warehouse, name)) is not None:
+        status = None if stop.is_set() else refined_table_status(spark, warehouse, name)
+        if status is not None:
             # Undecodable records are filed under the raw table, rows a drop expectation failed under the table.
-            by_source = quarantined_since(spark, quarantine, [raw, name], since)
+            by_source = quarantined_since(spark, quarantine, [status.raw, name], since)
             quarantined[name] = sum(by_source.values())
             if quarantined[name]:
                 sources = " and ".join(sorted(by_source))
                 line += f"; {quarantined[name]:,} records quarantined (in {quarantine}, source_table {sources})"
             if failed := expectation_failures_since(spark, warehouse, name, since):
                 line += f"; {failed:,} rows failed expectations (`cdc status` totals them)"
-            status = refined_table_status(spark, warehouse, name)
-            if status is not None and status.behind is not None:
+            if status.behind is not None:
                 line += f"; {status.behind:,} raw changes not refined yet"
         say(line)
     return quarantined

@@ -73,19 +73,17 @@ def refined_table_statuses(spark: SparkSession, warehouse: str) -> list[RefinedT
     names = sorted(
         name.removesuffix(".json") for name in storage.list_names(f"{warehouse}/_cdc/refine") if name.endswith(".json")
     )
-    return [_status(spark, storage, warehouse, name) for name in names]
+    return [_status(spark, storage, warehouse, name, _read(storage, warehouse, name)) for name in names]
 
 
 def refined_table_status(spark: SparkSession, warehouse: str, name: str) -> RefinedTableStatus | None:
     """The progress of the refine query ``name`` (None: it never recorded its tables)."""
     storage = Storage(spark)
-    if not _read(storage, warehouse, name).get("raw"):
-        return None
-    return _status(spark, storage, warehouse, name)
-
-
-def _status(spark: SparkSession, storage: Storage, warehouse: str, name: str) -> RefinedTableStatus:
     document = _read(storage, warehouse, name)
+    return _status(spark, storage, warehouse, name, document) if document.get("raw") else None
+
+
+def _status(spark: SparkSession, storage: Storage, warehouse: str, name: str, document: dict) -> RefinedTableStatus:
     checkpoint = refine_checkpoint_location(warehouse, name)
     batches = [int(batch) for batch in storage.list_names(f"{checkpoint}/commits") if batch.isdigit()]
     last_batch = max(batches) if batches else None
@@ -146,8 +144,3 @@ def _read(storage: Storage, warehouse: str, name: str) -> dict:
         return json.loads(storage.read_text(location)) if storage.exists(location) else {}
     except ValueError:
         return {}  # a torn write: the next run writes it whole again
-
-
-def recorded_raw_table(storage: Storage, warehouse: str, name: str) -> str | None:
-    """The raw table the refine query ``name`` reads, as it recorded when it started."""
-    return _read(storage, warehouse, name).get("raw")
