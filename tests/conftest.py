@@ -1,4 +1,5 @@
-"""Shared fixtures: one Spark session and one real CDC stack for the whole test run.
+"""Shared fixtures: one Spark session and one real CDC stack per test process (`./dev test` runs the whole
+suite in two pytest-xdist workers, each with its own; the worker's number shifts its stack's ports by 20).
 
 The stack runs on ports of its own (55432, 59092-3, 58083, shifted by CDC_TEST_PORT_OFFSET when set, so
 that two checkouts can test side by side) so that tests never touch a demo stack on the default ports.
@@ -23,7 +24,10 @@ import pytest
 from cdc.core.config import ConnectConfig, KafkaConfig, PostgresConfig, SparkConfig, StackConfig
 from cdc.stack.base import Stack
 
-_PORT_OFFSET = int(os.environ.get("CDC_TEST_PORT_OFFSET", "0"))
+# Under pytest-xdist each worker (gw0, gw1, ...) runs its own stack and Spark session: the tests compare
+# refined tables with Postgres tables they change, which two workers must not share.
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+_PORT_OFFSET = int(os.environ.get("CDC_TEST_PORT_OFFSET", "0")) + 20 * _WORKER
 TEST_STACK_PORTS = {
     name: port + _PORT_OFFSET
     for name, port in {"postgres": 55432, "kafka": 59092, "controller": 59093, "connect": 58083}.items()
