@@ -147,6 +147,33 @@ def kill_an_executor_mid_task(workers: list[SparkWorker], job: subprocess.Popen,
     raise AssertionError("no executor ran a task of the job within the timeout")
 
 
+def test_stack_up_with_the_spark_cluster_keeps_the_running_processes(
+    stack, spark_cluster, stack_config, monkeypatch, capsys
+):
+    from cdc.cli import main
+
+    cluster = stack_config.spark_cluster
+    for name, value in {
+        "STATE_DIR": stack_config.state_dir,
+        "POSTGRES__PORT": stack_config.postgres.port,
+        "KAFKA__PORT": stack_config.kafka.port,
+        "CONNECT__PORT": stack_config.connect.port,
+        "SPARK_CLUSTER__MASTER_PORT": cluster.master_port,
+        "SPARK_CLUSTER__MASTER_UI_PORT": cluster.master_ui_port,
+        "SPARK_CLUSTER__WORKER_PORTS_FROM": cluster.worker_ports_from,
+    }.items():
+        monkeypatch.setenv(f"CDC_STACK__{name}", str(value))
+    running = {status.name: status.pid for status in LocalStack(stack_config).status()}
+    assert main(["stack", "up", "--spark-cluster", "--json"]) == 0
+    components = json.loads(capsys.readouterr().out)["components"]
+    assert {c["name"]: c["pid"] for c in components} == running
+    assert [(c["name"], c["up"], c["address"]) for c in components][3:] == [
+        ("spark-master", True, f"127.0.0.1:{cluster.master_port}"),
+        ("spark-worker-1", True, f"127.0.0.1:{cluster.worker_ports_from}"),
+        ("spark-worker-2", True, f"127.0.0.1:{cluster.worker_ports_from + 2}"),
+    ]
+
+
 def test_raw_and_refine_on_the_cluster_survive_an_executor_killed_mid_batch(
     spark, spark_cluster, kafka, stack_config, postgres_connector, tmp_path, postgres_table
 ):
