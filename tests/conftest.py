@@ -1,8 +1,9 @@
 """Shared fixtures: one Spark session and one real CDC stack per test process (`./dev test` runs the whole
 suite in two pytest-xdist workers, each with its own; the worker's number shifts its stack's ports by 20).
 
-The stack runs on ports of its own (55432, 59092-3, 58083, shifted by CDC_TEST_PORT_OFFSET when set, so
-that two checkouts can test side by side) so that tests never touch a demo stack on the default ports.
+The stack runs on ports of its own (55432, 59092-3, 58083; its Spark cluster, started only for the tests
+that ask for it, 57077 and 57080-4; shifted by CDC_TEST_PORT_OFFSET when set, so that two checkouts can
+test side by side) so that tests never touch a demo stack on the default ports.
 With CDC_TEST_STACK=docker it is started from docker/compose.yml through testcontainers instead (where
 a Docker engine exists). A component that is missing makes the tests that need it fail with the reason;
 nothing is skipped.
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from cdc.core.config import ConnectConfig, KafkaConfig, PostgresConfig, SparkConfig, StackConfig
+from cdc.core.config import ConnectConfig, KafkaConfig, PostgresConfig, SparkClusterConfig, SparkConfig, StackConfig
 from cdc.stack.base import Stack
 
 # Under pytest-xdist each worker (gw0, gw1, ...) runs its own stack and Spark session: the tests compare
@@ -30,7 +31,15 @@ _WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or
 _PORT_OFFSET = int(os.environ.get("CDC_TEST_PORT_OFFSET", "0")) + 20 * _WORKER
 TEST_STACK_PORTS = {
     name: port + _PORT_OFFSET
-    for name, port in {"postgres": 55432, "kafka": 59092, "controller": 59093, "connect": 58083}.items()
+    for name, port in {
+        "postgres": 55432,
+        "kafka": 59092,
+        "controller": 59093,
+        "connect": 58083,
+        "spark_master": 57077,
+        "spark_master_ui": 57080,
+        "spark_workers_from": 57081,
+    }.items()
 }
 
 
@@ -52,6 +61,11 @@ def stack_config(tmp_path_factory: pytest.TempPathFactory) -> StackConfig:
         postgres=PostgresConfig(port=TEST_STACK_PORTS["postgres"]),
         kafka=KafkaConfig(port=TEST_STACK_PORTS["kafka"], controller_port=TEST_STACK_PORTS["controller"]),
         connect=ConnectConfig(port=TEST_STACK_PORTS["connect"]),
+        spark_cluster=SparkClusterConfig(
+            master_port=TEST_STACK_PORTS["spark_master"],
+            master_ui_port=TEST_STACK_PORTS["spark_master_ui"],
+            worker_ports_from=TEST_STACK_PORTS["spark_workers_from"],
+        ),
     )
 
 
@@ -73,6 +87,24 @@ def stack(stack_config: StackConfig) -> Iterator[Stack]:
         running.down()
     left = [status for status in running.status() if status.up or status.pid]
     assert not left, f"`down` left components running: {left}"
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(stack_config: StackConfig):
+    """The stack's standalone Spark cluster (a master and two workers, one core each), started once for the
+    tests that ask for it; its ``master_url`` is what their jobs' sessions connect to. Stopped at the end,
+    executors included."""
+    from cdc.stack.spark_cluster import SparkCluster
+
+    cluster = SparkCluster(stack_config)
+    try:
+        for component in cluster.components:
+            component.start()
+        yield cluster
+    finally:
+        for component in reversed(cluster.components):
+            component.stop()
+    assert not [worker.name for worker in cluster.workers if worker.executor_pids()], "executors outlived their worker"
 
 
 @pytest.fixture

@@ -18,7 +18,12 @@ from cdc.core.errors import DependencyError
 def stack_up(args: argparse.Namespace, settings: Settings) -> int:
     from cdc.stack.local import LocalStack
 
-    _print_status(LocalStack(settings.stack).up(), as_json=args.json)
+    config = settings.stack
+    if args.spark_cluster:
+        config = config.model_copy(update={"spark_cluster": config.spark_cluster.model_copy(update={"enabled": True})})
+    _print_status(LocalStack(config).up(), as_json=args.json)
+    if config.spark_cluster.enabled and not args.json:
+        print(f"jobs run on the Spark cluster with CDC_SPARK__MASTER={config.spark_cluster.master_url}")
     return 0
 
 
@@ -44,7 +49,7 @@ def _print_status(statuses: Sequence, as_json: bool) -> None:
         return
     for status in statuses:
         state = "up" if status.up else "down"
-        print(f"{status.name:<9} {state:<5} {status.address}" + (f"  pid {status.pid}" if status.pid else ""))
+        print(f"{status.name:<14} {state:<5} {status.address}" + (f"  pid {status.pid}" if status.pid else ""))
 
 
 def connectors_register(args: argparse.Namespace, settings: Settings) -> int:
@@ -126,14 +131,19 @@ def add_jars_commands(commands: Commands) -> None:
 def _add_stack(commands: Commands, options: Options) -> None:
     stack = commands.add_parser("stack", help="run the local CDC stack (Postgres, Kafka, Kafka Connect)")
     stack_commands = stack.add_subparsers(dest="action", required=True, metavar="ACTION")
-    add_command(
+    up = add_command(
         stack_commands,
         "up",
         stack_up,
         "start every component and wait until it answers",
         [options.state_dir, options.as_json],
     )
-    add_command(stack_commands, "down", stack_down, "stop every component", [options.state_dir])
+    up.add_argument(
+        "--spark-cluster",
+        action="store_true",
+        help="also start a standalone Spark master and its workers on 127.0.0.1 (CDC_STACK__SPARK_CLUSTER__ENABLED)",
+    )
+    add_command(stack_commands, "down", stack_down, "stop every component (the Spark cluster too)", [options.state_dir])
     add_command(
         stack_commands,
         "status",

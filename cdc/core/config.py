@@ -186,6 +186,36 @@ class ConnectConfig(_Strict):
         return f"http://127.0.0.1:{self.port}"
 
 
+class SparkClusterConfig(_Strict):
+    """A standalone Spark master and its workers on 127.0.0.1 (pyspark's own ``spark-class``), which
+    `cdc stack up --spark-cluster` starts beside the stack: jobs run on it with ``CDC_SPARK__MASTER`` set
+    to its :attr:`master_url`, executors in JVMs of their own."""
+
+    enabled: bool = Field(default=False, description="`cdc stack up` starts the cluster too (`--spark-cluster`).")
+    master_port: int = Field(default=7077, gt=0, lt=65536, description="The master's port (spark://127.0.0.1:PORT).")
+    master_ui_port: int = Field(default=8080, gt=0, lt=65536, description="The master's web UI and JSON status.")
+    worker_ports_from: int = Field(
+        default=7078,
+        gt=0,
+        lt=65500,
+        description="Worker N (from 0) listens on this port + 2N and serves its web UI on the next one.",
+    )
+    workers: int = Field(default=2, ge=1, le=16, description="How many workers.")
+    worker_cores: int = Field(default=1, ge=1, description="Cores each worker offers to executors.")
+    worker_memory: str = Field(
+        default="1g",
+        pattern=r"^\d+[mg]$",
+        description="Memory each worker offers to executors (spark.executor.memory fits in it).",
+    )
+    daemon_memory: str = Field(
+        default="256m", pattern=r"^\d+[mg]$", description="JVM heap of the master and of each worker process itself."
+    )
+
+    @property
+    def master_url(self) -> str:
+        return f"spark://127.0.0.1:{self.master_port}"
+
+
 class SecurityProtocol(str, Enum):
     PLAINTEXT = "PLAINTEXT"
     SSL = "SSL"
@@ -299,6 +329,7 @@ class StackConfig(_Strict):
     postgres: PostgresConfig = Field(default_factory=PostgresConfig)
     kafka: KafkaConfig = Field(default_factory=KafkaConfig)
     connect: ConnectConfig = Field(default_factory=ConnectConfig)
+    spark_cluster: SparkClusterConfig = Field(default_factory=SparkClusterConfig)
     start_timeout_s: float = Field(default=180.0, gt=0, description="How long `up` waits for each component.")
 
     @field_validator("state_dir")

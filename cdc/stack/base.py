@@ -12,6 +12,9 @@ POSTGRES = "postgres"
 KAFKA = "kafka"
 CONNECT = "connect"
 COMPONENTS = (POSTGRES, KAFKA, CONNECT)
+# The optional standalone Spark cluster (cdc/stack/spark_cluster.py): its master, and its workers "spark-worker-N".
+SPARK_MASTER = "spark-master"
+SPARK_WORKER = "spark-worker"
 
 
 @dataclass(frozen=True)

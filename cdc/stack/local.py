@@ -1,4 +1,5 @@
-"""The local stack: Postgres, Kafka and Kafka Connect as real processes on 127.0.0.1."""
+"""The local stack: Postgres, Kafka and Kafka Connect as real processes on 127.0.0.1, and, when enabled, a
+standalone Spark cluster (cdc/stack/spark_cluster.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from cdc.stack.component import Component
 from cdc.stack.connect import ConnectWorker
 from cdc.stack.kafka import KafkaServer
 from cdc.stack.postgres import PostgresServer
+from cdc.stack.spark_cluster import SparkCluster
 
 
 class LocalStack:
@@ -16,15 +18,26 @@ class LocalStack:
     def __init__(self, config: StackConfig) -> None:
         self.config = config
         self.components: list[Component] = [PostgresServer(config), KafkaServer(config), ConnectWorker(config)]
+        self.spark_cluster = SparkCluster(config)
+
+    def _started(self) -> list[Component]:
+        """The components `up` starts: the cluster's only when it is enabled."""
+        return self.components + (self.spark_cluster.components if self.config.spark_cluster.enabled else [])
 
     def up(self) -> list[ComponentStatus]:
-        for component in self.components:
+        for component in self._started():
             component.start()
         return self.status()
 
     def down(self) -> None:
-        for component in reversed(self.components):
+        # The cluster too when it runs though not enabled now (started by `up --spark-cluster`).
+        for component in reversed(self.components + self.spark_cluster.components):
             component.stop()
 
     def status(self) -> list[ComponentStatus]:
-        return [component.status() for component in self.components]
+        shown = self._started() + [
+            component
+            for component in self.spark_cluster.components
+            if component not in self._started() and component.process.pid() is not None
+        ]
+        return [component.status() for component in shown]

@@ -1,0 +1,228 @@
+"""`cdc raw` and `cdc refine` on the stack's standalone Spark cluster: a driver of their own (a `cdc` process,
+as the suite's session is local), executors in the workers' JVMs, the jars shipped to them by the driver.
+
+The warehouse is a parameter of each run (a folder here; an object-store URI works the same way)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+from pyspark.testing import assertDataFrameEqual
+
+from cdc.core import jars
+from cdc.stack.local import LocalStack
+from cdc.stack.spark_cluster import SparkWorker
+from refine.merge import METADATA_COLUMNS
+
+pytestmark = pytest.mark.integration
+
+ORDERS = 6_000  # several raw batches of 1,500 records, each a task that an executor runs
+
+
+def cluster_env(cluster, kafka) -> dict[str, str]:
+    """A `cdc` job's environment: its session on the cluster's master, executors small enough for the workers."""
+    conf = {
+        # The executors' Python workers use this interpreter (the project's venv); on a real cluster, an
+        # interpreter of the workers' own with the package installed.
+        "spark.pyspark.python": sys.executable,
+        "spark.executor.memory": "768m",
+        # The driver's own servers (block manager, file server) on loopback, where the executors reach them.
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
+    }
+    return {
+        **os.environ,
+        "CDC_KAFKA__BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
+        "CDC_SPARK__MASTER": cluster.master_url,
+        "CDC_SPARK__DRIVER_MEMORY": "1g",
+        "CDC_SPARK__SHUFFLE_PARTITIONS": "2",
+        "CDC_SPARK__CONF": json.dumps(conf),
+        "SPARK_LOCAL_IP": "127.0.0.1",
+    }
+
+
+def run_cdc(env: dict[str, str], *args: str) -> str:
+    """Run a `cdc` command to its end; fail with its output unless it exits 0."""
+    result = subprocess.run(
+        [sys.executable, "-m", "cdc.cli", *args], env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    return output
+
+
+# The last change of each workload: once it is in Kafka, every change before it is too.
+MARKER = (-1, -1)
+
+
+def insert_orders(dsn: str, count: int) -> None:
+    """``count`` orders inserted, a tenth updated, a seventh deleted; then the marker order."""
+    with psycopg.connect(dsn) as conn:
+        conn.execute("DELETE FROM shop.orders")
+        conn.execute(
+            "INSERT INTO shop.orders SELECT mod(n, 97), n, 'paid', n / 100.0, "
+            "timestamp '2026-01-01' + n * interval '1 s' FROM generate_series(1, %s) AS n",
+            (count,),
+        )
+        conn.execute("UPDATE shop.orders SET status = 'shipped' WHERE order_no % 10 = 0")
+        conn.execute("DELETE FROM shop.orders WHERE order_no % 7 = 0")
+    with psycopg.connect(dsn) as conn:
+        conn.execute("INSERT INTO shop.orders VALUES (%s, %s, 'pending', 0, '2026-01-01')", MARKER)
+
+
+def wait_for_marker(bootstrap_servers: str, topic: str, timeout_s: float = 240) -> None:
+    """Poll until the topic's last record is the marker order's insert (reading only the last record)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    marker = f'"customer_id":{MARKER[0]},"order_no":{MARKER[1]}'.encode()
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+            if partitions:
+                ends = consumer.end_offsets(partitions)
+                consumer.assign(partitions)
+                for partition in partitions:
+                    consumer.seek(partition, max(ends[partition] - 1, 0))
+                last = [r.value or b"" for records in consumer.poll(timeout_ms=1000).values() for r in records]
+                if any(marker in value for value in last):
+                    return
+            assert time.monotonic() < deadline, f"the marker order did not reach {topic}"
+            time.sleep(0.5)
+    finally:
+        consumer.close()
+
+
+def assert_refined_equals_postgres(spark, warehouse: Path, topic: str, postgres_table) -> None:
+    from refine.config import refined_table_location
+
+    refined = spark.read.format("delta").load(refined_table_location(str(warehouse), topic))
+    assertDataFrameEqual(refined.drop(*METADATA_COLUMNS), postgres_table("orders"))
+
+
+def assert_each_offset_landed_once(spark, warehouse: Path, topic: str, kafka) -> None:
+    from cdc.core.tables import raw_table_location
+
+    raw = spark.read.format("delta").load(raw_table_location(str(warehouse), topic))
+    landed = sorted((row.partition, row.offset) for row in raw.select("partition", "offset").collect())
+    assert landed == [(partition, offset) for _, partition, offset, *_ in kafka.records(topic)]
+
+
+_RUNNING = re.compile(r"Running task \S+ in stage \S+ \(TID (\d+)\)")
+_ENDED = re.compile(r"(?:Finished task|Exception in task|Executor killed task) \S+ in stage \S+ \(TID (\d+)\)")
+
+
+def tasks_running(stderr: str) -> set[int]:
+    """The task ids an executor's log shows started and not ended."""
+    return {int(tid) for tid in _RUNNING.findall(stderr)} - {int(tid) for tid in _ENDED.findall(stderr)}
+
+
+def kill_an_executor_mid_task(workers: list[SparkWorker], job: subprocess.Popen, timeout_s: float = 300) -> int:
+    """SIGKILL the first executor seen running a task of ``job``'s application; return that task's id."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert job.poll() is None, "the job ended before an executor could be killed mid-task"
+        for worker in workers:
+            for pid in worker.executor_pids():
+                try:
+                    stderr = (Path(os.readlink(f"/proc/{pid}/cwd")) / "stderr").read_text(errors="replace")
+                except OSError:
+                    continue  # it just ended
+                if running := tasks_running(stderr):
+                    os.kill(pid, signal.SIGKILL)
+                    return min(running)
+        time.sleep(0.01)
+    raise AssertionError("no executor ran a task of the job within the timeout")
+
+
+def test_stack_up_with_the_spark_cluster_keeps_the_running_processes(
+    stack, spark_cluster, stack_config, monkeypatch, capsys
+):
+    from cdc.cli import main
+
+    cluster = stack_config.spark_cluster
+    for name, value in {
+        "STATE_DIR": stack_config.state_dir,
+        "POSTGRES__PORT": stack_config.postgres.port,
+        "KAFKA__PORT": stack_config.kafka.port,
+        "CONNECT__PORT": stack_config.connect.port,
+        "SPARK_CLUSTER__MASTER_PORT": cluster.master_port,
+        "SPARK_CLUSTER__MASTER_UI_PORT": cluster.master_ui_port,
+        "SPARK_CLUSTER__WORKER_PORTS_FROM": cluster.worker_ports_from,
+    }.items():
+        monkeypatch.setenv(f"CDC_STACK__{name}", str(value))
+    running = {status.name: status.pid for status in LocalStack(stack_config).status()}
+    assert main(["stack", "up", "--spark-cluster", "--json"]) == 0
+    components = json.loads(capsys.readouterr().out)["components"]
+    assert {c["name"]: c["pid"] for c in components} == running
+    assert [(c["name"], c["up"], c["address"]) for c in components][3:] == [
+        ("spark-master", True, f"127.0.0.1:{cluster.master_port}"),
+        ("spark-worker-1", True, f"127.0.0.1:{cluster.worker_ports_from}"),
+        ("spark-worker-2", True, f"127.0.0.1:{cluster.worker_ports_from + 2}"),
+    ]
+
+
+def test_raw_and_refine_on_the_cluster_survive_an_executor_killed_mid_batch(
+    spark, spark_cluster, kafka, stack_config, postgres_connector, tmp_path, postgres_table
+):
+    """Each job runs on the cluster while one of its executors is killed (SIGKILL) in the middle of a task:
+    the driver runs the task again on an executor, the job ends well, and a rerun changes nothing. Each
+    Kafka offset is landed once, the refined table equals Postgres."""
+    dsn = stack_config.postgres.dsn()
+    insert_orders(dsn, ORDERS)
+    topic = f"{postgres_connector.topic_prefix}.shop.orders"
+    wait_for_marker(kafka.bootstrap_servers, topic)
+    env = cluster_env(spark_cluster, kafka)
+    warehouse = tmp_path / "warehouse"
+    common = ["--warehouse", str(warehouse), "--available-now"]
+    jobs = {
+        "raw": ["raw", "--topic", topic, "--max-offsets-per-trigger", "1500", *common],
+        "refine": ["refine", "--table", topic, *common],
+    }
+    for name, args in jobs.items():
+        job = subprocess.Popen(
+            [sys.executable, "-m", "cdc.cli", *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        printed: list[str] = []
+        reader = threading.Thread(target=lambda job=job: printed.extend(job.stdout), daemon=True)
+        reader.start()
+        try:
+            killed_task = kill_an_executor_mid_task(spark_cluster.workers, job)
+            job.wait(timeout=600)
+        finally:
+            if job.poll() is None:
+                os.killpg(job.pid, signal.SIGKILL)
+                job.wait()
+        reader.join(timeout=30)
+        output = "".join(printed)
+        # The driver saw the task lost with its executor, and ran it again: the job ends well.
+        assert re.search(rf"Lost task \S+ in stage \S+ \(TID {killed_task}\)", output), f"{name}: {output}"
+        assert job.returncode == 0, f"{name}: {output}"
+        run_cdc(env, *args)  # a rerun changes nothing
+    assert_each_offset_landed_once(spark, warehouse, topic, kafka)
+    assert_refined_equals_postgres(spark, warehouse, topic, postgres_table)
+
+    # The work ran in both workers' executors, which fetched the project's JVM helpers from the driver.
+    executor_dirs = [d for worker in spark_cluster.workers for d in worker.work_dir.glob("app-*/*") if d.is_dir()]
+    assert {d.parent.parent for d in executor_dirs} == {worker.work_dir for worker in spark_cluster.workers}
+    assert any((d / jars.HELPERS_JAR).exists() for d in executor_dirs)
+    # `cdc stack status` shows the running cluster, though the stack's settings do not enable it.
+    statuses = {status.name: status.up for status in LocalStack(stack_config).status()}
+    assert [statuses.get(name) for name in ("spark-master", "spark-worker-1", "spark-worker-2")] == [True] * 3
