@@ -1,0 +1,110 @@
+"""Tables by name: the jobs' table helpers register each table in a Hive catalog that a fresh session in
+another process reads. The test run's own session has no catalog (one session per run, and an embedded
+metastore admits one JVM at a time), so the writer and the reader are processes of their own, one after
+the other."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cdc.core.catalog import catalog_conf, table_name
+from cdc.core.config import CatalogConfig, validate
+from cdc.core.errors import ConfigError
+
+SESSION = """
+import json, sys
+from pathlib import Path
+from cdc.core.config import CatalogConfig, SparkConfig
+from cdc.core.session import build_spark_session
+folder = Path(sys.argv[1])
+catalog = CatalogConfig(enabled=True, metastore_dir=folder / "metastore", refined_schema="silver")
+spark = build_spark_session(
+    SparkConfig(app_name="catalog-test", shuffle_partitions=1, driver_memory="1g", log_dir=None, catalog=catalog)
+)
+warehouse = str(folder / "warehouse")
+out = {}
+"""
+
+WRITER = """
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+from cdc.core.errors import TableError
+from cdc.raw.table import create_raw_table
+from refine.merge import ensure_refined_table
+
+schema = StructType([StructField("id", LongType()), StructField("name", StringType())])
+customers = f"{warehouse}/refined/Customers"
+for run in range(2):  # a job run twice: creation, then a table met again (reruns are safe)
+    create_raw_table(spark, f"{warehouse}/raw/demo.shop.customers", "demo.shop.customers")
+    ensure_refined_table(spark, customers, schema)
+spark.createDataFrame([(1, "ann")], schema).write.format("delta").mode("append").save(customers)
+wider = StructType([*schema, StructField("email", StringType())])
+ensure_refined_table(spark, customers, wider)  # the source gained a column
+spark.createDataFrame([(2, "bob", "b@x")], wider).write.format("delta").mode("append").save(customers)
+try:  # another table whose name meets the first's in the catalog
+    ensure_refined_table(spark, f"{warehouse}/refined/customers", schema)
+except TableError as error:
+    out["conflict"] = str(error)
+out["tables"] = sorted(f"{t.namespace[0]}.{t.name}" for s in ("raw", "silver") for t in spark.catalog.listTables(s))
+print(json.dumps(out))
+"""
+
+READER = """
+from cdc.maintenance import resolve_table
+rows = spark.sql("SELECT * FROM silver.customers ORDER BY id").collect()
+out["rows"] = [row.asDict() for row in rows]
+out["raw"] = spark.table("raw.demo_shop_customers").columns
+out["resolved"] = resolve_table(spark, "silver.customers", warehouse)
+print(json.dumps(out))
+"""
+
+
+def run_session(script: str, folder: Path) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-c", SESSION + script, str(folder)], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_table_a_job_writes_is_read_by_name_from_a_new_session_in_another_process(tmp_path):
+    written = run_session(WRITER, tmp_path)
+    assert written["tables"] == ["raw.demo_shop_customers", "silver.customers"]
+    assert "silver.customers is taken by the table at" in written["conflict"]
+    assert f"table={tmp_path}/warehouse/refined/customers" in written["conflict"]
+
+    read = run_session(READER, tmp_path)
+    # The column added after the registration shows through the name: Delta reads the schema from the log.
+    assert read["rows"] == [{"id": 1, "name": "ann", "email": None}, {"id": 2, "name": "bob", "email": "b@x"}]
+    assert "value" in read["raw"]
+    assert read["resolved"].rstrip("/").endswith(f"{tmp_path}/warehouse/refined/Customers")
+
+
+@pytest.mark.parametrize(
+    ("location", "expected"),
+    [
+        ("/w/raw/demo.shop.customers", ("raw", "demo_shop_customers")),
+        ("/w/refined/Orders-2024", ("refined", "orders_2024")),
+        ("/w/refined/orders__items", ("refined", "orders__items")),
+        ("s3a://bucket/w/business/daily", ("business", "daily")),
+        ("/w/refined/events/click", ("refined", "events__click")),  # a split table
+        ("/w/_cdc/rebuild/orders/refined/orders", None),  # a rebuild's staged table
+        ("/w/_cdc/quarantine", None),
+    ],
+)
+def test_catalog_names_keep_what_the_metastore_accepts(location, expected):
+    assert table_name(location) == expected
+
+
+def test_the_catalog_is_off_unless_enabled_and_schema_names_are_checked(tmp_path):
+    assert catalog_conf(CatalogConfig(), tmp_path) == {}
+    conf = catalog_conf(CatalogConfig(enabled=True, metastore_uris="thrift://127.0.0.1:9083"), tmp_path)
+    assert conf["spark.sql.catalogImplementation"] == "hive"
+    assert conf["spark.hadoop.hive.metastore.uris"] == "thrift://127.0.0.1:9083"
+    assert "spark.hadoop.javax.jdo.option.ConnectionURL" not in conf
+    with pytest.raises(ConfigError, match="refined_schema: String should match pattern"):
+        validate(CatalogConfig, {"enabled": True, "refined_schema": "my.schema"}, "catalog")
