@@ -45,11 +45,16 @@ spark.createDataFrame([(1, "ann")], schema).write.format("delta").mode("append")
 wider = StructType([*schema, StructField("email", StringType())])
 ensure_refined_table(spark, customers, wider)  # the source gained a column
 spark.createDataFrame([(2, "bob", "b@x")], wider).write.format("delta").mode("append").save(customers)
+from cdc.pipeline.business import BusinessTableConfig, refresh_business_table
+for run in range(2):  # a business table's query reads the refined table by its catalog name
+    refresh_business_table(spark, BusinessTableConfig(
+        name="counts", query="SELECT count(*) AS n FROM silver.customers", location=f"{warehouse}/business/counts"
+    ))
 try:  # another table whose name meets the first's in the catalog
     ensure_refined_table(spark, f"{warehouse}/refined/customers", schema)
 except TableError as error:
     out["conflict"] = str(error)
-out["tables"] = sorted(f"{t.namespace[0]}.{t.name}" for s in ("raw", "silver") for t in spark.catalog.listTables(s))
+out["tables"] = sorted(f"{t.namespace[0]}.{t.name}" for s in ("raw", "silver", "business") for t in spark.catalog.listTables(s))
 print(json.dumps(out))
 """
 
@@ -57,6 +62,7 @@ READER = """
 from cdc.maintenance import resolve_table
 rows = spark.sql("SELECT * FROM silver.customers ORDER BY id").collect()
 out["rows"] = [row.asDict() for row in rows]
+out["counts"] = spark.table("business.counts").collect()[0].n
 out["raw"] = spark.table("raw.demo_shop_customers").columns
 out["resolved"] = resolve_table(spark, "silver.customers", warehouse)
 print(json.dumps(out))
@@ -73,13 +79,14 @@ def run_session(script: str, folder: Path) -> dict:
 
 def test_a_table_a_job_writes_is_read_by_name_from_a_new_session_in_another_process(tmp_path):
     written = run_session(WRITER, tmp_path)
-    assert written["tables"] == ["raw.demo_shop_customers", "silver.customers"]
+    assert written["tables"] == ["business.counts", "raw.demo_shop_customers", "silver.customers"]
     assert "silver.customers is taken by the table at" in written["conflict"]
     assert f"table={tmp_path}/warehouse/refined/customers" in written["conflict"]
 
     read = run_session(READER, tmp_path)
     # The column added after the registration shows through the name: Delta reads the schema from the log.
     assert read["rows"] == [{"id": 1, "name": "ann", "email": None}, {"id": 2, "name": "bob", "email": "b@x"}]
+    assert read["counts"] == 2
     assert "value" in read["raw"]
     assert read["resolved"].rstrip("/").endswith(f"{tmp_path}/warehouse/refined/Customers")
 
