@@ -38,7 +38,11 @@ from refine.merge import ensure_refined_table
 
 schema = StructType([StructField("id", LongType()), StructField("name", StringType())])
 customers = f"{warehouse}/refined/Customers"
-for run in range(2):  # a job run twice: creation, then a table met again (reruns are safe)
+from cdc.core import catalog
+from refine import merge
+
+for run in range(2):  # a job run twice: creation, then (as in a new process) tables met again and registered
+    catalog._REGISTERED.clear(), catalog._SCHEMAS.clear(), merge._PROPERTIES_CHECKED.clear()
     create_raw_table(spark, f"{warehouse}/raw/demo.shop.customers", "demo.shop.customers")
     ensure_refined_table(spark, customers, schema)
 spark.createDataFrame([(1, "ann")], schema).write.format("delta").mode("append").save(customers)
