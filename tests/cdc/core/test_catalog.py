@@ -32,24 +32,32 @@ out = {}
 
 WRITER = """
 from pyspark.sql.types import LongType, StringType, StructField, StructType
+from cdc.class_training import _land_and_refine
+from cdc.core import catalog
 from cdc.core.errors import TableError
+from cdc.pipeline.business import BusinessTableConfig, refresh_business_table
 from cdc.raw.table import create_raw_table
+from refine import merge
 from refine.merge import ensure_refined_table
+
+# `cdc raw`'s batch writer and two `cdc refine` runs of train.public.items (the class archive's training run).
+_land_and_refine(spark, warehouse)
+items = f"{warehouse}/refined/train.public.items"
+added = StructType([*spark.read.format("delta").load(items).schema, StructField("email", StringType())])
+ensure_refined_table(spark, items, added)  # the source gained a column: refine adds it so
 
 schema = StructType([StructField("id", LongType()), StructField("name", StringType())])
 customers = f"{warehouse}/refined/Customers"
-from cdc.core import catalog
-from refine import merge
-
 for run in range(2):  # a job run twice: creation, then (as in a new process) tables met again and registered
-    catalog._REGISTERED.clear(), catalog._SCHEMAS.clear(), merge._PROPERTIES_CHECKED.clear()
+    catalog._REGISTERED.clear()
+    catalog._SCHEMAS.clear()
+    merge._PROPERTIES_CHECKED.clear()
     create_raw_table(spark, f"{warehouse}/raw/demo.shop.customers", "demo.shop.customers")
     ensure_refined_table(spark, customers, schema)
 spark.createDataFrame([(1, "ann")], schema).write.format("delta").mode("append").save(customers)
 wider = StructType([*schema, StructField("email", StringType())])
 ensure_refined_table(spark, customers, wider)  # the source gained a column
 spark.createDataFrame([(2, "bob", "b@x")], wider).write.format("delta").mode("append").save(customers)
-from cdc.pipeline.business import BusinessTableConfig, refresh_business_table
 for run in range(2):  # a business table's query reads the refined table by its catalog name
     refresh_business_table(spark, BusinessTableConfig(
         name="counts", query="SELECT count(*) AS n FROM silver.customers", location=f"{warehouse}/business/counts"
@@ -58,7 +66,8 @@ try:  # another table whose name meets the first's in the catalog
     ensure_refined_table(spark, f"{warehouse}/refined/customers", schema)
 except TableError as error:
     out["conflict"] = str(error)
-out["tables"] = sorted(f"{t.namespace[0]}.{t.name}" for s in ("raw", "silver", "business") for t in spark.catalog.listTables(s))
+schemas = ("raw", "silver", "business")
+out["tables"] = sorted(f"{t.namespace[0]}.{t.name}" for s in schemas for t in spark.catalog.listTables(s))
 print(json.dumps(out))
 """
 
@@ -66,6 +75,7 @@ READER = """
 from cdc.maintenance import resolve_table
 rows = spark.sql("SELECT * FROM silver.customers ORDER BY id").collect()
 out["rows"] = [row.asDict() for row in rows]
+out["items"] = spark.sql("SELECT id, email FROM silver.train_public_items ORDER BY id").collect()
 out["counts"] = spark.table("business.counts").collect()[0].n
 out["raw"] = spark.table("raw.demo_shop_customers").columns
 out["resolved"] = resolve_table(spark, "silver.customers", warehouse)
@@ -74,22 +84,28 @@ print(json.dumps(out))
 
 
 def run_session(script: str, folder: Path) -> dict:
-    done = subprocess.run(
-        [sys.executable, "-c", SESSION + script, str(folder)], capture_output=True, text=True, timeout=600
-    )
+    command = [sys.executable, "-c", SESSION + script, str(folder)]
+    done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def test_a_table_a_job_writes_is_read_by_name_from_a_new_session_in_another_process(tmp_path):
     written = run_session(WRITER, tmp_path)
-    assert written["tables"] == ["business.counts", "raw.demo_shop_customers", "silver.customers"]
+    assert written["tables"] == [
+        "business.counts",
+        "raw.demo_shop_customers",
+        "raw.train_public_items",
+        "silver.customers",
+        "silver.train_public_items",
+    ]
     assert "silver.customers is taken by the table at" in written["conflict"]
     assert f"table={tmp_path}/warehouse/refined/customers" in written["conflict"]
 
     read = run_session(READER, tmp_path)
     # The column added after the registration shows through the name: Delta reads the schema from the log.
     assert read["rows"] == [{"id": 1, "name": "ann", "email": None}, {"id": 2, "name": "bob", "email": "b@x"}]
+    assert read["items"] == [[key, None] for key in range(1, 6)]  # the jobs' rows, with the added column
     assert read["counts"] == 2
     assert "value" in read["raw"]
     assert read["resolved"].rstrip("/").endswith(f"{tmp_path}/warehouse/refined/Customers")
