@@ -12,7 +12,8 @@ table registered by location reads its schema from its log, so added columns sho
 without registering again. Its name is the table's folder name (a split table's: ``<table>__<value>``)
 with every character the Hive metastore refuses (anything but letters, digits and ``_``) made ``_``,
 lower-cased as the metastore keeps it: ``raw.demo_shop_customers``. Two tables whose names meet so, or a
-name the catalog holds for another location, fail with a TableError naming both.
+name the catalog holds for another location, fail with a TableError naming both; so does a name longer
+than the metastore keeps (256 characters).
 
 The embedded metastore is Derby's, which one JVM at a time opens: with Hive support on, every job
 process opens it (a path's SQL, ``delta.`<path>```, asks the catalog first), so a second process fails
@@ -34,6 +35,8 @@ from cdc.core.errors import TableError
 LAYERS = ("raw", "refined", "business")
 _SCHEMA_SETTING = "spark.cdc.catalog.schema.{layer}"
 _NOT_IN_A_NAME = re.compile(r"[^a-z0-9_]")
+# The Hive metastore keeps a table's name in a VARCHAR(256) (TBLS.TBL_NAME).
+MAX_NAME_LENGTH = 256
 _REGISTERED: set[str] = set()  # the locations this process has registered (or found registered)
 _SCHEMAS: set[str] = set()  # the schemas this process has created (or found)
 
@@ -79,7 +82,14 @@ def table_name(location: str) -> tuple[str, str] | None:
         layer, name = "refined", f"{parts[-2]}__{parts[-1]}"
     else:
         return None
-    return layer, _NOT_IN_A_NAME.sub("_", name.lower())
+    name = _NOT_IN_A_NAME.sub("_", name.lower())
+    if len(name) > MAX_NAME_LENGTH:
+        raise TableError(
+            f"the table's catalog name has {len(name)} characters, the metastore keeps {MAX_NAME_LENGTH}: "
+            "give the table a shorter name",
+            table=location,
+        )
+    return layer, name
 
 
 def register_table(spark: SparkSession, location: str) -> str | None:

@@ -14,7 +14,7 @@ import pytest
 
 from cdc.core.catalog import catalog_conf, table_name
 from cdc.core.config import CatalogConfig, validate
-from cdc.core.errors import ConfigError
+from cdc.core.errors import ConfigError, TableError
 
 SESSION = """
 import json, sys
@@ -125,6 +125,12 @@ def test_a_table_a_job_writes_is_read_by_name_from_a_new_session_in_another_proc
 )
 def test_catalog_names_keep_what_the_metastore_accepts(location, expected):
     assert table_name(location) == expected
+
+
+def test_a_name_longer_than_the_metastore_keeps_is_refused_naming_the_table():
+    location = f"s3a://bucket/w/refined/{'a' * 200}__{'b' * 60}"
+    with pytest.raises(TableError, match=f"catalog name has 262 characters, the metastore keeps 256.*table={location}"):
+        table_name(location)
 
 
 def test_the_catalog_is_off_unless_enabled_and_schema_names_are_checked(tmp_path):
