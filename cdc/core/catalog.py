@@ -82,14 +82,18 @@ def table_name(location: str) -> tuple[str, str] | None:
         layer, name = "refined", f"{parts[-2]}__{parts[-1]}"
     else:
         return None
-    name = _NOT_IN_A_NAME.sub("_", name.lower())
+    return layer, _NOT_IN_A_NAME.sub("_", name.lower())
+
+
+def checked_name(name: str, location: str) -> str:
+    """``name``, or a TableError naming the table at ``location`` when the metastore cannot keep it."""
     if len(name) > MAX_NAME_LENGTH:
         raise TableError(
             f"the table's catalog name has {len(name)} characters, the metastore keeps {MAX_NAME_LENGTH}: "
             "give the table a shorter name",
             table=location,
         )
-    return layer, name
+    return name
 
 
 def register_table(spark: SparkSession, location: str) -> str | None:
@@ -103,6 +107,7 @@ def register_table(spark: SparkSession, location: str) -> str | None:
     schema = spark.conf.get(_SCHEMA_SETTING.format(layer=layer), None)
     if not schema:
         return None
+    name = checked_name(name, location)
     qualified = f"{schema}.{name}"
     if location in _REGISTERED:
         return qualified

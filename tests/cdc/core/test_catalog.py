@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cdc.core.catalog import catalog_conf, table_name
+from cdc.core.catalog import catalog_conf, checked_name, table_name
 from cdc.core.config import CatalogConfig, validate
 from cdc.core.errors import ConfigError, TableError
 
@@ -129,8 +129,10 @@ def test_catalog_names_keep_what_the_metastore_accepts(location, expected):
 
 def test_a_name_longer_than_the_metastore_keeps_is_refused_naming_the_table():
     location = f"s3a://bucket/w/refined/{'a' * 200}__{'b' * 60}"
+    _layer, name = table_name(location)
     with pytest.raises(TableError, match=f"catalog name has 262 characters, the metastore keeps 256.*table={location}"):
-        table_name(location)
+        checked_name(name, location)
+    assert checked_name("a" * 256, location) == "a" * 256
 
 
 def test_the_catalog_is_off_unless_enabled_and_schema_names_are_checked(tmp_path):
