@@ -26,7 +26,7 @@ from typing import Any
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
-from cdc.core.config import KafkaConnection, Settings, load_settings, validate
+from cdc.core.config import KafkaConnection, Settings, SparkConfig, load_settings, validate
 from cdc.core.errors import ConfigError
 from cdc.core.session import build_spark_session, job_spark_config
 from cdc.core.source import load_secrets_file
@@ -97,7 +97,7 @@ class Lakehouse:
         """
         if self._spark is None:
             config = job_spark_config(self.settings.spark, refines_continuously=refines_continuously)
-            self._spark = build_spark_session(config)
+            self._spark = build_spark_session(with_metastore_under(config, self.warehouse))
         return self._spark
 
     def land(
@@ -333,6 +333,17 @@ class Lakehouse:
             "fail_on_quarantine": fail_on_quarantine,
         }
         return validate(RefineJobConfig, document, "refine job settings")
+
+
+def with_metastore_under(config: SparkConfig, warehouse: str) -> SparkConfig:
+    """``config`` with its catalog's embedded metastore kept in ``<warehouse>/_cdc/metastore`` when it names no
+    folder and the warehouse is a local one (Derby's files need a local folder)."""
+    catalog = config.catalog
+    if not catalog.enabled or catalog.metastore_dir is not None or "://" in warehouse or warehouse.startswith("file:"):
+        return config
+    return config.model_copy(
+        update={"catalog": catalog.model_copy(update={"metastore_dir": Path(warehouse) / "_cdc" / "metastore"})}
+    )
 
 
 def _trigger(continuous: bool, interval_s: float) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, StructField, StructType
 
+from cdc.core.catalog import register_table
 from cdc.core.errors import TableError
 from cdc.core.functions import helpers_available
 from cdc.core.storage import Storage
@@ -110,12 +111,14 @@ def ensure_refined_table(spark: SparkSession, location: str, schema: StructType,
             builder = builder.property(key, value)
         builder.execute()
         _PROPERTIES_CHECKED.add(location)
+        register_table(spark, location)
         return
     if location not in _PROPERTIES_CHECKED:
         present = delta_properties(spark, location)
         add_missing_properties(spark, location, MAINTENANCE_PROPERTIES, present)
         apply_features(spark, location, features, present)
         _PROPERTIES_CHECKED.add(location)
+        register_table(spark, location)  # a table created before the catalog was on
     current = {field.name: field.dataType for field in DeltaTable.forPath(spark, location).toDF().schema}
     added = []
     for field in schema:

@@ -41,6 +41,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from cdc.core.catalog import register_table
 from cdc.core.errors import TableError
 from cdc.core.storage import Storage
 from cdc.core.tables import (
@@ -205,6 +206,7 @@ def _replace(spark: SparkSession, live: str, staged: str, started: int | None) -
         builder.execute()
     rows.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(live)
     _check_swapped_on(spark, live, started)
+    register_table(spark, live)
     current = delta_properties(spark, live)
     changed = {key: value for key, value in properties.items() if current.get(key) != value}
     if changed:

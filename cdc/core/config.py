@@ -83,6 +83,54 @@ class ConsoleLogLevel(str, Enum):
         return "info" if self is ConsoleLogLevel.INFO else "warn"
 
 
+# The Hive metastore's own rule for schema and table names (MetaStoreUtils.validateName): word characters only.
+CATALOG_IDENTIFIER = r"^[A-Za-z0-9_]{1,128}$"
+
+
+class CatalogConfig(_Strict):
+    """The Spark catalog the jobs register their tables in (:mod:`cdc.core.catalog`): each raw, refined
+    and business table as an external Delta table at its path, ``<schema>.<name>``.
+
+    Example::
+
+        from cdc import SparkConfig
+
+        SparkConfig(catalog={"enabled": True, "refined_schema": "silver"})
+    """
+
+    enabled: bool = Field(
+        default=False,
+        description=(
+            "Register every table the jobs write in Spark's Hive catalog (the session is built with Hive support). "
+            "With the embedded metastore one process at a time opens it: see metastore_uris for jobs that run side by "
+            "side."
+        ),
+    )
+    raw_schema: str = Field(default="raw", pattern=CATALOG_IDENTIFIER, description="The schema of the raw tables.")
+    refined_schema: str = Field(
+        default="refined",
+        pattern=CATALOG_IDENTIFIER,
+        description="The schema of the refined tables and of the child and history tables beside them.",
+    )
+    business_schema: str = Field(
+        default="business", pattern=CATALOG_IDENTIFIER, description="The schema of the business tables."
+    )
+    metastore_dir: Path | None = Field(
+        default=None,
+        description=(
+            "The folder of the embedded (Derby) metastore and of the schemas' own folders. None: "
+            "<warehouse>/_cdc/metastore for a local warehouse, else .cdc/metastore."
+        ),
+    )
+    metastore_uris: str | None = Field(
+        default=None,
+        description=(
+            "thrift://host:port[,...] of an external Hive metastore (hive.metastore.uris) instead of the embedded one: "
+            "any number of processes at once."
+        ),
+    )
+
+
 class SparkConfig(_Strict):
     """How the SparkSession is built (see :func:`cdc.core.session.build_spark_session`).
 
@@ -140,6 +188,10 @@ class SparkConfig(_Strict):
     console_log_level: ConsoleLogLevel = Field(
         default=ConsoleLogLevel.ERROR,
         description="With a local master and a log_dir: the lowest level of JVM log lines shown on the terminal.",
+    )
+
+    catalog: CatalogConfig = Field(
+        default_factory=CatalogConfig, description="The catalog the tables are registered in (off by default)."
     )
 
     @property

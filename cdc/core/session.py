@@ -12,6 +12,7 @@ from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from cdc.core import class_archive, jars
+from cdc.core.catalog import catalog_conf, derby_log_option
 from cdc.core.config import GarbageCollector, LocalJars, MavenJars, SparkConfig
 from cdc.core.errors import DependencyError
 from cdc.core.functions import register_helpers
@@ -61,17 +62,24 @@ def spark_conf(config: SparkConfig) -> dict[str, str]:
     jar_paths = _jar_paths(config)
     if jar_paths:
         conf["spark.jars"] = ",".join(jar_paths)
+    conf |= catalog_conf(config.catalog, metastore_dir(config))
     conf |= config.conf
     if config.is_local:
         archive_options = _class_archive_options(config, jar_paths) if config.class_archive else []
         collector = [config.garbage_collector.jvm_option] if config.garbage_collector else []
-        logging_options = _log_options(config)
+        logging_options = _log_options(config) + derby_log_option(config.catalog, metastore_dir(config))
         if archive_options or collector or logging_options:
             # Before the user's own options: a later JVM option wins over an earlier one.
             user_options = config.conf.get("spark.driver.extraJavaOptions", "")
             options = [*logging_options, *archive_options, *collector, user_options]
             conf["spark.driver.extraJavaOptions"] = " ".join(options).strip()
     return conf
+
+
+def metastore_dir(config: SparkConfig) -> Path:
+    """The embedded metastore's folder: the catalog's setting, else ``.cdc/metastore`` (the API and the CLI
+    set it under a local warehouse)."""
+    return config.catalog.metastore_dir or Path(".cdc/metastore")
 
 
 # The JVM's log lines (Spark's, Delta's, the Kafka client's) on the terminal drown the job's own: a refine

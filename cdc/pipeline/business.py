@@ -44,6 +44,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from cdc.core.catalog import register_table
 from cdc.core.config import AvailableNow, Continuous, Trigger, _Strict
 from cdc.core.errors import ConfigError, TableError
 from cdc.core.storage import Storage, normalize_location
@@ -244,6 +245,7 @@ def refresh_business_table(spark: SparkSession, config: BusinessTableConfig) -> 
     same_query = state is not None and state.get(QUERY_PROPERTY) == query
     refreshed = json.loads(state.get(SOURCES_PROPERTY, "{}")) if same_query and state is not None else {}
     if same_query and versions is not None and refreshed == versions:
+        register_table(spark, config.location)  # a table refreshed before the catalog was on: once per process
         return RefreshResult(RefreshMode.UNCHANGED, "no source changed since the last refresh")
     outcome = _incremental(spark, config, result, plan, refreshed, versions) if same_query else "a new or changed query"
     if isinstance(outcome, str):
@@ -251,6 +253,7 @@ def refresh_business_table(spark: SparkSession, config: BusinessTableConfig) -> 
     properties = {KIND_PROPERTY: BUSINESS_KIND, QUERY_PROPERTY: query, SOURCES_PROPERTY: json.dumps(versions or {})}
     assignments = ", ".join(f"{_sql_string(key)} = {_sql_string(value)}" for key, value in properties.items())
     spark.sql(f"ALTER TABLE delta.`{config.location}` SET TBLPROPERTIES ({assignments})")
+    register_table(spark, config.location)  # once per process
     if isinstance(outcome, str):
         return RefreshResult(RefreshMode.FULL, outcome)
     return outcome

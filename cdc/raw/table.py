@@ -30,6 +30,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from cdc.core.catalog import register_table
 from cdc.core.errors import TableError
 from cdc.core.storage import Storage
 from cdc.core.tables import (
@@ -114,6 +115,7 @@ def create_raw_table(spark: SparkSession, location: str, topic: str) -> None:
                 f"the raw table there holds topic {properties[TOPIC_PROPERTY]!r}", table=location, topic=topic
             )
         add_missing_properties(spark, location, PARQUET_PROPERTIES | CHECKPOINT_PROPERTIES, properties)
+        register_table(spark, location)  # a table created before the catalog was on: once per process
         return
     storage = Storage(spark)
     clear_interrupted_creation(storage, location)
@@ -124,3 +126,4 @@ def create_raw_table(spark: SparkSession, location: str, topic: str) -> None:
     for key, value in table_properties(topic).items():
         builder = builder.property(key, value)
     builder.execute()
+    register_table(spark, location)

@@ -91,3 +91,15 @@ def test_land_refine_rebuild_and_status_on_the_callers_session(
     assert table.rows == sum(summary.rows for summary in landed)
     assert [partition.lag for partition in table.partitions] == [0]
     assert any(line.startswith(f"refine {topic}: ") for line in said)
+
+
+def test_the_embedded_metastore_is_kept_under_a_local_warehouse_unless_a_folder_is_set(tmp_path):
+    from cdc.api import with_metastore_under
+    from cdc.core.config import SparkConfig
+
+    on = SparkConfig(catalog={"enabled": True})
+    assert with_metastore_under(on, str(tmp_path)).catalog.metastore_dir == tmp_path / "_cdc" / "metastore"
+    assert with_metastore_under(on, "s3a://bucket/warehouse").catalog.metastore_dir is None  # Derby needs a disk
+    chosen = SparkConfig(catalog={"enabled": True, "metastore_dir": str(tmp_path / "m")})
+    assert with_metastore_under(chosen, "/w").catalog.metastore_dir == tmp_path / "m"
+    assert with_metastore_under(SparkConfig(), "/w").catalog.metastore_dir is None  # no catalog, no metastore
