@@ -1,6 +1,6 @@
 """Shared fixtures: one Spark session and one real CDC stack for the whole test run.
 
-The stack runs on ports of its own (55432, 59092-3, 58083, shifted by CDC_TEST_PORT_OFFSET when set, so
+The stack runs on ports of its own (55432, 59092-3, 58083, 59000, shifted by CDC_TEST_PORT_OFFSET when set, so
 that two checkouts can test side by side) so that tests never touch a demo stack on the default ports.
 With CDC_TEST_STACK=docker it is started from docker/compose.yml through testcontainers instead (where
 a Docker engine exists). A component that is missing makes the tests that need it fail with the reason;
@@ -20,13 +20,19 @@ from pathlib import Path
 
 import pytest
 
-from cdc.core.config import ConnectConfig, KafkaConfig, PostgresConfig, SparkConfig, StackConfig
+from cdc.core.config import ConnectConfig, KafkaConfig, ObjectStoreConfig, PostgresConfig, SparkConfig, StackConfig
 from cdc.stack.base import Stack
 
 _PORT_OFFSET = int(os.environ.get("CDC_TEST_PORT_OFFSET", "0"))
 TEST_STACK_PORTS = {
     name: port + _PORT_OFFSET
-    for name, port in {"postgres": 55432, "kafka": 59092, "controller": 59093, "connect": 58083}.items()
+    for name, port in {
+        "postgres": 55432,
+        "kafka": 59092,
+        "controller": 59093,
+        "connect": 58083,
+        "object_store": 59000,
+    }.items()
 }
 
 
@@ -48,6 +54,7 @@ def stack_config(tmp_path_factory: pytest.TempPathFactory) -> StackConfig:
         postgres=PostgresConfig(port=TEST_STACK_PORTS["postgres"]),
         kafka=KafkaConfig(port=TEST_STACK_PORTS["kafka"], controller_port=TEST_STACK_PORTS["controller"]),
         connect=ConnectConfig(port=TEST_STACK_PORTS["connect"]),
+        object_store=ObjectStoreConfig(port=TEST_STACK_PORTS["object_store"]),
     )
 
 

@@ -11,7 +11,8 @@ from cdc.core.config import StackConfig
 POSTGRES = "postgres"
 KAFKA = "kafka"
 CONNECT = "connect"
-COMPONENTS = (POSTGRES, KAFKA, CONNECT)
+OBJECT_STORE = "s3"
+COMPONENTS = (POSTGRES, KAFKA, CONNECT, OBJECT_STORE)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The local stack: Postgres, Kafka and Kafka Connect as real processes on 127.0.0.1."""
+"""The local stack: Postgres, Kafka, Kafka Connect and an S3 object store as real processes on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from cdc.stack.base import ComponentStatus
 from cdc.stack.component import Component
 from cdc.stack.connect import ConnectWorker
 from cdc.stack.kafka import KafkaServer
+from cdc.stack.object_store import ObjectStoreServer
 from cdc.stack.postgres import PostgresServer
 
 
@@ -15,7 +16,12 @@ class LocalStack:
 
     def __init__(self, config: StackConfig) -> None:
         self.config = config
-        self.components: list[Component] = [PostgresServer(config), KafkaServer(config), ConnectWorker(config)]
+        self.components: list[Component] = [
+            PostgresServer(config),
+            KafkaServer(config),
+            ConnectWorker(config),
+            ObjectStoreServer(config),
+        ]
 
     def up(self) -> list[ComponentStatus]:
         for component in self.components:
