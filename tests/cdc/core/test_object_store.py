@@ -10,11 +10,12 @@ import sys
 import time
 from pathlib import Path
 
+import psycopg
 import pytest
 from pyspark.testing import assertDataFrameEqual
 
 from cdc.core.config import S3Connection, SparkConfig
-from cdc.core.errors import ConfigError
+from cdc.core.errors import ConfigError, TableError
 from cdc.core.object_store import load_s3_connection, object_store_spark_config, on_object_store
 from cdc.stack.workload import run_workload
 from refine.merge import METADATA_COLUMNS
@@ -119,7 +120,7 @@ def refined_rows(spark, stack_config, warehouse: str, topic: str):
     return table.drop(*[column for column in table.columns if column.startswith("_cdc_")], *METADATA_COLUMNS)
 
 
-def test_raw_and_refine_on_the_s3_warehouse_twice_equal_postgres(
+def test_raw_refine_and_a_business_table_on_the_s3_warehouse_twice_equal_postgres(
     spark, kafka, stack_config, postgres_connector, postgres_table, s3_warehouse, tmp_path
 ):
     warehouse, env, stored = s3_warehouse
@@ -132,17 +133,38 @@ def test_raw_and_refine_on_the_s3_warehouse_twice_equal_postgres(
     run_workload(stack_config.postgres.dsn(), customers=3, seed=71)
     topic = f"{postgres_connector.topic_prefix}.shop.orders"
     kafka.wait_for_last_value(topic, lambda value: value is None)  # the workload ends with a delete
+    pipeline = tmp_path / "pipeline.yaml"
+    pipeline.write_text(
+        f"""
+name: s3shop
+sources:
+  orders: {{kind: debezium_postgres, topic: {topic}}}
+refined:
+  orders: {{source: orders}}
+business:
+  order_totals:
+    sql: SELECT customer_id, count(*) AS orders, sum(amount) AS amount FROM orders GROUP BY customer_id
+"""
+    )
     logs = tmp_path / "logs"
 
     outputs = []
     for _ in range(2):
-        outputs.append(run_cdc(["raw", "--topic", topic, "--available-now"], env, kafka, logs))
-        outputs.append(run_cdc(["refine", "--table", topic, "--available-now"], env, kafka, logs))
-    assertDataFrameEqual(refined_rows(spark, stack_config, warehouse, topic), postgres_table("orders"))
+        outputs.append(run_cdc(["raw", "--pipeline", str(pipeline), "--available-now"], env, kafka, logs))
+        outputs.append(run_cdc(["refine", "--pipeline", str(pipeline), "--available-now"], env, kafka, logs))
+    assertDataFrameEqual(refined_rows(spark, stack_config, warehouse, "orders"), postgres_table("orders"))
+    with psycopg.connect(stack_config.postgres.dsn()) as conn:
+        totals = conn.execute(
+            "SELECT customer_id, count(*), sum(amount) FROM shop.orders GROUP BY customer_id"
+        ).fetchall()
+    expected = spark.createDataFrame(totals, "customer_id long, orders long, amount decimal(20,2)")
+    business = read_s3_table(spark, stack_config, f"{warehouse}/business/order_totals")
+    assertDataFrameEqual(business.select(*[business[f.name].cast(f.dataType) for f in expected.schema]), expected)
 
     # Everything is on the S3 server, the tool's own `_cdc/` folder (checkpoints) included.
     assert (stored / "raw" / topic / "_delta_log").is_dir()
-    assert (stored / "refined" / topic / "_delta_log").is_dir()
+    assert (stored / "refined" / "orders" / "_delta_log").is_dir()
+    assert (stored / "business" / "order_totals" / "_delta_log").is_dir()
     assert (stored / "_cdc" / "checkpoints").is_dir()
     secret = stack_config.object_store.secret_access_key
     printed = "".join(outputs) + "".join(log.read_text() for log in logs.glob("*.log"))
@@ -192,3 +214,17 @@ def test_two_refines_and_an_optimize_at_once_on_the_s3_warehouse(
         expected_customers,
     )
     assertDataFrameEqual(read_s3_table(spark, stack_config, f"{warehouse}/raw/{orders}"), raw_orders)
+
+
+def test_keys_the_store_refuses_are_one_error_line_without_the_secret(stack, kafka, s3_warehouse, tmp_path):
+    _, env, _ = s3_warehouse
+    env |= {"AWS_SECRET_ACCESS_KEY": "not-the-key-7f3a9c"}
+    process = start_cdc(["optimize", "--table", "raw/any"], env, kafka, tmp_path / "logs")
+    output, _ = process.communicate(timeout=JOB_TIMEOUT_S)
+    assert process.returncode == TableError.exit_code, output
+    errors = [line for line in output.splitlines() if line.startswith("cdc: error: ")]
+    assert len(errors) == 1, output
+    assert "the warehouse's storage failed: AccessDeniedException: " in errors[0]
+    assert "Traceback" not in output
+    printed = output + "".join(log.read_text() for log in (tmp_path / "logs").glob("*.log"))
+    assert "not-the-key-7f3a9c" not in printed
