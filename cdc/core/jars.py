@@ -108,7 +108,7 @@ DEBEZIUM_MONGODB_BUNDLE = Bundle(
 
 
 # S3A, Hadoop's connector for s3a:// URIs, with the few AWS SDK v2 modules it loads instead of the SDK's
-# shaded `bundle` (~600 MB, every AWS service): these jars are ~10 MB. The SDK is of the 2.29 line: hadoop-aws
+# shaded `bundle` (~500 MB, every AWS service): these jars are ~10 MB. The SDK is of the 2.29 line: hadoop-aws
 # 3.4.1's own (2.24.6) lacks s3-transfer-manager on Maven Central as these machines reach it, and from 2.30
 # on the SDK adds request checksums by default, which hadoop-aws 3.4.1 predates and many S3-compatible
 # servers do not take.
