@@ -28,6 +28,7 @@ from pyspark.sql import SparkSession
 
 from cdc.core.config import KafkaConnection, Settings, SparkConfig, load_settings, validate
 from cdc.core.errors import ConfigError
+from cdc.core.object_store import load_s3_connection, object_store_spark_config
 from cdc.core.session import build_spark_session, job_spark_config
 from cdc.core.source import load_secrets_file
 from cdc.core.storage import normalize_location
@@ -97,7 +98,10 @@ class Lakehouse:
         """
         if self._spark is None:
             config = job_spark_config(self.settings.spark, refines_continuously=refines_continuously)
-            self._spark = build_spark_session(with_metastore_under(config, self.warehouse))
+            s3 = load_s3_connection(self.settings.s3, self.settings.s3_secrets_file)
+            self._spark = build_spark_session(
+                object_store_spark_config(with_metastore_under(config, self.warehouse), s3, [self.warehouse])
+            )
         return self._spark
 
     def land(

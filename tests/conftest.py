@@ -1,9 +1,9 @@
 """Shared fixtures: one Spark session and one real CDC stack per test process (`./dev test` runs the whole
 suite in two pytest-xdist workers, each with its own; the worker's number shifts its stack's ports by 20).
 
-The stack runs on ports of its own (55432, 59092-3, 58083; its Spark cluster, started only for the tests
-that ask for it, 57077 and 57080-4; shifted by CDC_TEST_PORT_OFFSET when set, so that two checkouts can
-test side by side) so that tests never touch a demo stack on the default ports.
+The stack runs on ports of its own (55432, 59092-3, 58083, 59000; its Spark cluster, started only for the
+tests that ask for it, 57077 and 57080-4; shifted by CDC_TEST_PORT_OFFSET when set, so that two checkouts
+can test side by side) so that tests never touch a demo stack on the default ports.
 With CDC_TEST_STACK=docker it is started from docker/compose.yml through testcontainers instead (where
 a Docker engine exists). A component that is missing makes the tests that need it fail with the reason;
 nothing is skipped.
@@ -22,7 +22,15 @@ from pathlib import Path
 
 import pytest
 
-from cdc.core.config import ConnectConfig, KafkaConfig, PostgresConfig, SparkClusterConfig, SparkConfig, StackConfig
+from cdc.core.config import (
+    ConnectConfig,
+    KafkaConfig,
+    ObjectStoreConfig,
+    PostgresConfig,
+    SparkClusterConfig,
+    SparkConfig,
+    StackConfig,
+)
 from cdc.stack.base import Stack
 
 # Under pytest-xdist each worker (gw0, gw1, ...) runs its own stack and Spark session: the tests compare
@@ -39,6 +47,7 @@ TEST_STACK_PORTS = {
         "spark_master": 57077,
         "spark_master_ui": 57080,
         "spark_workers_from": 57081,
+        "object_store": 59000,
     }.items()
 }
 
@@ -66,6 +75,7 @@ def stack_config(tmp_path_factory: pytest.TempPathFactory) -> StackConfig:
             master_ui_port=TEST_STACK_PORTS["spark_master_ui"],
             worker_ports_from=TEST_STACK_PORTS["spark_workers_from"],
         ),
+        object_store=ObjectStoreConfig(port=TEST_STACK_PORTS["object_store"]),
     )
 
 

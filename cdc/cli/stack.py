@@ -96,7 +96,13 @@ def jars_fetch(args: argparse.Namespace, settings: Settings) -> int:
     from cdc.core.session import build_class_archive
     from cdc.stack.mongo_harness import harness_classpath  # the MongoDB part of the test stack
 
-    for bundle in (jars.SPARK_BUNDLE, jars.KAFKA_BUNDLE, jars.DEBEZIUM_POSTGRES_BUNDLE):
+    for bundle in (
+        jars.SPARK_BUNDLE,
+        jars.KAFKA_BUNDLE,
+        jars.DEBEZIUM_POSTGRES_BUNDLE,
+        jars.S3A_BUNDLE,
+        jars.S3PROXY_BUNDLE,
+    ):
         resolved = jars.resolve(bundle)
         print(f"{bundle.name:<28} {len(resolved):>3} jars in {resolved[0].parent.parent}")
     print(f"{'helpers (cdc/core/jvm)':<28} {1:>3} jar  at {jars.helpers_jar()}")

@@ -178,6 +178,13 @@ class SparkConfig(_Strict):
         default_factory=dict,
         description="Extra Spark settings, applied last (object-store credentials, cluster tuning).",
     )
+    object_store_jars: bool = Field(
+        default=False,
+        description=(
+            "Add hadoop-aws and the AWS SDK's S3 modules (with maven jars): the jobs set it when the warehouse "
+            "is s3a://."
+        ),
+    )
     log_dir: Path | None = Field(
         default=Path(".cdc/logs"),
         description=(
@@ -266,6 +273,24 @@ class SparkClusterConfig(_Strict):
     @property
     def master_url(self) -> str:
         return f"spark://127.0.0.1:{self.master_port}"
+
+
+class ObjectStoreConfig(_Strict):
+    """The local stack's S3-compatible object store: s3proxy keeping the objects in files under the stack's folder."""
+
+    port: int = Field(default=9000, gt=0, lt=65536, description="S3 API port on 127.0.0.1.")
+    bucket: str = Field(
+        default="warehouse",
+        pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$",
+        description="Bucket created at start (s3a://BUCKET/...).",
+    )
+    access_key_id: str = Field(default="cdc", description="Access key the server accepts (a local demo secret).")
+    secret_access_key: str = Field(default="cdc-local-secret", description="Its secret key (a local demo secret).")
+    heap: str = Field(default="256m", pattern=r"^\d+[kmg]$", description="JVM heap (-Xmx) of the server.")
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
 
 class SecurityProtocol(str, Enum):
@@ -364,6 +389,65 @@ class KafkaConnection(_Strict):
         return options
 
 
+class S3Connection(_Strict):
+    """How Spark reaches an S3-compatible object store through ``s3a://`` (hadoop-aws). Environment:
+    ``CDC_S3__<FIELD>``; or a secrets file (``CDC_S3_SECRETS_FILE``). Without keys, hadoop-aws's own chain
+    finds credentials (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, the AWS profile, the instance role).
+
+    Example::
+
+        from cdc import Lakehouse, Settings
+
+        settings = Settings(
+            warehouse="s3a://lake/warehouse",
+            s3={
+                "endpoint": "http://127.0.0.1:9000",
+                "path_style_access": True,
+                "access_key_id": "cdc",
+                "secret_access_key": "secret",
+            },
+        )
+        lake = Lakehouse(settings=settings)
+    """
+
+    endpoint: str | None = Field(
+        default=None,
+        description="URL of the S3 service (http://127.0.0.1:9000 for the local stack's); none: AWS S3 itself.",
+    )
+    region: str | None = Field(default=None, description="The bucket's region; none: found by hadoop-aws.")
+    path_style_access: bool = Field(
+        default=False,
+        description="Address buckets as ENDPOINT/BUCKET instead of BUCKET.ENDPOINT (most S3-compatible servers).",
+    )
+    access_key_id: str | None = Field(default=None, description="Access key; none: hadoop-aws's credential chain.")
+    secret_access_key: SecretStr | None = Field(default=None, description="Secret key of that access key.")
+
+    @model_validator(mode="after")
+    def _keys_paired(self) -> S3Connection:
+        if (self.access_key_id is None) != (self.secret_access_key is None):
+            raise ValueError("access_key_id and secret_access_key go together")
+        return self
+
+    def secrets(self) -> list[str]:
+        return [self.secret_access_key.get_secret_value()] if self.secret_access_key else []
+
+    def hadoop_conf(self) -> dict[str, str]:
+        """The Spark settings (``spark.hadoop.fs.s3a.*``) that configure hadoop-aws, on the driver and executors."""
+        conf = {"fs.s3a.path.style.access": str(self.path_style_access).lower()}
+        if self.endpoint:
+            conf["fs.s3a.endpoint"] = self.endpoint
+            conf["fs.s3a.connection.ssl.enabled"] = str(self.endpoint.startswith("https://")).lower()
+        if self.region:
+            conf["fs.s3a.endpoint.region"] = self.region
+        if self.access_key_id and self.secret_access_key:
+            conf |= {
+                "fs.s3a.aws.credentials.provider": "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider",
+                "fs.s3a.access.key": self.access_key_id,
+                "fs.s3a.secret.key": self.secret_access_key.get_secret_value(),
+            }
+        return {f"spark.hadoop.{key}": value for key, value in conf.items()}
+
+
 class StackBackend(str, Enum):
     """Which engine runs the stack: local processes, or docker/compose.yml where Docker exists."""
 
@@ -382,6 +466,7 @@ class StackConfig(_Strict):
     kafka: KafkaConfig = Field(default_factory=KafkaConfig)
     connect: ConnectConfig = Field(default_factory=ConnectConfig)
     spark_cluster: SparkClusterConfig = Field(default_factory=SparkClusterConfig)
+    object_store: ObjectStoreConfig = Field(default_factory=ObjectStoreConfig)
     start_timeout_s: float = Field(default=180.0, gt=0, description="How long `up` waits for each component.")
 
     @field_validator("state_dir")
@@ -410,6 +495,10 @@ class Settings(BaseSettings):
     warehouse: str = Field(default="warehouse", description="Root of the Delta tables: a path or an object-store URI.")
     kafka_secrets_file: Path | None = Field(
         default=None, description="YAML/JSON file of Kafka settings (SASL credentials...) read over CDC_KAFKA__*."
+    )
+    s3: S3Connection = Field(default_factory=S3Connection)
+    s3_secrets_file: Path | None = Field(
+        default=None, description="YAML/JSON file of S3 settings (access and secret keys...) read over CDC_S3__*."
     )
 
 

@@ -30,6 +30,10 @@ DELTA_VERSION = "4.0.0"
 KAFKA_VERSION = "4.3.1"
 DEBEZIUM_VERSION = "3.6.3.Final"
 LOG4J_VERSION = "2.25.4"
+# hadoop-aws must be the version of pyspark's own Hadoop client (hadoop-client-api-3.4.1.jar).
+HADOOP_VERSION = "3.4.1"
+AWS_SDK_VERSION = "2.29.52"
+S3PROXY_VERSION = "4.1.0"
 
 MANIFEST = "manifest.txt"
 T = TypeVar("T")
@@ -39,9 +43,10 @@ T = TypeVar("T")
 class Bundle:
     """A named set of Maven coordinates (``group:artifact:version``) resolved together.
 
-    ``excludes`` are Maven groups left out of the transitive closure (e.g. the Kafka Connect API,
-    which the Connect worker provides to its plugins). With ``provided_by_pyspark`` the artifacts that
-    pyspark already ships (Scala, Hadoop, ...) are left out so that one version of each is loaded.
+    ``excludes`` are Maven groups (``group``) or modules (``group:artifact``) left out of the transitive
+    closure (e.g. the Kafka Connect API, which the Connect worker provides to its plugins). With
+    ``provided_by_pyspark`` the artifacts that pyspark already ships (Scala, Hadoop, ...) are left out so
+    that one version of each is loaded.
     """
 
     name: str
@@ -100,6 +105,27 @@ DEBEZIUM_MONGODB_BUNDLE = Bundle(
     (f"io.debezium:debezium-connector-mongodb:{DEBEZIUM_MONGODB_VERSION}",),
     excludes=("org.apache.kafka", "org.slf4j"),
 )
+
+
+# S3A, Hadoop's connector for s3a:// URIs, with the few AWS SDK v2 modules it loads instead of the SDK's
+# shaded `bundle` (~500 MB, every AWS service): these jars are ~10 MB. The SDK is of the 2.29 line: hadoop-aws
+# 3.4.1's own (2.24.6) lacks s3-transfer-manager on Maven Central as these machines reach it, and from 2.30
+# on the SDK adds request checksums by default, which hadoop-aws 3.4.1 predates and many S3-compatible
+# servers do not take.
+# Added to the session only when the warehouse is s3a:// (cdc.core.object_store).
+S3A_BUNDLE = Bundle(
+    "hadoop-aws",
+    (
+        f"org.apache.hadoop:hadoop-aws:{HADOOP_VERSION}",
+        f"software.amazon.awssdk:s3:{AWS_SDK_VERSION}",
+        f"software.amazon.awssdk:s3-transfer-manager:{AWS_SDK_VERSION}",
+    ),
+    excludes=("software.amazon.awssdk:bundle",),
+    provided_by_pyspark=True,
+)
+
+# The local stack's object store (cdc/stack/object_store.py): S3Proxy serving a folder as S3 buckets.
+S3PROXY_BUNDLE = Bundle("s3proxy", (f"org.gaul:s3proxy:{S3PROXY_VERSION}",))
 
 
 def default_cache_dir() -> Path:
@@ -271,7 +297,12 @@ def _ivy_module(bundle: Bundle) -> str:
             f"    <dependency org={quoteattr(group)} name={quoteattr(artifact)} rev={quoteattr(version)} "
             'conf="default->default"/>'
         )
-    excludes = [f"    <exclude org={quoteattr(group)}/>" for group in bundle.excludes]
+    excludes = [
+        f"    <exclude org={quoteattr(group)} module={quoteattr(artifact)}/>"
+        if artifact
+        else f"    <exclude org={quoteattr(group)}/>"
+        for group, _, artifact in (exclude.partition(":") for exclude in bundle.excludes)
+    ]
     # Ivy merges a pom's test-scoped test-jar dependency into the module's runtime artifacts
     # (Spark's kafka connector has one that Maven Central does not hold): keep test jars out.
     excludes.append('    <exclude type="test-jar"/>')

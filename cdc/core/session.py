@@ -244,7 +244,9 @@ def _class_archive_options(config: SparkConfig, jar_paths: list[str]) -> list[st
 def _jar_paths(config: SparkConfig) -> list[str]:
     match config.jars:
         case MavenJars(cache_dir=cache_dir):
-            return [str(path) for path in [*jars.resolve(jars.SPARK_BUNDLE, cache_dir), jars.helpers_jar(cache_dir)]]
+            object_store = jars.resolve(jars.S3A_BUNDLE, cache_dir) if config.object_store_jars else []
+            bundles = [*jars.resolve(jars.SPARK_BUNDLE, cache_dir), *object_store]
+            return [str(path) for path in [*bundles, jars.helpers_jar(cache_dir)]]
         case LocalJars(folder=folder):
             return sorted(str(path) for path in folder.glob("*.jar"))
         case _:

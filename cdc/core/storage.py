@@ -4,9 +4,13 @@ files and probes, never table data."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from py4j.java_gateway import is_instance_of
+from py4j.protocol import Py4JJavaError
 from pyspark.sql import SparkSession
 
 from cdc.core.errors import TableError
@@ -19,10 +23,31 @@ def normalize_location(location: str) -> str:
     return str(Path(location).expanduser().absolute())
 
 
+def _java_reason(error: Py4JJavaError) -> str:
+    """The Java exception's class and message, on one line."""
+    java = error.java_exception
+    message = " ".join(str(java.getMessage() or "").split())
+    return f"{java.getClass().getSimpleName()}: {message}" if message else str(java.getClass().getName())
+
+
+@contextmanager
+def storage_errors(spark: SparkSession, location: str) -> Iterator[None]:
+    """The file system's I/O failures (an object store refusing the keys, a network error) as one
+    TableError naming the location and the store's reason, instead of py4j's traceback."""
+    try:
+        yield
+    except Py4JJavaError as error:
+        if not is_instance_of(spark.sparkContext._gateway, error.java_exception, "java.io.IOException"):
+            raise
+        raise TableError(f"the warehouse's storage failed: {_java_reason(error)}", location=location) from None
+
+
 class Storage:
-    """File operations on any Hadoop-supported file system, run on the driver."""
+    """File operations on any Hadoop-supported file system, run on the driver. An I/O failure of the
+    file system is a :class:`TableError` naming the location and the reason."""
 
     def __init__(self, spark: SparkSession) -> None:
+        self._spark = spark
         self._jvm: Any = spark._jvm  # py4j's view of the JVM: untyped
         self._conf = spark._jsc.hadoopConfiguration()
 
@@ -31,65 +56,72 @@ class Storage:
         return path.getFileSystem(self._conf), path
 
     def exists(self, location: str) -> bool:
-        fs, path = self._fs(location)
-        return bool(fs.exists(path))
+        with storage_errors(self._spark, location):
+            fs, path = self._fs(location)
+            return bool(fs.exists(path))
 
     def list_names(self, location: str) -> list[str]:
         """Names of the entries in a folder ([] when it does not exist)."""
-        fs, path = self._fs(location)
-        if not fs.exists(path):
-            return []
-        return sorted(status.getPath().getName() for status in fs.listStatus(path))
+        with storage_errors(self._spark, location):
+            fs, path = self._fs(location)
+            if not fs.exists(path):
+                return []
+            return sorted(status.getPath().getName() for status in fs.listStatus(path))
 
     def file_names(self, location: str) -> list[str]:
         """Names of the files under a folder, at any depth ([] when it does not exist)."""
-        fs, path = self._fs(location)
-        if not fs.exists(path):
-            return []
-        files, names = fs.listFiles(path, True), []
-        while files.hasNext():
-            names.append(files.next().getPath().getName())
-        return sorted(names)
+        with storage_errors(self._spark, location):
+            fs, path = self._fs(location)
+            if not fs.exists(path):
+                return []
+            files, names = fs.listFiles(path, True), []
+            while files.hasNext():
+                names.append(files.next().getPath().getName())
+            return sorted(names)
 
     def last_modified(self, location: str) -> float:
         """When anything at ``location`` (the folder itself, or a file or folder at any depth) last
         changed, in seconds since the epoch (0 when nothing is there)."""
-        fs, path = self._fs(location)
-        if not fs.exists(path):
-            return 0.0
-        newest, folders = 0, [fs.getFileStatus(path)]
-        while folders:
-            status = folders.pop()
-            newest = max(newest, status.getModificationTime())
-            if status.isDirectory():
-                folders.extend(fs.listStatus(status.getPath()))
-        return newest / 1000
+        with storage_errors(self._spark, location):
+            fs, path = self._fs(location)
+            if not fs.exists(path):
+                return 0.0
+            newest, folders = 0, [fs.getFileStatus(path)]
+            while folders:
+                status = folders.pop()
+                newest = max(newest, status.getModificationTime())
+                if status.isDirectory():
+                    folders.extend(fs.listStatus(status.getPath()))
+            return newest / 1000
 
     def read_text(self, location: str) -> str:
-        fs, path = self._fs(location)
-        stream = fs.open(path)
-        try:
-            reader = self._jvm.java.io.BufferedReader(self._jvm.java.io.InputStreamReader(stream, "UTF-8"))
-            lines = []
-            while (line := reader.readLine()) is not None:
-                lines.append(line)
-            return "\n".join(lines)
-        finally:
-            stream.close()
+        with storage_errors(self._spark, location):
+            fs, path = self._fs(location)
+            stream = fs.open(path)
+            try:
+                reader = self._jvm.java.io.BufferedReader(self._jvm.java.io.InputStreamReader(stream, "UTF-8"))
+                lines = []
+                while (line := reader.readLine()) is not None:
+                    lines.append(line)
+                return "\n".join(lines)
+            finally:
+                stream.close()
 
     def write_text(self, location: str, text: str) -> None:
         """Write (or replace) a small UTF-8 text file, creating its folder."""
-        fs, path = self._fs(location)
-        fs.mkdirs(path.getParent())
-        stream = fs.create(path, True)
-        try:
-            stream.write(bytearray(text.encode("utf-8")))
-        finally:
-            stream.close()
+        with storage_errors(self._spark, location):
+            fs, path = self._fs(location)
+            fs.mkdirs(path.getParent())
+            stream = fs.create(path, True)
+            try:
+                stream.write(bytearray(text.encode("utf-8")))
+            finally:
+                stream.close()
 
     def delete(self, location: str) -> None:
-        fs, path = self._fs(location)
-        fs.delete(path, True)
+        with storage_errors(self._spark, location):
+            fs, path = self._fs(location)
+            fs.delete(path, True)
 
     def ensure_writable(self, location: str) -> None:
         """Create the folder and write and remove a probe file in it, or fail saying why."""

@@ -11,7 +11,8 @@ from cdc.core.config import StackConfig
 POSTGRES = "postgres"
 KAFKA = "kafka"
 CONNECT = "connect"
-COMPONENTS = (POSTGRES, KAFKA, CONNECT)
+OBJECT_STORE = "s3"
+COMPONENTS = (POSTGRES, KAFKA, CONNECT, OBJECT_STORE)
 # The optional standalone Spark cluster (cdc/stack/spark_cluster.py): its master, and its workers "spark-worker-N".
 SPARK_MASTER = "spark-master"
 SPARK_WORKER = "spark-worker"

@@ -17,7 +17,7 @@ import yaml
 
 from cdc.core.config import StackConfig
 from cdc.core.errors import ConfigError, DependencyError, StackError
-from cdc.stack.base import CONNECT, KAFKA, POSTGRES, ComponentStatus
+from cdc.stack.base import CONNECT, KAFKA, OBJECT_STORE, POSTGRES, ComponentStatus
 from cdc.stack.process import port_open
 
 if TYPE_CHECKING:
@@ -53,7 +53,12 @@ class DockerComposeStack:
     def __init__(self, config: StackConfig, compose_file: Path = COMPOSE_FILE) -> None:
         self.config = config
         self.compose_file = compose_file
-        self.ports = {POSTGRES: config.postgres.port, KAFKA: config.kafka.port, CONNECT: config.connect.port}
+        self.ports = {
+            POSTGRES: config.postgres.port,
+            KAFKA: config.kafka.port,
+            CONNECT: config.connect.port,
+            OBJECT_STORE: config.object_store.port,
+        }
         compose = yaml.safe_load(compose_file.read_text())
         self._services = list(compose["services"])
         self._check_ports(published_ports(compose))

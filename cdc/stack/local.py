@@ -1,5 +1,5 @@
-"""The local stack: Postgres, Kafka and Kafka Connect as real processes on 127.0.0.1, and, when enabled, a
-standalone Spark cluster (cdc/stack/spark_cluster.py)."""
+"""The local stack: Postgres, Kafka, Kafka Connect and an S3 object store as real processes on 127.0.0.1,
+and, when enabled, a standalone Spark cluster (cdc/stack/spark_cluster.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from cdc.stack.base import ComponentStatus
 from cdc.stack.component import Component
 from cdc.stack.connect import ConnectWorker
 from cdc.stack.kafka import KafkaServer
+from cdc.stack.object_store import ObjectStoreServer
 from cdc.stack.postgres import PostgresServer
 from cdc.stack.spark_cluster import SparkCluster
 
@@ -17,7 +18,12 @@ class LocalStack:
 
     def __init__(self, config: StackConfig) -> None:
         self.config = config
-        self.components: list[Component] = [PostgresServer(config), KafkaServer(config), ConnectWorker(config)]
+        self.components: list[Component] = [
+            PostgresServer(config),
+            KafkaServer(config),
+            ConnectWorker(config),
+            ObjectStoreServer(config),
+        ]
         self.spark_cluster = SparkCluster(config)
 
     def _started(self) -> list[Component]:

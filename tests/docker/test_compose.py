@@ -134,7 +134,7 @@ def connect_init_script(services: dict) -> str:
 
 def test_defines_the_stack_services(compose: dict, services: dict) -> None:
     assert compose["name"] == "cdc-lakehouse"
-    assert {"postgres", "kafka", "mongodb", "connect", CONNECT_INIT} <= set(services)
+    assert {"postgres", "kafka", "mongodb", "connect", "s3", CONNECT_INIT} <= set(services)
 
 
 def test_publishes_exactly_the_stack_config_ports_on_loopback(ports: dict[str, list[PublishedPort]]) -> None:
@@ -144,6 +144,7 @@ def test_publishes_exactly_the_stack_config_ports_on_loopback(ports: dict[str, l
         "postgres": {("127.0.0.1", config.postgres.port)},
         "kafka": {("127.0.0.1", config.kafka.port)},
         "connect": {("127.0.0.1", config.connect.port)},
+        "s3": {("127.0.0.1", config.object_store.port)},
         "mongodb": {("127.0.0.1", 27017)},
     }
 
@@ -152,6 +153,16 @@ def test_images_match_the_pinned_versions(services: dict) -> None:
     assert services["kafka"]["image"] == f"apache/kafka:{jars.KAFKA_VERSION}"
     debezium_minor = ".".join(jars.DEBEZIUM_VERSION.split(".")[:2])
     assert services["connect"]["image"] == f"quay.io/debezium/connect:{debezium_minor}"
+    assert services["s3"]["image"] == f"andrewgaul/s3proxy:{jars.S3PROXY_VERSION}"
+
+
+def test_s3_matches_the_local_stack_object_store(services: dict) -> None:
+    config = StackConfig().object_store
+    env = services["s3"]["environment"]
+    assert (env["S3PROXY_IDENTITY"], env["S3PROXY_CREDENTIAL"]) == (config.access_key_id, config.secret_access_key)
+    assert env["JCLOUDS_PROVIDER"] == "filesystem-nio2"
+    # The bucket is a folder of the server's base folder, made before the server starts.
+    assert f"mkdir -p {env['JCLOUDS_FILESYSTEM_BASEDIR']}/{config.bucket}" in " ".join(services["s3"]["command"])
 
 
 # --- Postgres -------------------------------------------------------------------------------------
@@ -366,6 +377,7 @@ def test_docker_stack_reports_the_stack_config_addresses() -> None:
         ("postgres", f"127.0.0.1:{config.postgres.port}"),
         ("kafka", f"127.0.0.1:{config.kafka.port}"),
         ("connect", f"127.0.0.1:{config.connect.port}"),
+        ("s3", f"127.0.0.1:{config.object_store.port}"),
     ]
 
 

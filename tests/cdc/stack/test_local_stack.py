@@ -19,18 +19,25 @@ def _cli_env(monkeypatch, config: StackConfig) -> None:
     monkeypatch.setenv("CDC_STACK__POSTGRES__PORT", str(config.postgres.port))
     monkeypatch.setenv("CDC_STACK__KAFKA__PORT", str(config.kafka.port))
     monkeypatch.setenv("CDC_STACK__CONNECT__PORT", str(config.connect.port))
+    monkeypatch.setenv("CDC_STACK__OBJECT_STORE__PORT", str(config.object_store.port))
 
 
 def test_status_json_reports_every_component_up(stack, stack_config, monkeypatch, capsys):
     _cli_env(monkeypatch, stack_config)
     assert main(["stack", "status", "--json"]) == 0
-    # The first three: a Spark cluster another test of this process started is listed after them.
-    components = json.loads(capsys.readouterr().out)["components"][:3]
-    assert [(c["name"], c["up"]) for c in components] == [("postgres", True), ("kafka", True), ("connect", True)]
+    # The first four: a Spark cluster another test of this process started is listed after them.
+    components = json.loads(capsys.readouterr().out)["components"][:4]
+    assert [(c["name"], c["up"]) for c in components] == [
+        ("postgres", True),
+        ("kafka", True),
+        ("connect", True),
+        ("s3", True),
+    ]
     assert [c["address"] for c in components] == [
         f"127.0.0.1:{stack_config.postgres.port}",
         f"127.0.0.1:{stack_config.kafka.port}",
         f"127.0.0.1:{stack_config.connect.port}",
+        f"127.0.0.1:{stack_config.object_store.port}",
     ]
 
 
