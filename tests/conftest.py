@@ -362,6 +362,48 @@ def read_with_delta_rs(spark):
 
 
 @pytest.fixture
+def s3_warehouse(stack, stack_config, unique_name) -> tuple[str, dict[str, str], Path]:
+    """A warehouse of this test's own in the stack's bucket, the environment that reaches it (keys as
+    AWS_* variables), and the folder where the S3 server keeps that warehouse's objects."""
+    server = stack_config.object_store
+    env = {
+        "CDC_WAREHOUSE": f"s3a://{server.bucket}/{unique_name}",
+        "CDC_S3__ENDPOINT": server.endpoint,
+        "CDC_S3__PATH_STYLE_ACCESS": "true",
+        "CDC_S3__REGION": "us-east-1",
+        "AWS_ACCESS_KEY_ID": server.access_key_id,
+        "AWS_SECRET_ACCESS_KEY": server.secret_access_key,
+    }
+    return env["CDC_WAREHOUSE"], env, stack_config.state_dir / "s3" / "data" / server.bucket / unique_name
+
+
+@pytest.fixture
+def read_s3_table(spark, stack_config: StackConfig):
+    """``read(location)``: a Delta table on the stack's S3 server as delta-rs reads it over HTTP (a reader the
+    project did not write), as a Spark DataFrame."""
+    from deltalake import DeltaTable as RustDeltaTable
+
+    server = stack_config.object_store
+    options = {
+        "AWS_ENDPOINT_URL": server.endpoint,
+        "AWS_ALLOW_HTTP": "true",
+        "AWS_REGION": "us-east-1",
+        "AWS_ACCESS_KEY_ID": server.access_key_id,
+        "AWS_SECRET_ACCESS_KEY": server.secret_access_key,
+    }
+
+    def read(location: str):
+        arrow = RustDeltaTable(location.replace("s3a://", "s3://", 1), storage_options=options).to_pyarrow_table()
+        spark.conf.set("spark.sql.timestampType", "TIMESTAMP_NTZ")
+        try:
+            return spark.createDataFrame(arrow)
+        finally:
+            spark.conf.unset("spark.sql.timestampType")
+
+    return read
+
+
+@pytest.fixture
 def refined_table(spark):
     """``refined_table(warehouse, topic)``: the refined table without its metadata columns."""
     from refine.config import refined_table_location

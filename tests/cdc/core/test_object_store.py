@@ -54,22 +54,6 @@ def test_secrets_file_is_read_over_the_environment_and_never_quoted(tmp_path):
     assert "hunter2-secret" not in str(refused.value)
 
 
-@pytest.fixture
-def s3_warehouse(stack, stack_config, unique_name) -> tuple[str, dict[str, str], Path]:
-    """A warehouse of this test's own in the stack's bucket, the environment that reaches it (keys as
-    AWS_* variables), and the folder where the S3 server keeps that warehouse's objects."""
-    server = stack_config.object_store
-    env = {
-        "CDC_WAREHOUSE": f"s3a://{server.bucket}/{unique_name}",
-        "CDC_S3__ENDPOINT": server.endpoint,
-        "CDC_S3__PATH_STYLE_ACCESS": "true",
-        "CDC_S3__REGION": "us-east-1",
-        "AWS_ACCESS_KEY_ID": server.access_key_id,
-        "AWS_SECRET_ACCESS_KEY": server.secret_access_key,
-    }
-    return env["CDC_WAREHOUSE"], env, stack_config.state_dir / "s3" / "data" / server.bucket / unique_name
-
-
 def start_cdc(args: list[str], env: dict[str, str], kafka, log_dir: Path) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "cdc.cli", *args],
@@ -95,33 +79,13 @@ def run_cdc(args: list[str], env: dict[str, str], kafka, log_dir: Path) -> str:
     return output
 
 
-def read_s3_table(spark, stack_config, location: str):
-    """A Delta table on the stack's S3 server as delta-rs reads it over HTTP, as a Spark DataFrame."""
-    from deltalake import DeltaTable as RustDeltaTable
-
-    server = stack_config.object_store
-    options = {
-        "AWS_ENDPOINT_URL": server.endpoint,
-        "AWS_ALLOW_HTTP": "true",
-        "AWS_REGION": "us-east-1",
-        "AWS_ACCESS_KEY_ID": server.access_key_id,
-        "AWS_SECRET_ACCESS_KEY": server.secret_access_key,
-    }
-    arrow = RustDeltaTable(location.replace("s3a://", "s3://", 1), storage_options=options).to_pyarrow_table()
-    spark.conf.set("spark.sql.timestampType", "TIMESTAMP_NTZ")
-    try:
-        return spark.createDataFrame(arrow)
-    finally:
-        spark.conf.unset("spark.sql.timestampType")
-
-
-def refined_rows(spark, stack_config, warehouse: str, topic: str):
-    table = read_s3_table(spark, stack_config, f"{warehouse}/refined/{topic}")
+def refined_rows(read_s3_table, warehouse: str, topic: str):
+    table = read_s3_table(f"{warehouse}/refined/{topic}")
     return table.drop(*[column for column in table.columns if column.startswith("_cdc_")], *METADATA_COLUMNS)
 
 
 def test_raw_refine_and_a_business_table_on_the_s3_warehouse_twice_equal_postgres(
-    spark, kafka, stack_config, postgres_connector, postgres_table, s3_warehouse, tmp_path
+    spark, kafka, stack_config, postgres_connector, postgres_table, s3_warehouse, read_s3_table, tmp_path
 ):
     warehouse, env, stored = s3_warehouse
     # The keys from a secrets file this time, not from AWS_* variables.
@@ -152,13 +116,13 @@ business:
     for _ in range(2):
         outputs.append(run_cdc(["raw", "--pipeline", str(pipeline), "--available-now"], env, kafka, logs))
         outputs.append(run_cdc(["refine", "--pipeline", str(pipeline), "--available-now"], env, kafka, logs))
-    assertDataFrameEqual(refined_rows(spark, stack_config, warehouse, "orders"), postgres_table("orders"))
+    assertDataFrameEqual(refined_rows(read_s3_table, warehouse, "orders"), postgres_table("orders"))
     with psycopg.connect(stack_config.postgres.dsn()) as conn:
         totals = conn.execute(
             "SELECT customer_id, count(*), sum(amount) FROM shop.orders GROUP BY customer_id"
         ).fetchall()
     expected = spark.createDataFrame(totals, "customer_id long, orders long, amount decimal(20,2)")
-    business = read_s3_table(spark, stack_config, f"{warehouse}/business/order_totals")
+    business = read_s3_table(f"{warehouse}/business/order_totals")
     assertDataFrameEqual(business.select(*[business[f.name].cast(f.dataType) for f in expected.schema]), expected)
 
     # Everything is on the S3 server, the tool's own `_cdc/` folder (checkpoints) included.
@@ -172,7 +136,7 @@ business:
 
 
 def test_two_refines_and_an_optimize_at_once_on_the_s3_warehouse(
-    spark, kafka, stack_config, postgres_connector, postgres_table, s3_warehouse, tmp_path
+    spark, kafka, stack_config, postgres_connector, postgres_table, s3_warehouse, read_s3_table, tmp_path
 ):
     """What the README promises on S3 (one writer per table): two refines of different tables and
     `cdc optimize` of a third table (raw orders, which the orders refine reads), each its own driver, all at
@@ -192,7 +156,7 @@ def test_two_refines_and_an_optimize_at_once_on_the_s3_warehouse(
             time.sleep(0.5)
         landed = len(records)
         run_cdc(land, env, kafka, logs)
-    raw_orders = read_s3_table(spark, stack_config, f"{warehouse}/raw/{orders}")
+    raw_orders = read_s3_table(f"{warehouse}/raw/{orders}")
 
     jobs = [
         start_cdc(["refine", "--table", orders, "--available-now"], env, kafka, logs),
@@ -204,16 +168,16 @@ def test_two_refines_and_an_optimize_at_once_on_the_s3_warehouse(
         assert job.returncode == 0, output
     assert "compacted into" in outputs[2], outputs[2]
 
-    assertDataFrameEqual(refined_rows(spark, stack_config, warehouse, orders), postgres_table("orders"))
+    assertDataFrameEqual(refined_rows(read_s3_table, warehouse, orders), postgres_table("orders"))
     expected_customers = postgres_table("customers")
-    refined_customers = refined_rows(spark, stack_config, warehouse, customers)
+    refined_customers = refined_rows(read_s3_table, warehouse, customers)
     assertDataFrameEqual(
         refined_customers.select(
             *[refined_customers[field.name].cast(field.dataType) for field in expected_customers.schema]
         ),
         expected_customers,
     )
-    assertDataFrameEqual(read_s3_table(spark, stack_config, f"{warehouse}/raw/{orders}"), raw_orders)
+    assertDataFrameEqual(read_s3_table(f"{warehouse}/raw/{orders}"), raw_orders)
 
 
 def test_keys_the_store_refuses_are_one_error_line_without_the_secret(stack, kafka, s3_warehouse, tmp_path):

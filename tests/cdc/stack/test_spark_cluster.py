@@ -1,7 +1,8 @@
 """`cdc raw` and `cdc refine` on the stack's standalone Spark cluster: a driver of their own (a `cdc` process,
 as the suite's session is local), executors in the workers' JVMs, the jars shipped to them by the driver.
 
-The warehouse is a parameter of each run (a folder here; an object-store URI works the same way)."""
+The warehouse is on the stack's S3 server (s3a://): the executors read and write the tables there, nothing
+through the driver's disk; the tables are read back with delta-rs from the S3 server."""
 
 from __future__ import annotations
 
@@ -105,17 +106,18 @@ def wait_for_marker(bootstrap_servers: str, topic: str, timeout_s: float = 240) 
         consumer.close()
 
 
-def assert_refined_equals_postgres(spark, warehouse: Path, topic: str, postgres_table) -> None:
+def assert_refined_equals_postgres(read_s3_table, warehouse: str, topic: str, postgres_table) -> None:
     from refine.config import refined_table_location
 
-    refined = spark.read.format("delta").load(refined_table_location(str(warehouse), topic))
-    assertDataFrameEqual(refined.drop(*METADATA_COLUMNS), postgres_table("orders"))
+    refined = read_s3_table(refined_table_location(warehouse, topic))
+    own = [column for column in refined.columns if column.startswith("_cdc_")]
+    assertDataFrameEqual(refined.drop(*own, *METADATA_COLUMNS), postgres_table("orders"))
 
 
-def assert_each_offset_landed_once(spark, warehouse: Path, topic: str, kafka) -> None:
+def assert_each_offset_landed_once(read_s3_table, warehouse: str, topic: str, kafka) -> None:
     from cdc.core.tables import raw_table_location
 
-    raw = spark.read.format("delta").load(raw_table_location(str(warehouse), topic))
+    raw = read_s3_table(raw_table_location(warehouse, topic))
     landed = sorted((row.partition, row.offset) for row in raw.select("partition", "offset").collect())
     assert landed == [(partition, offset) for _, partition, offset, *_ in kafka.records(topic)]
 
@@ -158,6 +160,7 @@ def test_stack_up_with_the_spark_cluster_keeps_the_running_processes(
         "POSTGRES__PORT": stack_config.postgres.port,
         "KAFKA__PORT": stack_config.kafka.port,
         "CONNECT__PORT": stack_config.connect.port,
+        "OBJECT_STORE__PORT": stack_config.object_store.port,
         "SPARK_CLUSTER__MASTER_PORT": cluster.master_port,
         "SPARK_CLUSTER__MASTER_UI_PORT": cluster.master_ui_port,
         "SPARK_CLUSTER__WORKER_PORTS_FROM": cluster.worker_ports_from,
@@ -167,7 +170,7 @@ def test_stack_up_with_the_spark_cluster_keeps_the_running_processes(
     assert main(["stack", "up", "--spark-cluster", "--json"]) == 0
     components = json.loads(capsys.readouterr().out)["components"]
     assert {c["name"]: c["pid"] for c in components} == running
-    assert [(c["name"], c["up"], c["address"]) for c in components][3:] == [
+    assert [(c["name"], c["up"], c["address"]) for c in components][4:] == [
         ("spark-master", True, f"127.0.0.1:{cluster.master_port}"),
         ("spark-worker-1", True, f"127.0.0.1:{cluster.worker_ports_from}"),
         ("spark-worker-2", True, f"127.0.0.1:{cluster.worker_ports_from + 2}"),
@@ -175,7 +178,7 @@ def test_stack_up_with_the_spark_cluster_keeps_the_running_processes(
 
 
 def test_raw_and_refine_on_the_cluster_survive_an_executor_killed_mid_batch(
-    spark, spark_cluster, kafka, stack_config, postgres_connector, tmp_path, postgres_table
+    spark_cluster, kafka, stack_config, postgres_connector, postgres_table, s3_warehouse, read_s3_table
 ):
     """Each job runs on the cluster while one of its executors is killed (SIGKILL) in the middle of a task:
     the driver runs the task again on an executor, the job ends well, and a rerun changes nothing. Each
@@ -184,9 +187,9 @@ def test_raw_and_refine_on_the_cluster_survive_an_executor_killed_mid_batch(
     insert_orders(dsn, ORDERS)
     topic = f"{postgres_connector.topic_prefix}.shop.orders"
     wait_for_marker(kafka.bootstrap_servers, topic)
-    env = cluster_env(spark_cluster, kafka)
-    warehouse = tmp_path / "warehouse"
-    common = ["--warehouse", str(warehouse), "--available-now"]
+    warehouse, s3_env, stored = s3_warehouse
+    env = {**cluster_env(spark_cluster, kafka), **s3_env}
+    common = ["--available-now"]
     jobs = {
         "raw": ["raw", "--topic", topic, "--max-offsets-per-trigger", "1500", *common],
         "refine": ["refine", "--table", topic, *common],
@@ -216,8 +219,9 @@ def test_raw_and_refine_on_the_cluster_survive_an_executor_killed_mid_batch(
         assert re.search(rf"Lost task \S+ in stage \S+ \(TID {killed_task}\)", output), f"{name}: {output}"
         assert job.returncode == 0, f"{name}: {output}"
         run_cdc(env, *args)  # a rerun changes nothing
-    assert_each_offset_landed_once(spark, warehouse, topic, kafka)
-    assert_refined_equals_postgres(spark, warehouse, topic, postgres_table)
+    assert_each_offset_landed_once(read_s3_table, warehouse, topic, kafka)
+    assert_refined_equals_postgres(read_s3_table, warehouse, topic, postgres_table)
+    assert {path.name for path in stored.iterdir()} >= {"raw", "refined", "_cdc"}  # all on the S3 server
 
     # The work ran in both workers' executors, which fetched the project's JVM helpers from the driver.
     executor_dirs = [d for worker in spark_cluster.workers for d in worker.work_dir.glob("app-*/*") if d.is_dir()]
