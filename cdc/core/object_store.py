@@ -15,13 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from cdc.core.config import S3Connection, SparkConfig
-from cdc.core.errors import ConfigError
+from cdc.core.secrets import invalid_secrets, read_secrets_file
 
 SCHEMES = ("s3a://",)
 # Delta's default for s3a:// already; named so that the choice is explicit (and in the session's settings).
@@ -47,14 +45,7 @@ def load_s3_connection(environment: S3Connection, secrets_file: Path | None) -> 
     """The S3 connection: the ``CDC_S3__*`` settings, with those of the secrets file (YAML or JSON) over them."""
     if secrets_file is None:
         return environment
-    try:
-        document: Any = yaml.safe_load(secrets_file.read_text())
-    except OSError as error:
-        raise ConfigError(f"cannot read the S3 secrets file: {error.strerror}", file=str(secrets_file)) from None
-    except yaml.YAMLError:
-        raise ConfigError("the S3 secrets file is not YAML or JSON", file=str(secrets_file)) from None
-    if not isinstance(document, dict):
-        raise ConfigError("the S3 secrets file must hold a mapping of settings", file=str(secrets_file))
+    document = read_secrets_file(secrets_file, "S3")
     merged = {
         **environment.model_dump(exclude_none=True),
         "secret_access_key": environment.secret_access_key.get_secret_value()
@@ -65,8 +56,4 @@ def load_s3_connection(environment: S3Connection, secrets_file: Path | None) -> 
     try:
         return S3Connection.model_validate(merged)
     except ValidationError as error:
-        # Named by key and error type only: pydantic's message could quote a secret's value.
-        raise ConfigError(
-            f"invalid S3 secrets file {secrets_file}: "
-            + "; ".join(f"{'.'.join(map(str, item['loc'])) or 'settings'}: {item['type']}" for item in error.errors())
-        ) from None
+        raise invalid_secrets(secrets_file, "S3", error) from None

@@ -14,33 +14,22 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import yaml
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError, KafkaTimeoutError
 from pydantic import ValidationError
 
 from cdc.core.config import KafkaConnection
-from cdc.core.errors import ConfigError, SourceError
+from cdc.core.errors import SourceError
+from cdc.core.secrets import invalid_secrets, read_secrets_file
 
 
 def load_secrets_file(path: Path) -> dict[str, Any]:
     """Kafka settings from a YAML or JSON file (keys as in :class:`KafkaConnection`)."""
-    try:
-        document = yaml.safe_load(path.read_text())
-    except OSError as error:
-        raise ConfigError(f"cannot read the Kafka secrets file: {error.strerror}", file=str(path)) from None
-    except yaml.YAMLError:
-        raise ConfigError("the Kafka secrets file is not YAML or JSON", file=str(path)) from None
-    if not isinstance(document, dict):
-        raise ConfigError("the Kafka secrets file must hold a mapping of settings", file=str(path))
+    document = read_secrets_file(path, "Kafka")
     try:
         KafkaConnection.model_validate(document)
     except ValidationError as error:
-        # Named by key only: the pydantic message could quote a secret's value.
-        raise ConfigError(
-            f"invalid Kafka secrets file {path}: "
-            + "; ".join(f"{'.'.join(map(str, item['loc'])) or 'settings'}: {item['type']}" for item in error.errors())
-        ) from None
+        raise invalid_secrets(path, "Kafka", error) from None
     return document
 
 
