@@ -31,7 +31,12 @@ def test_only_the_commands_that_read_kafka_take_kafka_secrets(command, capsys):
 def test_status_of_a_stack_that_is_not_running(tmp_path, capsys):
     assert main(["stack", "status", "--state-dir", str(tmp_path)]) == 1
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split()[:2] for line in lines] == [["postgres", "down"], ["kafka", "down"], ["connect", "down"]]
+    assert [line.split()[:2] for line in lines] == [
+        ["postgres", "down"],
+        ["kafka", "down"],
+        ["connect", "down"],
+        ["s3", "down"],
+    ]
 
 
 def test_configuration_error_is_one_line_with_exit_code_2(monkeypatch, capsys):
