@@ -22,7 +22,7 @@ from refine.decode import decode, json_type
 from refine.envelope import ConnectSchema, Op
 from refine.latest import POSITION_COLUMNS, at_or_after
 from refine.merge import LSN, OFFSET
-from refine.toast import fill_from_earlier_changes, replace_placeholders
+from refine.toast import fill_from_earlier_changes, has_placeholder, replace_placeholders
 
 OLD_KEY_HEADER, NEW_KEY_HEADER = "__debezium.oldkey", "__debezium.newkey"
 
@@ -157,12 +157,21 @@ def fill_from_old_keys(changes: DataFrame, key_schema: ConnectSchema, stored: Da
     segments = Window.partitionBy(*[F.col(f"key.`{k}`") for k in key_columns]).orderBy(*order)
     changes = changes.withColumn("key_segment", F.count(F.when(rekeyed, 1)).over(segments))
     filled = fill_from_earlier_changes(changes, key_columns, order, within=(F.col("key_segment"),))
+    after_type = changes.schema["after"].dataType
+    assert isinstance(after_type, StructType)  # a row
+    if stored is not None:
+        # A key's changes before any key change into it continue its stored row: the placeholders no
+        # earlier change fills take its values, so a later key change carries them to the new key.
+        continues_stored = (F.col("key_segment") == 0) & has_placeholder(F.col("after"), after_type)
+        with_stored = with_state_before(filled, continues_stored, F.col("key"), stored.limit(0), stored)
+        from_stored = F.when(
+            F.col("image").isNotNull(), replace_placeholders(F.col("after"), F.col("image"), after_type)
+        ).otherwise(F.col("after"))
+        filled = with_stored.withColumn("after", from_stored).drop("image")
     for round_ in range(chain_depth(changes, rekeyed)):
         if round_:  # each round reads the last one's rows twice: cut the lineage, or the plan doubles per round
             filled = _checkpointed(filled)
         with_prior = with_state_before(filled, rekeyed, F.col("old_key"), batch_states(filled), stored)
-        after_type = changes.schema["after"].dataType
-        assert isinstance(after_type, StructType)  # a row
         after = replace_placeholders(F.col("after"), F.col("image"), after_type)
         filled = fill_from_earlier_changes(
             with_prior.withColumn("after", after).drop("image"), key_columns, order, within=(F.col("key_segment"),)
