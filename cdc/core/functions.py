@@ -50,3 +50,15 @@ def is_utf8(binary: Column) -> Column:
 def original_bytes(text: str, raw: str) -> Column:
     """The bytes as received in Kafka, from a (text, bytes) column pair such as key/key_bytes."""
     return F.coalesce(F.col(raw), F.encode(F.col(text), "UTF-8"))
+
+
+def quiet_console_logs() -> None:
+    """Take the terminal's log appender off the driver JVM's loggers (the log file keeps everything):
+    a job stopping on a signal interrupts the batch it is writing, whose cut-short work Spark logs at
+    ERROR. Nothing without the helpers jar or a running JVM."""
+    from pyspark import SparkContext
+
+    context = SparkContext._active_spark_context
+    if context is None or context._jvm is None or not helpers_available():
+        return
+    context._jvm.cdc.jvm.QuietShutdown().run()

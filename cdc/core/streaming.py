@@ -14,6 +14,7 @@ from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 from cdc.core.config import AvailableNow, Continuous, Trigger
 from cdc.core.errors import CdcError, StreamError
+from cdc.core.functions import quiet_console_logs
 from cdc.core.source import redact
 
 
@@ -103,6 +104,8 @@ def stop_queries(queries: Iterable[StreamingQuery], stop: threading.Event, say: 
     say so first."""
     if stop.is_set():
         say("stopping: a micro-batch cut short is replayed by the next run")
+        with ending_on_request(stop):  # the JVM may be gone already
+            quiet_console_logs()
     for query in queries:
         with ending_on_request(stop):
             if query.isActive:
