@@ -62,3 +62,10 @@ def quiet_console_logs() -> None:
     if context is None or context._jvm is None or not helpers_available():
         return
     context._jvm.cdc.jvm.QuietShutdown().run()
+
+
+def quiet_console_logs_on_shutdown(spark: SparkSession) -> None:
+    """:func:`quiet_console_logs` when the driver JVM starts to shut down (a signal reaches it too), before
+    Spark's own shutdown stops the batch it runs. Nothing without the helpers jar."""
+    if helpers_available() and spark._jvm is not None:
+        spark._jvm.cdc.jvm.QuietShutdown.install()

@@ -15,7 +15,7 @@ from cdc.core import class_archive, jars
 from cdc.core.catalog import catalog_conf, derby_log_option
 from cdc.core.config import GarbageCollector, LocalJars, MavenJars, SparkConfig
 from cdc.core.errors import DependencyError
-from cdc.core.functions import helpers_available, register_helpers
+from cdc.core.functions import quiet_console_logs_on_shutdown, register_helpers
 
 
 def spark_conf(config: SparkConfig) -> dict[str, str]:
@@ -219,11 +219,8 @@ def build_spark_session(config: SparkConfig | None = None) -> SparkSession:
     spark.sparkContext.setLogLevel("INFO" if config.console_log_level.file_level == "info" else "WARN")
     _show_failure_logs(spark, show_failure_logs)
     register_helpers(spark)
-    if log_file is not None and helpers_available():
-        # A job's JVM stopped by a signal: Spark's shutdown noise goes to the log file only.
-        jvm = spark._jvm
-        assert jvm is not None  # a live session has its JVM gateway
-        jvm.cdc.jvm.QuietShutdown.install()
+    if log_file is not None:  # a job's JVM stopped by a signal: Spark's shutdown noise goes to the log file only
+        quiet_console_logs_on_shutdown(spark)
     return spark
 
 
