@@ -143,16 +143,19 @@ def merge_types(a: DataType, b: DataType) -> DataType | None:
 
 
 def fits(value: DataType, column: DataType) -> bool:
-    """A value of type ``value`` decodes into ``column`` without loss."""
+    """A value of type ``value`` decodes into ``column`` without loss. A value whose type is not known
+    yet (null, ``[]``, arrays of nulls) needs no column: no column (NullType) or field is created for it."""
     if isinstance(value, NullType) or value == column:
         return True
+    if isinstance(column, NullType):
+        return known(value) is None
     if isinstance(value, LongType) and isinstance(column, DoubleType):
         return True
     if isinstance(value, ArrayType) and isinstance(column, ArrayType):
         return fits(value.elementType, column.elementType)
     if isinstance(value, StructType) and isinstance(column, StructType):
         names = set(column.names)
-        return all(f.name in names and fits(f.dataType, column[f.name].dataType) for f in value.fields)
+        return all(fits(f.dataType, column[f.name].dataType if f.name in names else NullType()) for f in value.fields)
     return False
 
 

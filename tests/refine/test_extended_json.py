@@ -130,6 +130,11 @@ def test_types_merge_widen_and_conflict():
     assert fits(with_zip, merge_types(address, with_zip))
     assert not fits(with_zip, address)
     assert known(StructType([StructField("a", NullType()), StructField("b", ArrayType(NullType()))])) is None
+    # A value of no known type yet ([], nulls) needs no column: it fits where none exists.
+    assert fits(ArrayType(NullType()), NullType())
+    assert fits(StructType([*address.fields, StructField("codes", ArrayType(NullType()))]), address)
+    assert not fits(ArrayType(StringType()), NullType())
+    assert not fits(ArrayType(NullType()), LongType())
 
 
 def test_values_of_any_type_as_json_text(spark):

@@ -4,7 +4,7 @@ refined collections equal the reference model's final documents.
 The records are the connector's own (its record emitter, collection schema and source info,
 serialised by Kafka Connect's JsonConverter) for change-stream documents the reference model of
 the collections writes (:mod:`cdc.stack.mongo_model`, MongoDB's update semantics). The writes are
-seeded random (the seed is printed on failure): nested $set, $unset, $push/$pull/$pop, truncated
+seeded random (the seed is printed on failure; ``CDC_RANDOM_SEED=<seed>`` runs it again): nested $set, $unset, $push/$pull/$pop, truncated
 arrays, replaces, deletes and re-inserts of one _id, type drift, ids of several BSON types.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import random
 
 import pytest
@@ -155,6 +156,54 @@ def test_scripted_writes_refine_to_the_model_documents(spark, kafka, land_and_re
     assert not is_delta_table(spark, quarantine_location(warehouse))
 
 
+def untyped_writes(collection: Collection) -> int:
+    """Fields (top-level, nested, set by a patch update) that hold only ``[]``, then a later batch's
+    first typed values of them; the number of events in the first batch."""
+    collection.insert({"_id": 1, "name": "a", "tags": [], "address": {"city": "x", "codes": []}})
+    collection.update(1, Update([("$set", "extra", []), ("$set", "address.more", [])]), False)
+    first = len(collection.events)
+    collection.insert({"_id": 2, "name": "b", "tags": ["t"], "address": {"city": "y", "codes": [1], "more": [2]}})
+    collection.update(2, Update([("$set", "extra", ["e"])]), False)
+    return first
+
+
+def test_fields_that_have_held_only_empty_arrays_are_refined(spark, kafka, land_and_refine, unique_name, tmp_path):
+    """``[]`` has no element type: no column is made for a field that has held nothing else, and its
+    documents are refined, not quarantined."""
+    collection = Collection("shop", "things")
+    first = untyped_writes(collection)
+    records = connector_records(
+        collection.events[:first], {"topic.prefix": unique_name, "capture.mode": "change_streams"}
+    )
+    topic = kafka.create_topic(records[0]["topic"])
+    warehouse = str(tmp_path)
+    kafka.produce(topic, [(r["key_bare"].encode(), r["value_bare"].encode()) for r in records])
+    location = refined_table_location(warehouse, topic)
+    for _ in range(2):  # a rerun changes nothing
+        land_and_refine(warehouse, topic)
+        table = spark.read.format("delta").load(location)
+        assert refined_documents(spark, location) == {"1": {"name": "a", "address": {"city": "x"}}}
+        assert set(table.columns) == {"_id", "name", "address", *(c for c in table.columns if c.startswith("_cdc_"))}
+    assert not is_delta_table(spark, quarantine_location(warehouse))
+
+
+@pytest.mark.xfail(strict=True, reason="[] refined before its field's type is known reads as null once typed")
+def test_fields_that_held_only_empty_arrays_keep_them_once_typed(spark, kafka, land_and_refine, unique_name, tmp_path):
+    """Once a batch brings a field's first elements, documents refined before with ``[]`` in it read ``[]``."""
+    collection = Collection("shop", "things")
+    first = untyped_writes(collection)
+    records = connector_records(collection.events, {"topic.prefix": unique_name, "capture.mode": "change_streams"})
+    topic = kafka.create_topic(records[0]["topic"])
+    warehouse = str(tmp_path)
+    for batch in (records[:first], records[first:]):
+        kafka.produce(topic, [(r["key_bare"].encode(), r["value_bare"].encode()) for r in batch])
+        land_and_refine(warehouse, topic)
+    location = refined_table_location(warehouse, topic)
+    columns = set(spark.read.format("delta").load(location).columns)
+    assert refined_documents(spark, location) == expected_documents(collection, columns)
+    assert not is_delta_table(spark, quarantine_location(warehouse))
+
+
 @pytest.mark.parametrize(
     ("mode", "schemas", "snapshot"),
     [
@@ -171,7 +220,7 @@ def test_random_writes_refine_to_the_model_documents(
 ):
     """With ``snapshot``, the collection holds documents before capture starts, which the connector's
     initial snapshot reads (op ``r``, its snapshot record emitter) before the streamed changes."""
-    seed = random.randrange(2**32)
+    seed = int(os.environ.get("CDC_RANDOM_SEED") or random.randrange(2**32))
     collection = Collection("shop", "things")
     random_writes(seed, collection, steps=160, full_document=mode == "change_streams_update_full", snapshot=snapshot)
     records = connector_records(collection.events, {"topic.prefix": unique_name, "capture.mode": mode})
@@ -259,7 +308,7 @@ def test_exploded_arrays_follow_the_documents_through_type_drift(
 ):
     """Arrays exploded into child tables drift (to a string; an element's field to a string): the
     child rows are each document's current elements, as the model has them."""
-    seed = random.randrange(2**32)
+    seed = int(os.environ.get("CDC_RANDOM_SEED") or random.randrange(2**32))
     collection = Collection("shop", "carts")
     random_writes(seed, collection, steps=120, full_document=True, array_drift=True)
     records = connector_records(
