@@ -5,7 +5,8 @@ The records are the connector's own (its record emitter, collection schema and s
 serialised by Kafka Connect's JsonConverter) for change-stream documents the reference model of
 the collections writes (:mod:`cdc.stack.mongo_model`, MongoDB's update semantics). The writes are
 seeded random (the seed is printed on failure; ``CDC_RANDOM_SEED=<seed>`` runs it again): nested $set,
-$unset, $push/$pull/$pop, truncated arrays, replaces, deletes and re-inserts of one _id, type drift, ids of several BSON types.
+$unset, $push/$pull/$pop, truncated arrays, replaces, deletes and re-inserts of one _id, type drift,
+ids of several BSON types.
 """
 
 from __future__ import annotations
