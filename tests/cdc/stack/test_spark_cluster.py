@@ -177,8 +177,24 @@ def test_stack_up_with_the_spark_cluster_keeps_the_running_processes(
     ]
 
 
+def assert_task_lost_and_run_again(event_log_dir: Path, task_id: int) -> None:
+    """The driver's event log (Spark's own record) shows task ``task_id`` ended by its executor's loss, and
+    another attempt of the same task of the same stage succeeding."""
+    files = sorted(event_log_dir.rglob("events_*"))  # Spark 4's rolling event log: eventlog_v2_<app>/events_<n>_<app>
+    events = [json.loads(line) for file in files for line in file.read_text().splitlines()]
+    ends = [e for e in events if e["Event"] == "SparkListenerTaskEnd"]
+    [lost] = [e for e in ends if e["Task Info"]["Task ID"] == task_id]
+    assert lost["Task End Reason"]["Reason"] == "ExecutorLostFailure", lost["Task End Reason"]
+    assert any(
+        e["Stage ID"] == lost["Stage ID"]
+        and e["Task Info"]["Index"] == lost["Task Info"]["Index"]
+        and e["Task End Reason"]["Reason"] == "Success"
+        for e in ends
+    ), f"task {task_id} was not run again"
+
+
 def test_raw_and_refine_on_the_cluster_survive_an_executor_killed_mid_batch(
-    spark_cluster, kafka, stack_config, postgres_connector, postgres_table, s3_warehouse, read_s3_table
+    spark_cluster, kafka, stack_config, postgres_connector, postgres_table, s3_warehouse, read_s3_table, tmp_path
 ):
     """Each job runs on the cluster while one of its executors is killed (SIGKILL) in the middle of a task:
     the driver runs the task again on an executor, the job ends well, and a rerun changes nothing. Each
@@ -195,9 +211,17 @@ def test_raw_and_refine_on_the_cluster_survive_an_executor_killed_mid_batch(
         "refine": ["refine", "--table", topic, *common],
     }
     for name, args in jobs.items():
+        event_log_dir = tmp_path / f"events-{name}"
+        event_log_dir.mkdir()
+        conf = {
+            **json.loads(env["CDC_SPARK__CONF"]),
+            "spark.eventLog.enabled": "true",
+            "spark.eventLog.dir": event_log_dir.as_uri(),
+            "spark.eventLog.compress": "false",
+        }
         job = subprocess.Popen(
             [sys.executable, "-m", "cdc.cli", *args],
-            env=env,
+            env={**env, "CDC_SPARK__CONF": json.dumps(conf)},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -216,8 +240,8 @@ def test_raw_and_refine_on_the_cluster_survive_an_executor_killed_mid_batch(
         reader.join(timeout=30)
         output = "".join(printed)
         # The driver saw the task lost with its executor, and ran it again: the job ends well.
-        assert re.search(rf"Lost task \S+ in stage \S+ \(TID {killed_task}\)", output), f"{name}: {output}"
         assert job.returncode == 0, f"{name}: {output}"
+        assert_task_lost_and_run_again(event_log_dir, killed_task)
         run_cdc(env, *args)  # a rerun changes nothing
     assert_each_offset_landed_once(read_s3_table, warehouse, topic, kafka)
     assert_refined_equals_postgres(read_s3_table, warehouse, topic, postgres_table)
