@@ -17,7 +17,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from cdc.core.tables import is_delta_table
+from cdc.core.tables import is_delta_table, table_version
 from refine.decode import decode, json_type
 from refine.envelope import ConnectSchema, Op
 from refine.latest import POSITION_COLUMNS, at_or_after
@@ -43,12 +43,17 @@ def stored_states(
     spark: SparkSession, locations: list[str], key_columns: list[str], row_type: StructType
 ) -> DataFrame | None:
     """The rows of the refined-shaped tables at ``locations`` (those that exist) as states: ``key``
-    and ``image`` structs and the position; None when there is none."""
+    and ``image`` structs and the position; None when there is none.
+
+    Each table is read at its version of now: the changes filled from these states are computed again
+    after the batch's MERGE has changed the tables (the history reads them then), and a plain read
+    would see the new rows there (the old key's row gone, its values lost)."""
     states = []
     for location in locations:
         if not is_delta_table(spark, location):
             continue
-        stored = spark.read.format("delta").load(location)
+        version = table_version(spark, location)
+        stored = spark.read.format("delta").option("versionAsOf", version).load(location)
         present = set(stored.columns)
         image = F.struct(
             *[

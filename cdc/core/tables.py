@@ -186,6 +186,11 @@ def clear_interrupted_creation(storage: Storage, location: str, *, abandoned_aft
         time.sleep(min(0.2, abandoned_after - unchanged_for))  # a creation under way commits within seconds
 
 
+def table_version(spark: SparkSession, location: str) -> int:
+    """The Delta table's latest version (its last commit)."""
+    return DeltaTable.forPath(spark, location).history(1).select("version").collect()[0][0]
+
+
 def has_landed_data(spark: SparkSession, location: str) -> bool:
     """True when the table has any commit after its creation."""
-    return DeltaTable.forPath(spark, location).history(1).select("version").collect()[0][0] > 0
+    return table_version(spark, location) > 0

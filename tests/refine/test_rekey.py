@@ -6,12 +6,14 @@ import random
 
 import psycopg
 import pytest
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from cdc.stack.workload import run_workload
+from refine.batch_facts import row_type_of
 from refine.envelope import ConnectSchema
-from refine.rekey import OLD_KEY_HEADER, chain_depth, fill_from_old_keys, old_key
+from refine.rekey import OLD_KEY_HEADER, chain_depth, fill_from_old_keys, old_key, stored_states
 from refine.toast import TOAST_PLACEHOLDER
 
 KEY_SCHEMA = ConnectSchema.model_validate({"type": "struct", "fields": [{"type": "int64", "field": "id"}]})
@@ -87,6 +89,34 @@ def test_a_stored_rows_update_then_key_change_in_one_batch_carry_its_values_to_t
     filled = fill_from_old_keys(spark.createDataFrame(changes, CHANGES), KEY_SCHEMA, stored)
     notes = filled.where("after IS NOT NULL").select("kafka_offset", "after.note")
     assertDataFrameEqual(notes, [(10, "stored note"), (12, "stored note")])
+
+
+def test_filled_changes_computed_again_after_the_batchs_merge_keep_the_stored_rows_read_before_it(spark, tmp_path):
+    """The history computes the filled changes again after the batch's MERGE has removed the old key's
+    stored row: they still take its values, as read when the batch began."""
+    refined, row_schema = (
+        str(tmp_path / "refined"),
+        "id bigint, note string, n int, _cdc_lsn bigint, _cdc_offset bigint",
+    )
+    spark.createDataFrame([(1, "stored note", 0, 1, 1)], row_schema).write.format("delta").save(refined)
+    changes = spark.createDataFrame(
+        [
+            ("u", (1,), (1, TOAST_PLACEHOLDER, 1), 5, 10, 0, []),
+            ("d", (1,), None, 6, 11, 0, []),
+            ("c", (2,), (2, TOAST_PLACEHOLDER, 1), 6, 12, 0, [(OLD_KEY_HEADER, json.dumps({"id": 1}).encode())]),
+        ],
+        CHANGES,
+    )
+    stored = stored_states(spark, [refined, str(tmp_path / "deleted")], ["id"], row_type_of(changes))
+    filled = fill_from_old_keys(changes, KEY_SCHEMA, stored)
+
+    def notes() -> DataFrame:
+        return filled.where("after IS NOT NULL").select("kafka_offset", "after.note")
+
+    assertDataFrameEqual(notes(), [(10, "stored note"), (12, "stored note")])
+    spark.sql(f"DELETE FROM delta.`{refined}` WHERE id = 1")  # what the batch's MERGE does, then the insert
+    spark.createDataFrame([(2, "stored note", 1, 6, 12)], row_schema).write.format("delta").mode("append").save(refined)
+    assertDataFrameEqual(notes(), [(10, "stored note"), (12, "stored note")])
 
 
 def test_a_row_re_keyed_fifteen_times_in_one_batch_keeps_its_values(spark):
@@ -240,27 +270,15 @@ CHAINS = {
             "UPDATE shop.{table} SET id = 5 WHERE id = 1",
         ],
     ],
+    "refined, then updated and re-keyed": [
+        ["INSERT INTO shop.{table} VALUES (1, 0, " + BIG_NOTE + ")"],
+        ["UPDATE shop.{table} SET n = 1 WHERE id = 1", "UPDATE shop.{table} SET id = 2 WHERE id = 1"],
+    ],
 }
 
 
-# The refined table is right (the update takes the stored row's value, and the new key takes it); the
-# history's current version of the new key still holds the placeholder: an open bug (issue 29).
-KNOWN_HISTORY_BUG = pytest.mark.xfail(strict=True, reason="the history keeps the placeholder (issue 29)")
-CASES = [
-    *(pytest.param(batches, id=name) for name, batches in CHAINS.items()),
-    pytest.param(
-        [
-            ["INSERT INTO shop.{table} VALUES (1, 0, " + BIG_NOTE + ")"],
-            ["UPDATE shop.{table} SET n = 1 WHERE id = 1", "UPDATE shop.{table} SET id = 2 WHERE id = 1"],
-        ],
-        id="refined, then updated and re-keyed",
-        marks=KNOWN_HISTORY_BUG,
-    ),
-]
-
-
 @pytest.mark.integration
-@pytest.mark.parametrize("batches", CASES)
+@pytest.mark.parametrize("batches", list(CHAINS.values()), ids=list(CHAINS))
 def test_chained_key_changes_keep_the_toasted_values(
     spark, kafka, stack_config, postgres_connector, tmp_path, unique_name, land_and_refine, refined_table, batches
 ):
