@@ -32,7 +32,7 @@ from cdc.core.object_store import load_s3_connection, object_store_spark_config
 from cdc.core.session import build_spark_session, job_spark_config
 from cdc.core.source import load_secrets_file
 from cdc.core.storage import normalize_location
-from cdc.maintenance import OptimizeResult, optimize_table, resolve_table, vacuum_table
+from cdc.maintenance import OptimizeResult, VacuumResult, optimize_table, resolve_table, vacuum_table
 from cdc.pipeline.config import Pipeline
 from cdc.pipeline.load import load_pipeline
 from cdc.pipeline.run import PipelineRefineConfig, raw_job_config, run_pipeline_refine
@@ -308,17 +308,19 @@ class Lakehouse:
         location = resolve_table(self.spark(), table, self.warehouse)
         return optimize_table(self.spark(), location, list(zorder_by))
 
-    def vacuum(self, table: str, *, retain_hours: float | None = None, below_safe_minimum: bool = False) -> str:
+    def vacuum(
+        self, table: str, *, retain_hours: float | None = None, below_safe_minimum: bool = False
+    ) -> VacuumResult:
         """Delete the files older versions of a Delta table no longer need (``cdc vacuum``); returns its
-        location. Below 168 hours only with ``below_safe_minimum``, and never on raw tables.
+        location and how many files and directories were deleted. Below 168 hours only with
+        ``below_safe_minimum``, and never on raw tables.
 
         Example::
 
             lake.vacuum("refined/shop.public.orders", retain_hours=240)
         """
         location = resolve_table(self.spark(), table, self.warehouse)
-        vacuum_table(self.spark(), location, retain_hours, below_safe_minimum)
-        return location
+        return vacuum_table(self.spark(), location, retain_hours, below_safe_minimum)
 
     def _refine_config(
         self,

@@ -9,6 +9,7 @@ copy of their topic's records.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from delta.tables import DeltaTable
@@ -16,6 +17,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
 
 from cdc.core.errors import ConfigError, TableError
+from cdc.core.functions import captured_console
 from cdc.core.shared_tables import retrying_conflicts
 from cdc.core.storage import normalize_location
 from cdc.core.tables import KIND_PROPERTY, RAW_KIND, delta_properties, is_delta_table
@@ -24,6 +26,7 @@ SAFE_RETENTION_HOURS = 168.0
 OVERRIDE_FLAG = "--i-know-vacuum-below-retention-loses-time-travel"
 _LISTING_PARALLELISM = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
 _RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
+_DELETED = re.compile(r"Deleted (\d+) files and directories")  # Delta's VACUUM summary line
 
 
 def resolve_table(spark: SparkSession, table: str, warehouse: str) -> str:
@@ -49,6 +52,12 @@ class OptimizeResult:
     files_added: int
 
 
+@dataclass(frozen=True)
+class VacuumResult:
+    location: str
+    deleted: int | None  # files and directories deleted (None: Delta did not say)
+
+
 def optimize_table(spark: SparkSession, location: str, zorder_by: list[str] | None = None) -> OptimizeResult:
     """Compact the table's small files; with ``zorder_by``, cluster rows by those columns (Z-order).
 
@@ -72,7 +81,7 @@ def optimize_table(spark: SparkSession, location: str, zorder_by: list[str] | No
 
 def vacuum_table(
     spark: SparkSession, location: str, retain_hours: float | None = None, below_safe_minimum: bool = False
-) -> None:
+) -> VacuumResult:
     """Delete files no version within ``retain_hours`` (default: the table's retention) references.
 
     Below SAFE_RETENTION_HOURS: a ConfigError unless ``below_safe_minimum``; always on raw tables.
@@ -81,8 +90,7 @@ def vacuum_table(
         raise ConfigError("the retention cannot be negative", table=location, retain_hours=retain_hours)
     table = DeltaTable.forPath(spark, location)
     if retain_hours is None or retain_hours >= SAFE_RETENTION_HOURS:
-        _vacuum(spark, table, retain_hours)
-        return
+        return VacuumResult(location, _vacuum(spark, table, retain_hours))
     if delta_properties(spark, location).get(KIND_PROPERTY) == RAW_KIND:
         raise ConfigError(
             f"refusing to vacuum a raw table with a retention below {SAFE_RETENTION_HOURS:g} hours: "
@@ -100,18 +108,21 @@ def vacuum_table(
     previous = spark.conf.get(_RETENTION_CHECK, "true") or "true"
     spark.conf.set(_RETENTION_CHECK, "false")  # Delta's own guard, lifted for this call only
     try:
-        _vacuum(spark, table, retain_hours)
+        return VacuumResult(location, _vacuum(spark, table, retain_hours))
     finally:
         spark.conf.set(_RETENTION_CHECK, previous)
 
 
-def _vacuum(spark: SparkSession, table: DeltaTable, retain_hours: float | None) -> None:
+def _vacuum(spark: SparkSession, table: DeltaTable, retain_hours: float | None) -> int | None:
     # VACUUM lists the table's directories in as many tasks as this setting (Spark's default:
     # 10,000, a minute of empty tasks on a small machine); as many as the cluster has cores suffice.
     previous = spark.conf.get(_LISTING_PARALLELISM, None)
     spark.conf.set(_LISTING_PARALLELISM, str(spark.sparkContext.defaultParallelism))
     try:
-        table.vacuum(retain_hours)
+        with captured_console(spark) as printed:  # Delta prints its summary to standard output
+            table.vacuum(retain_hours)
+        counts = [int(m.group(1)) for line in printed if (m := _DELETED.match(line))]
+        return counts[-1] if counts else None
     finally:
         if previous is None:
             spark.conf.unset(_LISTING_PARALLELISM)

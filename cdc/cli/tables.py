@@ -79,12 +79,14 @@ def optimize(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def vacuum(args: argparse.Namespace, settings: Settings) -> int:
-    location = lakehouse(settings).vacuum(
+    result = lakehouse(settings).vacuum(
         args.table,
         retain_hours=args.retain_hours,
         below_safe_minimum=args.i_know_vacuum_below_retention_loses_time_travel,
     )
-    print(f"vacuumed {location}" + ("" if args.retain_hours is None else f" (retained {args.retain_hours:g} hours)"))
+    deleted = "" if result.deleted is None else f": {result.deleted} files and directories deleted"
+    retained = "" if args.retain_hours is None else f" (retained {args.retain_hours:g} hours)"
+    print(f"vacuumed {result.location}{deleted}{retained}")
     return 0
 
 

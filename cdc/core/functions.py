@@ -4,6 +4,9 @@ in each session the project builds) with Spark's own functions as the fallback, 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from pyspark.errors import AnalysisException
 from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
@@ -50,6 +53,22 @@ def is_utf8(binary: Column) -> Column:
 def original_bytes(text: str, raw: str) -> Column:
     """The bytes as received in Kafka, from a (text, bytes) column pair such as key/key_bytes."""
     return F.coalesce(F.col(raw), F.encode(F.col(text), "UTF-8"))
+
+
+@contextmanager
+def captured_console(spark: SparkSession) -> Iterator[list[str]]:
+    """Within the block, what the driver JVM's Scala code prints on this thread (Delta's VACUUM prints
+    its summary with ``println``) is caught instead of reaching standard output; the list yields its
+    lines at the block's end. Nothing is caught without the helpers jar."""
+    lines: list[str] = []
+    capture = spark._jvm.cdc.jvm.ConsoleCapture() if helpers_available() and spark._jvm is not None else None
+    if capture is not None:
+        capture.start()
+    try:
+        yield lines
+    finally:
+        if capture is not None:
+            lines.extend(capture.stop().splitlines())
 
 
 def quiet_console_logs() -> None:

@@ -1,5 +1,7 @@
 """`cdc optimize` and `cdc vacuum` on real Delta tables."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -72,6 +74,19 @@ def test_vacuum_with_the_override_removes_unreferenced_files(spark, tmp_path, ca
         spark.read.format("delta").option("versionAsOf", 0).load(location).collect()
     assert spark.conf.get("spark.databricks.delta.retentionDurationCheck.enabled") == "true"  # restored
     assert main(["vacuum", "--table", location]) == 0  # the default retention needs no override
+
+
+def test_vacuum_prints_its_own_line_with_the_count_delta_printed(spark, tmp_path):
+    """Delta's VACUUM prints its summary to the JVM's standard output: `cdc vacuum` prints its own line
+    only, with the count from Delta's."""
+    location = str(tmp_path / "events")
+    small_files_table(spark, location, appends=3)
+    spark.range(10).selectExpr("id", "id AS bucket").coalesce(1).write.format("delta").mode("overwrite").save(location)
+    override = ["--retain-hours", "0", "--i-know-vacuum-below-retention-loses-time-travel"]
+    vacuum = [sys.executable, "-m", "cdc.cli", "vacuum", "--table", location, *override]
+    result = subprocess.run(vacuum, capture_output=True, text=True, cwd=tmp_path, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [f"vacuumed {location}: 3 files and directories deleted (retained 0 hours)"]
 
 
 def test_vacuum_never_goes_below_the_minimum_on_raw_tables(spark, tmp_path, capsys):
