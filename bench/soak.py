@@ -43,6 +43,7 @@ from cdc.core.config import load_settings
 from cdc.core.errors import CdcError
 from cdc.core.session import build_spark_session
 from cdc.stack.local import LocalStack
+from cdc.stack.process import port_open
 from cdc.stack.random_workload import SCHEMA, RandomTables, RandomWorkload, compare, wait_for_marks
 from connectors import definitions
 from connectors.client import ConnectClient
@@ -192,6 +193,10 @@ def soak(args: argparse.Namespace, settings, stack: LocalStack, seed: int) -> in
                     os.waitpid(pid, os.WNOHANG)  # our child when this run started the stack
                 except ChildProcessError:
                     pass
+                # A killed JVM's memory is torn down before its sockets close: its port can still answer.
+                deadline = time.monotonic() + 60
+                while port_open(component.port) and time.monotonic() < deadline:
+                    time.sleep(0.1)
                 component.start()
                 restart_failed_tasks(client, name)
             next_fault = time.monotonic() + faults_rng.expovariate(1 / args.fault_every)
