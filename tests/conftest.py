@@ -52,28 +52,6 @@ TEST_STACK_PORTS = {
 }
 
 
-# The test files that take longest (seconds in a full run, longest first): `./dev test` hands files to its
-# workers in this order, then the rest as collected, so that the long ones do not come last.
-SLOW_FILES_FIRST = [
-    "tests/refine/test_mongo_connector.py",
-    "tests/refine/test_refine_job.py",
-    "tests/refine/test_rebuild.py",
-    "tests/cdc/stack/test_spark_cluster.py",
-    "tests/cdc/pipeline/test_run.py",
-    "tests/cdc/core/test_object_store.py",
-    "tests/refine/test_random_workload.py",
-    "tests/refine/test_rekey.py",
-    "tests/cdc/test_api.py",
-    "tests/cdc/core/test_catalog.py",
-    "tests/cdc/demo/test_shop.py",
-]
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    rank = {path: index for index, path in enumerate(SLOW_FILES_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: files keep their order
-
-
 @pytest.fixture(scope="session")
 def spark():
     from cdc.core.session import build_spark_session
