@@ -289,7 +289,12 @@ def test_chained_key_changes_keep_the_toasted_values(
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f"CREATE TABLE shop.{table} (id int PRIMARY KEY, n int, notes text)")
         conn.execute(f"ALTER TABLE shop.{table} ALTER COLUMN notes SET STORAGE EXTERNAL")
-        conn.execute(f'ALTER PUBLICATION "{postgres_connector.name}" ADD TABLE shop.{table}')
+        # Debezium's filtered publication mode adds the table itself when the connector's task starts after the
+        # CREATE TABLE (a loaded machine): then it is a member already.
+        conn.execute(
+            f'DO $$ BEGIN ALTER PUBLICATION "{postgres_connector.name}" ADD TABLE shop.{table}; '
+            "EXCEPTION WHEN duplicate_object THEN NULL; END $$"
+        )
 
     def source():
         with psycopg.connect(dsn) as conn:

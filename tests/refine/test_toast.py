@@ -163,7 +163,12 @@ def test_every_toasted_shape_debezium_sends_keeps_the_rows_value(
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(SHAPES_TABLE)
         conn.execute(f"ALTER TABLE shop.toast_shapes {EXTERNAL}")
-        conn.execute(f'ALTER PUBLICATION "{postgres_connector.name}" ADD TABLE shop.toast_shapes')
+        # Debezium's filtered publication mode adds the table itself when the connector's task starts after the
+        # CREATE TABLE (a loaded machine): then it is a member already.
+        conn.execute(
+            f'DO $$ BEGIN ALTER PUBLICATION "{postgres_connector.name}" ADD TABLE shop.toast_shapes; '
+            "EXCEPTION WHEN duplicate_object THEN NULL; END $$"
+        )
         conn.execute(BIG_ROW)
         conn.execute("UPDATE shop.toast_shapes SET n = 1")
     try:
