@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
@@ -18,6 +17,7 @@ from cdc.core.tables import (
     is_delta_table,
     raw_table_location,
     raw_table_topic,
+    table_version,
 )
 from cdc.raw.checkpoint import committed_offsets
 from refine.expectations import expectations_location
@@ -77,7 +77,7 @@ def raw_table_statuses(
             RawTableStatus(
                 topic=topic,
                 table=location,
-                version=DeltaTable.forPath(spark, location).history(1).select("version").collect()[0][0],
+                version=table_version(spark, location),
                 rows=spark.read.format("delta").load(location).count(),
                 recorded_gaps=gaps.get(location, 0),
                 quarantined=quarantined.get(location, 0),

@@ -51,6 +51,7 @@ from cdc.core.tables import (
     is_delta_table,
     raw_table_location,
     raw_table_topic,
+    table_version,
 )
 from refine.batch import RefineBatch
 from refine.config import RefineJobConfig, refined_table_location
@@ -111,7 +112,7 @@ def rebuild_refined_table(
     raw = raw_table_location(config.warehouse, config.table)
     if raw_table_topic(spark, raw) is None:
         raise TableError("no raw table for this topic: run `cdc raw` first", table=raw)
-    raw_version = DeltaTable.forPath(spark, raw).history(1).select("version").collect()[0][0]
+    raw_version = table_version(spark, raw)
     records = spark.read.format("delta").option("versionAsOf", raw_version).load(raw)
     staging = rebuild_location(config.warehouse, config.target)
     storage = Storage(spark)
@@ -185,15 +186,15 @@ def _replace(spark: SparkSession, live: str, staged: str, started: int | None) -
     if not is_delta_table(spark, staged):
         if not is_delta_table(spark, live):
             return None
-        emptied_from = _version(spark, live)
+        emptied_from = table_version(spark, live)
         DeltaTable.forPath(spark, live).delete()
         _check_swapped_on(spark, live, started)
-        return RebuiltTable(live, emptied_from, _version(spark, live))
+        return RebuiltTable(live, emptied_from, table_version(spark, live))
     properties = {
         key: value for key, value in delta_properties(spark, staged).items() if not key.startswith(_PROTOCOL_PROPERTIES)
     }
     rows = spark.read.format("delta").load(staged)
-    before = _version(spark, live) if is_delta_table(spark, live) else None
+    before = table_version(spark, live) if is_delta_table(spark, live) else None
     if before is not None:
         properties = {key: value for key, value in properties.items() if key not in _FEATURE_PROPERTIES}
     if before is not None:  # the live table's columns keep their order (a column added mid-stream stays last)
@@ -215,7 +216,7 @@ def _replace(spark: SparkSession, live: str, staged: str, started: int | None) -
     gone = [key for key in current if key.startswith("cdc.") and key not in properties]
     if gone:  # a mark of the old refinement (a truncate's position, say) the rebuild did not make
         spark.sql(f"ALTER TABLE delta.`{live}` UNSET TBLPROPERTIES IF EXISTS ({', '.join(repr(k) for k in gone)})")
-    return RebuiltTable(live, before, _version(spark, live))
+    return RebuiltTable(live, before, table_version(spark, live))
 
 
 def _keep_batch_counter(spark: SparkSession, applied: str, before: tuple[int | None, int, int, int] | None) -> None:
@@ -239,7 +240,7 @@ _WRITTEN_MEANWHILE = (
 
 
 def _version_if_table(spark: SparkSession, location: str) -> int | None:
-    return _version(spark, location) if is_delta_table(spark, location) else None
+    return table_version(spark, location) if is_delta_table(spark, location) else None
 
 
 def _check_swapped_on(spark: SparkSession, live: str, started: int | None) -> None:
@@ -250,10 +251,6 @@ def _check_swapped_on(spark: SparkSession, live: str, started: int | None) -> No
     read = DeltaTable.forPath(spark, live).history(1).select("readVersion").collect()[0][0]
     if read != started:
         raise TableError(_WRITTEN_MEANWHILE + " (during its swap)", table=live)
-
-
-def _version(spark: SparkSession, location: str) -> int:
-    return DeltaTable.forPath(spark, location).history(1).select("version").collect()[0][0]
 
 
 def _escaped(value: str) -> str:

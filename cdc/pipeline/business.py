@@ -48,7 +48,7 @@ from cdc.core.catalog import register_table
 from cdc.core.config import AvailableNow, Continuous, Trigger, _Strict
 from cdc.core.errors import ConfigError, TableError
 from cdc.core.storage import Storage, normalize_location
-from cdc.core.tables import KIND_PROPERTY, delta_properties, is_delta_table
+from cdc.core.tables import KIND_PROPERTY, delta_properties, is_delta_table, table_version
 
 BUSINESS_KIND = "business"
 QUERY_PROPERTY, SOURCES_PROPERTY = "cdc.business.query_sha256", "cdc.business.sources"
@@ -190,10 +190,6 @@ def _sql_string(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def _latest_version(spark: SparkSession, location: str) -> int:
-    return DeltaTable.forPath(spark, location).history(1).select("version").collect()[0][0]
-
-
 def _state(spark: SparkSession, location: str) -> dict[str, str] | None:
     """The business table's properties; None when there is no table yet."""
     if not is_delta_table(spark, location):
@@ -239,7 +235,7 @@ def refresh_business_table(spark: SparkSession, config: BusinessTableConfig) -> 
             table=config.location,
         ) from None
     sources = delta_sources(plan)
-    versions = None if sources is None else {source: _latest_version(spark, source) for source in sources}
+    versions = None if sources is None else {source: table_version(spark, source) for source in sources}
     state = _state(spark, config.location)
     query = _query_sha256(config)
     same_query = state is not None and state.get(QUERY_PROPERTY) == query
