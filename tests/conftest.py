@@ -1,9 +1,12 @@
 """Shared fixtures: one Spark session and one real CDC stack per test process (`./dev test` runs the whole
 suite in two pytest-xdist workers, each with its own; the worker's number shifts its stack's ports by 20).
 
-The stack runs on ports of its own (55432, 59092-3, 58083, 59000; its Spark cluster, started only for the
-tests that ask for it, 57077 and 57080-4; shifted by CDC_TEST_PORT_OFFSET when set, so that two checkouts
-can test side by side) so that tests never touch a demo stack on the default ports.
+The stack runs on ports of its own (25432, 29092-3, 28083, 29000; its Spark cluster, started only for the
+tests that ask for it, 27077 and 27080-4; shifted by CDC_TEST_PORT_OFFSET when set, so that two checkouts
+can test side by side) so that tests never touch a demo stack on the default ports. They lie below Linux's
+ephemeral range (32768-60999), from which the kernel picks the port of every socket bound to port 0
+(Spark's driver, block managers and executors) and of every outgoing connection: a port in it can be
+taken by any of them just before the stack's server binds it.
 With CDC_TEST_STACK=docker it is started from docker/compose.yml through testcontainers instead (where
 a Docker engine exists). A component that is missing makes the tests that need it fail with the reason;
 nothing is skipped.
@@ -40,14 +43,14 @@ _PORT_OFFSET = int(os.environ.get("CDC_TEST_PORT_OFFSET", "0")) + 20 * _WORKER
 TEST_STACK_PORTS = {
     name: port + _PORT_OFFSET
     for name, port in {
-        "postgres": 55432,
-        "kafka": 59092,
-        "controller": 59093,
-        "connect": 58083,
-        "spark_master": 57077,
-        "spark_master_ui": 57080,
-        "spark_workers_from": 57081,
-        "object_store": 59000,
+        "postgres": 25432,
+        "kafka": 29092,
+        "controller": 29093,
+        "connect": 28083,
+        "spark_master": 27077,
+        "spark_master_ui": 27080,
+        "spark_workers_from": 27081,
+        "object_store": 29000,
     }.items()
 }
 

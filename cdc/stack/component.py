@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from cdc.core.config import StackConfig
 from cdc.core.errors import StackError
 from cdc.stack.base import ComponentStatus
 from cdc.stack.process import ManagedProcess, port_open
+
+
+def _ephemeral_hint(port: int) -> str:
+    """Why a port may be taken by nobody the user knows of: the kernel hands out ports of its ephemeral range."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        return ""
+    if low <= port <= high:
+        return (
+            f" (it lies in the kernel's ephemeral range {low}-{high}, which any program's outgoing "
+            "connections and port-0 listeners draw from: a port below it is never taken that way)"
+        )
+    return ""
 
 
 class Component:
@@ -54,7 +70,7 @@ class Component:
             if port_open(self.port):
                 raise StackError(
                     f"port {self.port} on 127.0.0.1 is taken by a process this stack did not start; "
-                    "stop it or choose another port",
+                    f"stop it or choose another port{_ephemeral_hint(self.port)}",
                     component=self.name,
                 )
             self.prepare()

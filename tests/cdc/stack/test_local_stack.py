@@ -77,3 +77,5 @@ def test_a_taken_port_is_named_and_nothing_starts(tmp_path):
             kafka.start()
     assert raised.value.component == "kafka"
     assert kafka.process.pid() is None
+    # A port-0 listener's port comes from the kernel's ephemeral range: the error says why it was taken.
+    assert "ephemeral range" in str(raised.value)
