@@ -50,7 +50,12 @@ def run_workload(dsn: str, *, customers: int = 10, seed: int = 0) -> WorkloadRep
     rng = random.Random(seed)
     report = WorkloadReport()
     with psycopg.connect(dsn) as conn:
-        [first_id] = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM shop.customers").fetchall()[0]
+        # New customers get ids no customer and no order has used: other writers of shop.orders (tests,
+        # users) may hold orders of customers that shop.customers never had.
+        [first_id] = conn.execute(
+            "SELECT coalesce(greatest((SELECT max(id) FROM shop.customers), "
+            "(SELECT max(customer_id) FROM shop.orders)), 0) + 1"
+        ).fetchall()[0]
         ids = list(range(first_id, first_id + customers))
         with conn.transaction():
             for customer_id in ids:
