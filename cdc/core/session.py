@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import BinaryIO
 
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
@@ -211,8 +215,11 @@ def build_spark_session(config: SparkConfig | None = None) -> SparkSession:
     starts_jvm = SparkSession.getActiveSession() is None and SparkContext._active_spark_context is None
     if starts_jvm:
         _prepare_log_file(config)
+    settings = spark_conf(config)
+    if starts_jvm and "PYSPARK_GATEWAY_PORT" not in os.environ:  # (under spark-submit the JVM runs already)
+        _start_driver_jvm(settings)
     builder = SparkSession.builder
-    for key, value in spark_conf(config).items():
+    for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     # The root level; with the project's log configuration the terminal shows less (ConsoleLogLevel).
@@ -222,6 +229,31 @@ def build_spark_session(config: SparkConfig | None = None) -> SparkSession:
     if log_file is not None:  # a job's JVM stopped by a signal: Spark's shutdown noise goes to the log file only
         quiet_console_logs_on_shutdown(spark)
     return spark
+
+
+# Spark's launcher always adds `--add-modules=jdk.incubator.vector`, and the JDK then prints this line to
+# the JVM's stderr at its start, before any logging is set up; no JVM option silences it.
+_INCUBATOR_WARNING = b"WARNING: Using incubator modules"
+
+
+def _start_driver_jvm(settings: dict[str, str]) -> None:
+    """Start the driver JVM and its SparkContext, the JVM's stderr copied to this process' own stderr
+    (where it went before) line by line, but for the JDK's incubator-module warning."""
+    from pyspark import SparkConf
+    from pyspark.java_gateway import launch_gateway
+
+    conf = SparkConf(loadDefaults=False).setAll(list(settings.items()))
+    gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})
+    threading.Thread(target=_copy_stderr, args=(gateway.proc.stderr,), name="jvm-stderr", daemon=True).start()
+    SparkContext(conf=conf, gateway=gateway)
+
+
+def _copy_stderr(jvm_stderr: BinaryIO) -> None:
+    for line in iter(jvm_stderr.readline, b""):
+        if line.startswith(_INCUBATOR_WARNING):
+            continue
+        with contextlib.suppress(OSError):  # a closed terminal: keep reading, or the JVM would block writing
+            os.write(2, line)
 
 
 def build_class_archive(config: SparkConfig) -> Path:

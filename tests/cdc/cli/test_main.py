@@ -1,3 +1,6 @@
+import subprocess
+import sys
+
 import pytest
 
 from cdc.cli import build_parser, main
@@ -146,3 +149,19 @@ def test_a_job_shows_its_own_lines_and_keeps_sparks_warnings_in_its_log_file(
 
     verbose = run("--verbose", "refine", "--table", topic)
     assert " WARN " in verbose
+
+
+def test_a_job_that_fails_prints_its_one_line_and_nothing_of_the_jvms_start(tmp_path):
+    """The JDK's warning about the incubator module Spark's launcher adds is not shown."""
+    result = subprocess.run(
+        [sys.executable, "-m", "cdc.cli", "refine", "--table", "t", "--warehouse", str(tmp_path), "--available-now"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 8, result.stderr
+    assert (result.stdout, result.stderr.splitlines()) == (
+        "",
+        [f"cdc: error: no raw table for this topic: run `cdc raw` first (table={tmp_path}/raw/t)"],
+    )
