@@ -1,5 +1,6 @@
-"""`cdc raw` and `cdc refine` on the stack's standalone Spark cluster: a driver of their own (a `cdc` process,
-as the suite's session is local), executors in the workers' JVMs, the jars shipped to them by the driver.
+"""`cdc raw` and `cdc refine` (with a business table) on the stack's standalone Spark cluster: a driver of
+their own (a `cdc` process, as the suite's session is local), executors in the workers' JVMs, the jars
+shipped to them by the driver.
 
 The warehouse is on the stack's S3 server (s3a://): the executors read and write the tables there, nothing
 through the driver's disk; the tables are read back with delta-rs from the S3 server."""
@@ -106,12 +107,38 @@ def wait_for_marker(bootstrap_servers: str, topic: str, timeout_s: float = 240) 
         consumer.close()
 
 
-def assert_refined_equals_postgres(read_s3_table, warehouse: str, topic: str, postgres_table) -> None:
+def assert_refined_equals_postgres(read_s3_table, warehouse: str, name: str, postgres_table) -> None:
     from refine.config import refined_table_location
 
-    refined = read_s3_table(refined_table_location(warehouse, topic))
+    refined = read_s3_table(refined_table_location(warehouse, name))
     own = [column for column in refined.columns if column.startswith("_cdc_")]
     assertDataFrameEqual(refined.drop(*own, *METADATA_COLUMNS), postgres_table("orders"))
+
+
+def assert_order_totals_equal_postgres(read_s3_table, warehouse: str, dsn: str) -> None:
+    """The business table ``order_totals`` of :func:`orders_pipeline` holds Postgres' totals per customer."""
+    with psycopg.connect(dsn) as conn:
+        totals = conn.execute("SELECT customer_id, count(*), sum(amount) FROM shop.orders GROUP BY customer_id")
+        expected = {(customer, orders, amount) for customer, orders, amount in totals.fetchall()}
+    business = read_s3_table(f"{warehouse}/business/order_totals").collect()
+    assert {(row.customer_id, row.orders, row.amount) for row in business} == expected
+
+
+def orders_pipeline(path: Path, topic: str) -> Path:
+    """A pipeline of the orders topic: its refined table ``orders`` and a business table on it."""
+    path.write_text(
+        f"""
+name: cluster_shop
+sources:
+  orders: {{kind: debezium_postgres, topic: {topic}}}
+refined:
+  orders: {{source: orders}}
+business:
+  order_totals:
+    sql: SELECT customer_id, count(*) AS orders, sum(amount) AS amount FROM orders GROUP BY customer_id
+"""
+    )
+    return path
 
 
 def assert_each_offset_landed_once(read_s3_table, warehouse: str, topic: str, kafka) -> None:
@@ -198,7 +225,8 @@ def test_raw_and_refine_on_the_cluster_survive_an_executor_killed_mid_batch(
 ):
     """Each job runs on the cluster while one of its executors is killed (SIGKILL) in the middle of a task:
     the driver runs the task again on an executor, the job ends well, and a rerun changes nothing. Each
-    Kafka offset is landed once, the refined table equals Postgres."""
+    Kafka offset is landed once, the refined table equals Postgres, and so does the business table on it
+    (refreshed on the cluster by the pipeline's refine)."""
     dsn = stack_config.postgres.dsn()
     insert_orders(dsn, ORDERS)
     topic = f"{postgres_connector.topic_prefix}.shop.orders"
@@ -208,7 +236,7 @@ def test_raw_and_refine_on_the_cluster_survive_an_executor_killed_mid_batch(
     common = ["--available-now"]
     jobs = {
         "raw": ["raw", "--topic", topic, "--max-offsets-per-trigger", "1500", *common],
-        "refine": ["refine", "--table", topic, *common],
+        "refine": ["refine", "--pipeline", str(orders_pipeline(tmp_path / "pipeline.yaml", topic)), *common],
     }
     for name, args in jobs.items():
         event_log_dir = tmp_path / f"events-{name}"
@@ -244,8 +272,9 @@ def test_raw_and_refine_on_the_cluster_survive_an_executor_killed_mid_batch(
         assert_task_lost_and_run_again(event_log_dir, killed_task)
         run_cdc(env, *args)  # a rerun changes nothing
     assert_each_offset_landed_once(read_s3_table, warehouse, topic, kafka)
-    assert_refined_equals_postgres(read_s3_table, warehouse, topic, postgres_table)
-    assert {path.name for path in stored.iterdir()} >= {"raw", "refined", "_cdc"}  # all on the S3 server
+    assert_refined_equals_postgres(read_s3_table, warehouse, "orders", postgres_table)
+    assert_order_totals_equal_postgres(read_s3_table, warehouse, dsn)
+    assert {path.name for path in stored.iterdir()} >= {"raw", "refined", "business", "_cdc"}  # all on S3
 
     # The work ran in both workers' executors, which fetched the project's JVM helpers from the driver.
     executor_dirs = [d for worker in spark_cluster.workers for d in worker.work_dir.glob("app-*/*") if d.is_dir()]
