@@ -406,6 +406,50 @@ def read_s3_table(spark, stack_config: StackConfig):
     return read
 
 
+class OrdersPipeline:
+    """A pipeline of a Debezium ``shop.orders`` topic: its refined table ``orders`` and the business table
+    ``order_totals`` (orders and amount per customer), with the check of both against Postgres."""
+
+    def __init__(self, dsn: str, read_table, postgres_table) -> None:
+        self.dsn, self.read_table, self.postgres_table = dsn, read_table, postgres_table
+
+    @staticmethod
+    def write(path: Path, name: str, topic: str) -> Path:
+        path.write_text(
+            f"""
+name: {name}
+sources:
+  orders: {{kind: debezium_postgres, topic: {topic}}}
+refined:
+  orders: {{source: orders}}
+business:
+  order_totals:
+    sql: SELECT customer_id, count(*) AS orders, sum(amount) AS amount FROM orders GROUP BY customer_id
+"""
+        )
+        return path
+
+    def assert_equal_to_postgres(self, warehouse: str) -> None:
+        import psycopg
+        from pyspark.testing import assertDataFrameEqual
+
+        from refine.merge import METADATA_COLUMNS
+
+        refined = self.read_table(f"{warehouse}/refined/orders")
+        own = [column for column in refined.columns if column.startswith("_cdc_")]
+        assertDataFrameEqual(refined.drop(*own, *METADATA_COLUMNS), self.postgres_table("orders"))
+        with psycopg.connect(self.dsn) as conn:
+            totals = conn.execute("SELECT customer_id, count(*), sum(amount) FROM shop.orders GROUP BY customer_id")
+            expected_totals = {tuple(row) for row in totals.fetchall()}
+        business = self.read_table(f"{warehouse}/business/order_totals").collect()
+        assert {(row.customer_id, row.orders, row.amount) for row in business} == expected_totals
+
+
+@pytest.fixture
+def orders_pipeline(stack_config: StackConfig, read_s3_table, postgres_table) -> OrdersPipeline:
+    return OrdersPipeline(stack_config.postgres.dsn(), read_s3_table, postgres_table)
+
+
 @pytest.fixture
 def refined_table(spark):
     """``refined_table(warehouse, topic)``: the refined table without its metadata columns."""

@@ -10,7 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-import psycopg
 import pytest
 from pyspark.testing import assertDataFrameEqual
 
@@ -85,7 +84,7 @@ def refined_rows(read_s3_table, warehouse: str, topic: str):
 
 
 def test_raw_refine_and_a_business_table_on_the_s3_warehouse_twice_equal_postgres(
-    spark, kafka, stack_config, postgres_connector, postgres_table, s3_warehouse, read_s3_table, tmp_path
+    kafka, stack_config, postgres_connector, orders_pipeline, s3_warehouse, tmp_path
 ):
     warehouse, env, stored = s3_warehouse
     # The keys from a secrets file this time, not from AWS_* variables.
@@ -97,33 +96,14 @@ def test_raw_refine_and_a_business_table_on_the_s3_warehouse_twice_equal_postgre
     run_workload(stack_config.postgres.dsn(), customers=3, seed=71)
     topic = f"{postgres_connector.topic_prefix}.shop.orders"
     kafka.wait_for_last_value(topic, lambda value: value is None)  # the workload ends with a delete
-    pipeline = tmp_path / "pipeline.yaml"
-    pipeline.write_text(
-        f"""
-name: s3shop
-sources:
-  orders: {{kind: debezium_postgres, topic: {topic}}}
-refined:
-  orders: {{source: orders}}
-business:
-  order_totals:
-    sql: SELECT customer_id, count(*) AS orders, sum(amount) AS amount FROM orders GROUP BY customer_id
-"""
-    )
+    pipeline = orders_pipeline.write(tmp_path / "pipeline.yaml", "s3shop", topic)
     logs = tmp_path / "logs"
 
     outputs = []
     for _ in range(2):
         outputs.append(run_cdc(["raw", "--pipeline", str(pipeline), "--available-now"], env, kafka, logs))
         outputs.append(run_cdc(["refine", "--pipeline", str(pipeline), "--available-now"], env, kafka, logs))
-    assertDataFrameEqual(refined_rows(read_s3_table, warehouse, "orders"), postgres_table("orders"))
-    with psycopg.connect(stack_config.postgres.dsn()) as conn:
-        totals = conn.execute(
-            "SELECT customer_id, count(*), sum(amount) FROM shop.orders GROUP BY customer_id"
-        ).fetchall()
-    expected = spark.createDataFrame(totals, "customer_id long, orders long, amount decimal(20,2)")
-    business = read_s3_table(f"{warehouse}/business/order_totals")
-    assertDataFrameEqual(business.select(*[business[f.name].cast(f.dataType) for f in expected.schema]), expected)
+    orders_pipeline.assert_equal_to_postgres(warehouse)
 
     # Everything is on the S3 server, the tool's own `_cdc/` folder (checkpoints) included.
     assert (stored / "raw" / topic / "_delta_log").is_dir()

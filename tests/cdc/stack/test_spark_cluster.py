@@ -19,12 +19,10 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from pyspark.testing import assertDataFrameEqual
 
 from cdc.core import jars
 from cdc.stack.local import LocalStack
 from cdc.stack.spark_cluster import SparkWorker
-from refine.merge import METADATA_COLUMNS
 
 pytestmark = pytest.mark.integration
 
@@ -107,40 +105,6 @@ def wait_for_marker(bootstrap_servers: str, topic: str, timeout_s: float = 240) 
         consumer.close()
 
 
-def assert_refined_equals_postgres(read_s3_table, warehouse: str, name: str, postgres_table) -> None:
-    from refine.config import refined_table_location
-
-    refined = read_s3_table(refined_table_location(warehouse, name))
-    own = [column for column in refined.columns if column.startswith("_cdc_")]
-    assertDataFrameEqual(refined.drop(*own, *METADATA_COLUMNS), postgres_table("orders"))
-
-
-def assert_order_totals_equal_postgres(read_s3_table, warehouse: str, dsn: str) -> None:
-    """The business table ``order_totals`` of :func:`orders_pipeline` holds Postgres' totals per customer."""
-    with psycopg.connect(dsn) as conn:
-        totals = conn.execute("SELECT customer_id, count(*), sum(amount) FROM shop.orders GROUP BY customer_id")
-        expected = {(customer, orders, amount) for customer, orders, amount in totals.fetchall()}
-    business = read_s3_table(f"{warehouse}/business/order_totals").collect()
-    assert {(row.customer_id, row.orders, row.amount) for row in business} == expected
-
-
-def orders_pipeline(path: Path, topic: str) -> Path:
-    """A pipeline of the orders topic: its refined table ``orders`` and a business table on it."""
-    path.write_text(
-        f"""
-name: cluster_shop
-sources:
-  orders: {{kind: debezium_postgres, topic: {topic}}}
-refined:
-  orders: {{source: orders}}
-business:
-  order_totals:
-    sql: SELECT customer_id, count(*) AS orders, sum(amount) AS amount FROM orders GROUP BY customer_id
-"""
-    )
-    return path
-
-
 def assert_each_offset_landed_once(read_s3_table, warehouse: str, topic: str, kafka) -> None:
     from cdc.core.tables import raw_table_location
 
@@ -221,7 +185,7 @@ def assert_task_lost_and_run_again(event_log_dir: Path, task_id: int) -> None:
 
 
 def test_raw_and_refine_on_the_cluster_survive_an_executor_killed_mid_batch(
-    spark_cluster, kafka, stack_config, postgres_connector, postgres_table, s3_warehouse, read_s3_table, tmp_path
+    spark_cluster, kafka, stack_config, postgres_connector, orders_pipeline, s3_warehouse, read_s3_table, tmp_path
 ):
     """Each job runs on the cluster while one of its executors is killed (SIGKILL) in the middle of a task:
     the driver runs the task again on an executor, the job ends well, and a rerun changes nothing. Each
@@ -236,7 +200,7 @@ def test_raw_and_refine_on_the_cluster_survive_an_executor_killed_mid_batch(
     common = ["--available-now"]
     jobs = {
         "raw": ["raw", "--topic", topic, "--max-offsets-per-trigger", "1500", *common],
-        "refine": ["refine", "--pipeline", str(orders_pipeline(tmp_path / "pipeline.yaml", topic)), *common],
+        "refine": ["refine", "--pipeline", str(orders_pipeline.write(tmp_path / "p.yaml", "cluster", topic)), *common],
     }
     for name, args in jobs.items():
         event_log_dir = tmp_path / f"events-{name}"
@@ -272,8 +236,7 @@ def test_raw_and_refine_on_the_cluster_survive_an_executor_killed_mid_batch(
         assert_task_lost_and_run_again(event_log_dir, killed_task)
         run_cdc(env, *args)  # a rerun changes nothing
     assert_each_offset_landed_once(read_s3_table, warehouse, topic, kafka)
-    assert_refined_equals_postgres(read_s3_table, warehouse, "orders", postgres_table)
-    assert_order_totals_equal_postgres(read_s3_table, warehouse, dsn)
+    orders_pipeline.assert_equal_to_postgres(warehouse)
     assert {path.name for path in stored.iterdir()} >= {"raw", "refined", "business", "_cdc"}  # all on S3
 
     # The work ran in both workers' executors, which fetched the project's JVM helpers from the driver.
