@@ -185,16 +185,30 @@ def fill_from_old_keys(changes: DataFrame, key_schema: ConnectSchema, stored: Da
     assert isinstance(after_type, StructType)  # a row
     if stored is not None:
         # A chain whose first life began before the batch continues the stored row of its first key,
-        # read as the chain's first change (when a placeholder needs it).
+        # read as the chain's first change (when a placeholder needs it). Only a stored state from before
+        # the chain's first change in the batch: a batch run again after its MERGE committed finds the
+        # key's row of a later life there (a key swapped through a temporary key), not this chain's.
         lsn, offset = POSITION_COLUMNS
-        needed = chains.where((F.col("chain.n") == 0) & has_placeholder(F.col("after"), after_type))
-        first_keys = needed.select(F.col("chain.key").alias("key")).distinct()
-        stored_rows = stored.join(first_keys, "key", "left_semi").select(
-            F.struct("key", F.lit(0).cast("bigint").alias("n")).alias("chain"),
-            F.col("state_lsn").alias(lsn),
-            F.col("state_offset").alias(offset),
-            F.col("image").alias("after"),
-            F.lit(True).alias("_stored"),
+        first_lives = chains.where(F.col("chain.n") == 0)
+        needing = first_lives.where(has_placeholder(F.col("after"), after_type)).select("chain").distinct()
+        starts = (
+            first_lives.join(needing, "chain", "left_semi")
+            .groupBy(F.col("chain.key").alias("key"))
+            .agg(F.min(F.struct(F.col(lsn).alias("lsn"), F.col(offset).alias("offset"))).alias("start"))
+        )
+        before_start = ~at_or_after(
+            [F.col("state_lsn"), F.col("state_offset")], [F.col("start.lsn"), F.col("start.offset")]
+        )
+        stored_rows = (
+            stored.join(starts, "key")
+            .where(before_start)
+            .select(
+                F.struct("key", F.lit(0).cast("bigint").alias("n")).alias("chain"),
+                F.col("state_lsn").alias(lsn),
+                F.col("state_offset").alias(offset),
+                F.col("image").alias("after"),
+                F.lit(True).alias("_stored"),
+            )
         )
         chains = chains.unionByName(stored_rows, allowMissingColumns=True)
     filled = fill_from_earlier_changes(chains, [], order, within=(F.col("chain"),))

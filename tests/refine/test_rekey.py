@@ -91,6 +91,29 @@ def test_a_stored_rows_update_then_key_change_in_one_batch_carry_its_values_to_t
     assertDataFrameEqual(notes, [(10, "stored note"), (12, "stored note")])
 
 
+def test_a_batch_run_again_after_its_merge_never_fills_a_key_from_another_rows_later_life(spark):
+    """Rows A (note X) and B (note W) swap keys through a temporary key T. Run again after its MERGE
+    committed, the batch finds A's stored row holding W (B's row, re-keyed to A): the chain A to T to
+    B must not take it. Its placeholders stay (the MERGE keeps the refined row's value)."""
+    stored = spark.createDataFrame(
+        [((1,), 20, 4, (1, "W", 0)), ((2,), 30, 6, (2, "X", 0))],  # A and B as the first run left them
+        "key struct<id:bigint>, state_lsn bigint, state_offset bigint, image struct<id:bigint, note:string, n:int>",
+    )
+
+    def rekey(lsn: int, offset: int, old: int, new: int) -> list[tuple]:
+        header = [(OLD_KEY_HEADER, json.dumps({"id": old}).encode())]
+        return [
+            ("d", (old,), None, lsn, offset, 0, []),
+            ("c", (new,), (new, TOAST_PLACEHOLDER, 0), lsn, offset + 1, 0, header),
+        ]
+
+    changes = [*rekey(10, 1, 1, 3), *rekey(20, 3, 2, 1), *rekey(30, 5, 3, 2)]  # A to T, B to A, T to B
+    filled = fill_from_old_keys(spark.createDataFrame(changes, CHANGES), KEY_SCHEMA, stored)
+    notes = {row.id: row.note for row in filled.where("op = 'c'").select("after.id", "after.note").collect()}
+    assert notes[2] in (TOAST_PLACEHOLDER, "X"), notes  # B: A's note, or none
+    assert notes[1] in (TOAST_PLACEHOLDER, "W"), notes  # A: B's note, or none
+
+
 def test_filled_changes_computed_again_after_the_batchs_merge_keep_the_stored_rows_read_before_it(spark, tmp_path):
     """The history computes the filled changes again after the batch's MERGE has removed the old key's
     stored row: they still take its values, as read when the batch began."""
