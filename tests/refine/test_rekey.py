@@ -13,7 +13,7 @@ from pyspark.testing import assertDataFrameEqual
 from cdc.stack.workload import run_workload
 from refine.batch_facts import row_type_of
 from refine.envelope import ConnectSchema
-from refine.rekey import OLD_KEY_HEADER, chain_roots, fill_from_old_keys, stored_states
+from refine.rekey import OLD_KEY_HEADER, chain_depth, fill_from_old_keys, old_key, stored_states
 from refine.toast import TOAST_PLACEHOLDER
 
 KEY_SCHEMA = ConnectSchema.model_validate({"type": "struct", "fields": [{"type": "int64", "field": "id"}]})
@@ -163,20 +163,28 @@ def test_a_row_re_keyed_fifteen_times_in_one_batch_keeps_its_values(spark):
     assert {row.note for row in filled.where("after IS NOT NULL").select("after.note").collect()} == {"first"}
 
 
-def test_each_life_of_a_chain_of_key_changes_has_the_chains_first_life_as_root(spark):
-    def roots(links: list[tuple[tuple[int, int], tuple[int, int]]]) -> set[tuple[tuple, tuple]]:
-        """Each (key, life) linked to its parent (key, life) -> (its (key, life), its root's)."""
-        frame = spark.createDataFrame(
-            [(((key,), n), ((parent,), parent_n)) for (key, n), (parent, parent_n) in links],
-            "lifetime struct<key:struct<id:bigint>, n:bigint>, parent struct<key:struct<id:bigint>, n:bigint>",
+def test_the_chain_depth_is_the_longest_chain_of_key_changes(spark):
+    def depth(changes: list[tuple]) -> int:
+        frame = spark.createDataFrame(changes, CHANGES).withColumn(
+            "old_key", old_key(F.col("kafka_headers"), KEY_SCHEMA)
         )
-        return {((r.lifetime.key.id, r.lifetime.n), (r.root.key.id, r.root.n)) for r in chain_roots(frame).collect()}
+        return chain_depth(frame, (F.col("op") == "c") & F.col("old_key").isNotNull())
 
-    bulk = [((1000 + k, 1), (k, 0)) for k in range(1, 200)]  # independent key changes: each its own root
-    assert roots(bulk) == set(bulk)
-    # 1 to 2 to ... to 40 (a key's life from its key change is its life 1), and 100 to 101 beside it.
-    chain = [((k + 1, 1), (k, 1 if k > 1 else 0)) for k in range(1, 40)] + [((101, 1), (100, 0))]
-    assert roots(chain) == {((k + 1, 1), (1, 0)) for k in range(1, 40)} | {((101, 1), (100, 0))}
+    def rekey(offset: int, old: int, new: int) -> tuple:
+        return (
+            "c",
+            (new,),
+            (new, TOAST_PLACEHOLDER, 0),
+            offset,
+            offset,
+            0,
+            [(OLD_KEY_HEADER, json.dumps({"id": old}).encode())],
+        )
+
+    assert depth([("c", (1,), (1, "a", 0), 0, 0, 0, [])]) == 1  # no key change: one round, as before
+    assert depth([rekey(i, i, 1000 + i) for i in range(1, 200)]) == 1  # a bulk re-key of independent rows
+    assert depth([rekey(1, 1, 2), rekey(2, 2, 3), rekey(3, 3, 4), rekey(4, 10, 11)]) == 3
+    assert depth([rekey(2, 2, 3), rekey(3, 1, 2)]) == 1  # 1 to 2 after 2 to 3: no chain
 
 
 def change_primary_keys(dsn: str) -> None:
