@@ -177,3 +177,12 @@ class PostgresServer(Component):
         elif self.home.exists():
             shutil.rmtree(self.home)
         self.home.symlink_to(outside, target_is_directory=True)
+
+
+def add_to_publication(conn: psycopg.Connection, publication: str, table: str) -> None:
+    """Add ``table`` (schema-qualified) to ``publication``, unless it is a member already: Debezium's filtered
+    publication mode adds the captured tables it finds itself when its task starts after the CREATE TABLE."""
+    conn.execute(
+        f'DO $$ BEGIN ALTER PUBLICATION "{publication}" ADD TABLE {table}; '
+        "EXCEPTION WHEN duplicate_object THEN NULL; END $$"
+    )

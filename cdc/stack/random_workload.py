@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 
 import psycopg
 
+from cdc.stack.postgres import add_to_publication
+
 SCHEMA = "shop"
 MARK = "mark-"  # the notes of the marker rows that tell when a table's changes are all in Kafka
 
@@ -71,13 +73,8 @@ class RandomTables:
         for table in (self.pair, self.bag):
             conn.execute(f"ALTER TABLE {SCHEMA}.{table} ALTER COLUMN notes SET STORAGE EXTERNAL")
         if publication is not None:
-            # One table at a time, each tolerating Debezium having added it first (its filtered publication
-            # mode adds the captured tables it finds when its task starts after the CREATE TABLE).
             for table in self.names:
-                conn.execute(
-                    f'DO $$ BEGIN ALTER PUBLICATION "{publication}" ADD TABLE {SCHEMA}.{table}; '
-                    "EXCEPTION WHEN duplicate_object THEN NULL; END $$"
-                )
+                add_to_publication(conn, publication, f"{SCHEMA}.{table}")
 
     def drop(self, conn: psycopg.Connection) -> None:
         for table in self.names:

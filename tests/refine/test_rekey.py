@@ -10,6 +10,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
+from cdc.stack.postgres import add_to_publication
 from cdc.stack.workload import run_workload
 from refine.batch_facts import row_type_of
 from refine.envelope import ConnectSchema
@@ -312,12 +313,7 @@ def test_chained_key_changes_keep_the_toasted_values(
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f"CREATE TABLE shop.{table} (id int PRIMARY KEY, n int, notes text)")
         conn.execute(f"ALTER TABLE shop.{table} ALTER COLUMN notes SET STORAGE EXTERNAL")
-        # Debezium's filtered publication mode adds the table itself when the connector's task starts after the
-        # CREATE TABLE (a loaded machine): then it is a member already.
-        conn.execute(
-            f'DO $$ BEGIN ALTER PUBLICATION "{postgres_connector.name}" ADD TABLE shop.{table}; '
-            "EXCEPTION WHEN duplicate_object THEN NULL; END $$"
-        )
+        add_to_publication(conn, postgres_connector.name, f"shop.{table}")
 
     def source():
         with psycopg.connect(dsn) as conn:

@@ -11,6 +11,7 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
+from cdc.stack.postgres import add_to_publication
 from refine.batch_facts import batch_facts
 from refine.latest import latest_per_key
 from refine.toast import TOAST_PLACEHOLDER, TOAST_PLACEHOLDER_HSTORE, TOAST_PLACEHOLDER_UUID, has_placeholder
@@ -163,12 +164,7 @@ def test_every_toasted_shape_debezium_sends_keeps_the_rows_value(
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(SHAPES_TABLE)
         conn.execute(f"ALTER TABLE shop.toast_shapes {EXTERNAL}")
-        # Debezium's filtered publication mode adds the table itself when the connector's task starts after the
-        # CREATE TABLE (a loaded machine): then it is a member already.
-        conn.execute(
-            f'DO $$ BEGIN ALTER PUBLICATION "{postgres_connector.name}" ADD TABLE shop.toast_shapes; '
-            "EXCEPTION WHEN duplicate_object THEN NULL; END $$"
-        )
+        add_to_publication(conn, postgres_connector.name, "shop.toast_shapes")
         conn.execute(BIG_ROW)
         conn.execute("UPDATE shop.toast_shapes SET n = 1")
     try:
