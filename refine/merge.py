@@ -42,6 +42,7 @@ from cdc.core.tables import (
     clear_interrupted_creation,
     delta_properties,
     is_delta_table,
+    table_snapshot,
 )
 from refine.envelope import Op
 from refine.flatten import POSITION, child_rows
@@ -170,7 +171,7 @@ def merge_changes(
     # Not with a truncate: its clause reads every row the batch does not match, so none can be dropped.
     filtered = truncated_at is None and snapshot_at is None
     table = DeltaTable.forPath(spark, location)
-    with key_filter(spark, table, keys, key_columns) if keys is not None and filtered else nullcontext() as held:
+    with key_filter(spark, location, keys, key_columns) if keys is not None and filtered else nullcontext() as held:
         merge = (
             table.alias("t")
             .merge(rows.alias("s"), condition if held is None else condition & held)
@@ -191,13 +192,13 @@ def merge_changes(
 
 @contextmanager
 def key_filter(
-    spark: SparkSession, table: DeltaTable, keys: DataFrame, key_columns: list[str]
+    spark: SparkSession, location: str, keys: DataFrame, key_columns: list[str]
 ) -> Iterator[Column | None]:
-    """A condition on the rows of the refined ``table`` (alias ``t``) that is false for every key ``keys`` lacks,
+    """A condition on the rows of the refined table at ``location`` (alias ``t``) that is false for every key ``keys`` lacks,
     and true for all it holds (and ~1% of the others): a Bloom filter of the keys' hashes, valid within
     the ``with`` block. None where it would not pay: a table under ``KEY_FILTER_MIN_BYTES``, or a
     session without the helpers jar."""
-    if not helpers_available() or table.detail().collect()[0].sizeInBytes < KEY_FILTER_MIN_BYTES:
+    if not helpers_available() or table_snapshot(spark, location).size_in_bytes < KEY_FILTER_MIN_BYTES:
         yield None
         return
     hashes = keys.select(_key_hash(key_columns, "").alias("key_hash"))

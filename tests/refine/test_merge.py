@@ -71,11 +71,11 @@ def test_the_key_filter_keeps_every_key_of_the_batch_and_few_others(spark, tmp_p
     table_rows(spark, 20_000).write.format("delta").save(location)
     batch = [(id_, "eu" if id_ % 2 == 0 else "us") for id_ in range(0, 20_000, 100)]  # 200 held keys
     keys = spark.createDataFrame(batch + [(id_, "mars") for id_ in range(50)], "id int, region string")
-    with key_filter(spark, DeltaTable.forPath(spark, location), keys, KEYS) as condition:
+    with key_filter(spark, location, keys, KEYS) as condition:
         assert condition is None, "a table this small should not be filtered"
 
     monkeypatch.setattr(refine.merge, "KEY_FILTER_MIN_BYTES", 0)
-    with key_filter(spark, DeltaTable.forPath(spark, location), keys, KEYS) as condition:
+    with key_filter(spark, location, keys, KEYS) as condition:
         assert condition is not None, "the session should have the helpers jar"
         kept = spark.read.format("delta").load(location).alias("t").where(condition)
         assert kept.join(keys, KEYS, "left_semi").count() == 200  # no false negative
