@@ -191,12 +191,10 @@ def merge_changes(
 
 
 @contextmanager
-def key_filter(
-    spark: SparkSession, location: str, keys: DataFrame, key_columns: list[str]
-) -> Iterator[Column | None]:
-    """A condition on the rows of the refined table at ``location`` (alias ``t``) that is false for every key ``keys`` lacks,
-    and true for all it holds (and ~1% of the others): a Bloom filter of the keys' hashes, valid within
-    the ``with`` block. None where it would not pay: a table under ``KEY_FILTER_MIN_BYTES``, or a
+def key_filter(spark: SparkSession, location: str, keys: DataFrame, key_columns: list[str]) -> Iterator[Column | None]:
+    """A condition on the rows of the refined table at ``location`` (alias ``t``) that is false for every
+    key ``keys`` lacks, and true for all it holds (and ~1% of the others): a Bloom filter of the keys'
+    hashes, valid within the ``with`` block. None where it would not pay: a table under ``KEY_FILTER_MIN_BYTES``, or a
     session without the helpers jar."""
     if not helpers_available() or table_snapshot(spark, location).size_in_bytes < KEY_FILTER_MIN_BYTES:
         yield None
