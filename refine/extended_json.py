@@ -23,11 +23,16 @@ arrays of mixed types, other BSON types            string holding the value's JS
 =================================================  ==========================================
 
 A field holding integers in some documents and fractions in others is a double column. A field
-that has only been null (or ``[]``) so far has no type yet: its column appears with its first typed
-value.
+that has only been null so far has no type yet: its column appears with its first typed value. A
+field that has only held ``[]`` (or arrays of nulls and ``[]``) is an *untyped array*: its column is
+an array of strings for now, named in the column's comment (:func:`untyped_comment`), and retyped
+when its first elements come (see :mod:`refine.mongo`).
 """
 
 from __future__ import annotations
+
+import json
+from collections.abc import Callable
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
@@ -157,6 +162,104 @@ def fits(value: DataType, column: DataType) -> bool:
         names = set(column.names)
         return all(fits(f.dataType, column[f.name].dataType if f.name in names else NullType()) for f in value.fields)
     return False
+
+
+def is_untyped_array(data_type: DataType) -> bool:
+    """An array whose elements have no type yet: it has held only ``[]``, nulls, or arrays of those."""
+    return isinstance(data_type, ArrayType) and (
+        isinstance(data_type.elementType, NullType) or is_untyped_array(data_type.elementType)
+    )
+
+
+def storable(data_type: DataType) -> DataType | None:
+    """:func:`known`, but keeping untyped arrays: they get a column (of strings, until typed)."""
+    if is_untyped_array(data_type):
+        return data_type
+    if isinstance(data_type, ArrayType):
+        element = storable(data_type.elementType)
+        return None if element is None else ArrayType(element)
+    if isinstance(data_type, StructType):
+        fields = [StructField(f.name, t) for f in data_type.fields if (t := storable(f.dataType)) is not None]
+        return StructType(fields) if fields else None
+    return known(data_type)
+
+
+ELEMENT_STEP = "$[]"  # an array's elements, in the paths below (MongoDB field names do not start with $)
+Path = tuple[str, ...]
+
+
+def untyped_paths(data_type: DataType, path: Path = ()) -> list[Path]:
+    """The paths, within a value of ``data_type``, of its untyped arrays (``()``: the value itself)."""
+    if is_untyped_array(data_type):
+        return [path]
+    if isinstance(data_type, StructType):
+        return [p for f in data_type.fields for p in untyped_paths(f.dataType, (*path, f.name))]
+    if isinstance(data_type, ArrayType):
+        return untyped_paths(data_type.elementType, (*path, ELEMENT_STEP))
+    return []
+
+
+def _with_leaves(data_type: DataType, leaf: DataType) -> DataType:
+    """An array (of arrays...) of ``leaf``."""
+    return ArrayType(_with_leaves(data_type.elementType, leaf)) if isinstance(data_type, ArrayType) else leaf
+
+
+def _leaf(data_type: DataType) -> DataType:
+    return _leaf(data_type.elementType) if isinstance(data_type, ArrayType) else data_type
+
+
+def replaced_at(
+    data_type: DataType, paths: list[Path], replace: Callable[[DataType], DataType], path: Path = ()
+) -> DataType:
+    """``data_type`` with the type at each of ``paths`` replaced (fields keep their metadata)."""
+    if path in paths:
+        return replace(data_type)
+    if isinstance(data_type, StructType):
+        return StructType(
+            [
+                StructField(f.name, replaced_at(f.dataType, paths, replace, (*path, f.name)), f.nullable, f.metadata)
+                for f in data_type.fields
+            ]
+        )
+    if isinstance(data_type, ArrayType):
+        return ArrayType(
+            replaced_at(data_type.elementType, paths, replace, (*path, ELEMENT_STEP)), data_type.containsNull
+        )
+    return data_type
+
+
+def stored_untyped(data_type: DataType) -> DataType:
+    """``data_type`` as a table stores it: its untyped arrays as arrays of strings."""
+    return replaced_at(data_type, untyped_paths(data_type), lambda t: _with_leaves(t, StringType()))
+
+
+# A column holding untyped arrays says where in its comment: readers see why an array of strings holds
+# only [], and the next batch reads those arrays as untyped again (a string array would not take ints).
+UNTYPED_COMMENT = "MongoDB arrays with no element type yet (only [] so far), stored as arrays of strings, at: "
+
+
+def untyped_comment(paths: list[Path]) -> dict[str, str]:
+    """The metadata of a column whose untyped arrays are at ``paths`` (none: no comment)."""
+    return {"comment": UNTYPED_COMMENT + json.dumps([list(p) for p in paths])} if paths else {}
+
+
+def commented_untyped(field: StructField) -> list[Path]:
+    """The paths the column's comment names as untyped arrays (see :func:`untyped_comment`)."""
+    comment = field.metadata.get("comment") or ""
+    if not comment.startswith(UNTYPED_COMMENT):
+        return []
+    return [tuple(p) for p in json.loads(comment[len(UNTYPED_COMMENT) :])]
+
+
+def read_untyped(field: StructField) -> StructField:
+    """A stored column as the batch's types see it: the untyped arrays its comment names (those still
+    arrays of strings there) as arrays of nulls, which any element type merges with."""
+    paths = commented_untyped(field)
+
+    def untyped(data_type: DataType) -> DataType:
+        return _with_leaves(data_type, NullType()) if isinstance(_leaf(data_type), StringType) else data_type
+
+    return StructField(field.name, replaced_at(field.dataType, paths, untyped), field.nullable, field.metadata)
 
 
 def known(data_type: DataType) -> DataType | None:

@@ -55,21 +55,28 @@ from pyspark.sql.types import (
 from cdc.core.tables import is_delta_table
 from refine.envelope import TOMBSTONE, ConnectSchema, Op
 from refine.extended_json import (
+    ELEMENT_STEP,
     JSON_TEXT_METADATA,
+    Path,
+    commented_untyped,
     decode,
     document_type,
     fits,
     is_json_text,
     is_null,
     json_text,
-    known,
     member,
     merge_types,
+    read_untyped,
+    storable,
+    stored_untyped,
     to_variant,
+    untyped_comment,
+    untyped_paths,
     variant_json_text,
     variant_type,
 )
-from refine.flatten import ELEMENT, array_element
+from refine.flatten import ELEMENT, array_element, child_rows
 from refine.flatten import POSITION as POS
 from refine.history import HISTORY_KIND, apply_history, debezium_history_spec, debezium_versions
 from refine.merge import (
@@ -269,6 +276,7 @@ class Columns:
     misfits: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)  # (kind, name) -> shape -> reason
     unsupported: dict[tuple[str, str], str] = field(default_factory=dict)  # (kind, path) -> reason
     json: dict[str, list[str]] = field(default_factory=dict)  # JSON-text column -> the batch's shapes of its values
+    untyped: dict[str, list[Path]] = field(default_factory=dict)  # column -> where its untyped arrays are
 
     def paths(self, kind: str, shapes: list[Shape]) -> list[str]:
         """The batch's update paths of ``kind`` that change a column."""
@@ -285,14 +293,17 @@ def _implied(types: StructType, shape: Shape) -> tuple[str, DataType]:
 
 
 def _grow(table: DataType, merged: DataType) -> DataType:
-    """``table``'s type with the nested fields ``merged`` adds (a column's other types never change)."""
+    """``table``'s type with the nested fields ``merged`` adds (a column's other types never change,
+    except an untyped array's: its elements take their first type)."""
+    if isinstance(table, NullType):
+        return merged
     if isinstance(table, StructType) and isinstance(merged, StructType):
         fields = [
             StructField(f.name, _grow(f.dataType, merged[f.name].dataType) if f.name in merged.names else f.dataType)
             for f in table.fields
         ]
         added = [
-            StructField(f.name, t) for f in merged.fields if f.name not in table.names and (t := known(f.dataType))
+            StructField(f.name, t) for f in merged.fields if f.name not in table.names and (t := storable(f.dataType))
         ]
         return StructType(fields + added)
     if isinstance(table, ArrayType) and isinstance(merged, ArrayType):
@@ -356,8 +367,19 @@ def column_types(table: StructType, shapes: list[Shape]) -> Columns:
     types = [
         typed(f.name, _grow(f.dataType, merged[f.name]) if f.name not in json else StringType()) for f in table.fields
     ]
-    types += [typed(n, t) for n, m in merged.items() if n not in table.names and (t := known(m)) is not None]
-    columns = Columns(StructType(types))
+    types += [typed(n, t) for n, m in merged.items() if n not in table.names and (t := storable(m)) is not None]
+    untyped = {f.name: paths for f in types if (paths := untyped_paths(f.dataType))}
+    columns = Columns(
+        StructType(
+            [
+                StructField(f.name, stored_untyped(f.dataType), True, untyped_comment(untyped[f.name]))
+                if f.name in untyped
+                else f
+                for f in types
+            ]
+        ),
+        untyped=untyped,
+    )
     columns.json = {
         name: sorted({s.shape for s in shapes if s.kind in ("field", "set") and s.name == name and s.shape})
         for name in sorted(json)
@@ -594,6 +616,74 @@ def ensure_json_columns(spark: SparkSession, location: str, names: list[str], ki
         spark.sql(f"ALTER TABLE delta.`{location}` ADD COLUMNS ({columns})")
 
 
+def _retyped(value: Column, stored: DataType, wanted: DataType, paths: list[Path], path: Path = ()) -> Column:
+    """A stored value with its untyped arrays at ``paths`` (whose elements are only nulls and ``[]``)
+    as the ``wanted`` type's arrays: through their JSON, the one conversion from strings to any type."""
+    if path in paths:
+        return F.from_json(F.to_json(value), wanted)  # type: ignore[arg-type]  # (any DataType is taken)
+    if isinstance(stored, StructType) and isinstance(wanted, StructType):
+        fields = [
+            _retyped(value[f.name], f.dataType, wanted[f.name].dataType, paths, (*path, f.name)).alias(f.name)
+            for f in stored.fields
+        ]
+        return F.when(value.isNotNull(), F.struct(*fields))
+    if isinstance(stored, ArrayType) and isinstance(wanted, ArrayType):
+        return F.transform(
+            value, lambda item: _retyped(item, stored.elementType, wanted.elementType, paths, (*path, ELEMENT_STEP))
+        )
+    return value
+
+
+def settle_untyped_arrays(spark: SparkSession, location: str, columns: Columns, kind: str) -> list[str]:
+    """Make the table at ``location`` (created when missing, of ``kind``) hold the batch's untyped arrays
+    as ``columns`` has them, before the MERGE: a column whose untyped arrays have taken a type is
+    converted in one overwrite with its new comment (the old version stays for time travel); a new
+    untyped array is named in its column's comment first, then added. The retyped columns are returned."""
+    if not is_delta_table(spark, location):
+        if columns.untyped:
+            ensure_refined_table(
+                spark,
+                location,
+                StructType([StructField(ID, StringType()), *[columns.types[n] for n in columns.untyped]]),
+                kind=kind,
+            )
+        return []
+    table = spark.read.format("delta").load(location)
+    stored = {f.name: paths for f in table.schema.fields if (paths := commented_untyped(f))}
+    retyped = {
+        name: [p for p in paths if p not in columns.untyped.get(name, [])]
+        for name, paths in stored.items()
+        if name not in columns.json
+    }
+    retyped = {name: paths for name, paths in retyped.items() if paths}
+    if retyped:
+        (
+            table.select(
+                *[
+                    _retyped(F.col(f"`{f.name}`"), f.dataType, columns.types[f.name].dataType, retyped[f.name]).alias(
+                        f.name, metadata=untyped_comment(columns.untyped.get(f.name, []))
+                    )
+                    if f.name in retyped
+                    else F.col(f"`{f.name}`")
+                    for f in table.schema.fields
+                ]
+            )
+            .write.format("delta")
+            .mode("overwrite")
+            .option("overwriteSchema", "true")
+            .save(location)
+        )
+    for name, paths in columns.untyped.items():
+        column = f"`{name.replace('`', '``')}`"
+        comment = untyped_comment(paths)["comment"].replace("\\", "\\\\").replace("'", "\\'")
+        if name not in table.columns:
+            data_type = columns.types[name].dataType.simpleString()
+            spark.sql(f"ALTER TABLE delta.`{location}` ADD COLUMNS ({column} {data_type} COMMENT '{comment}')")
+        elif name not in retyped and stored.get(name) != paths:
+            spark.sql(f"ALTER TABLE delta.`{location}` ALTER COLUMN {column} COMMENT '{comment}'")
+    return list(retyped)
+
+
 def has_path(schema: StructType, path: str) -> bool:
     """Whether the refined table has the array at ``path`` yet; a ConfigError when it has something else there."""
     first, *rest = path.split(".")
@@ -627,8 +717,10 @@ def refine_mongo_batch(
     With ``history_at``, every document state of the batch is a version in that history table."""
     exists = is_delta_table(spark, refined)
     table = DeltaTable.forPath(spark, refined).toDF() if exists else None
-    data_columns = (
-        StructType([f for f in table.schema.fields if f.name != ID and f.name not in MONGO_METADATA_COLUMNS])
+    data_columns = (  # untyped arrays as arrays of nulls, which any element type merges with
+        StructType(
+            [read_untyped(f) for f in table.schema.fields if f.name != ID and f.name not in MONGO_METADATA_COLUMNS]
+        )
         if table is not None
         else StructType()
     )
@@ -642,6 +734,9 @@ def refine_mongo_batch(
                 ensure_json_columns(spark, refined, list(columns.json), "refined")
                 if history_at is not None:
                     ensure_json_columns(spark, history_at, list(columns.json), HISTORY_KIND)
+            retyped = settle_untyped_arrays(spark, refined, columns, "refined")
+            if history_at is not None:
+                settle_untyped_arrays(spark, history_at, columns, HISTORY_KIND)
             # Read again: columns may have been added or converted (a table created above holds no document yet).
             if exists:
                 add_nested_columns(spark, refined, data_columns, columns.types)
@@ -651,7 +746,7 @@ def refine_mongo_batch(
                 quarantine(spark, quarantine_at, raw, topic, _mongo_problems(flagged, latest))
                 if history_at is not None:  # before the MERGE: the states build on the table's rows as they were
                     _record_mongo_history(spark, history_at, flagged, columns, shapes, table, rules)
-                _merge_documents(spark, refined, latest, columns, children, rules, batch_id)
+                _merge_documents(spark, refined, latest, columns, children, rules, batch_id, retyped)
             finally:
                 latest.unpersist()
         finally:
@@ -708,15 +803,25 @@ def _merge_documents(
     children: dict[str, str],
     rules: TableRules,
     batch_id: int,
+    retyped: list[str],
 ) -> None:
     """MERGE the last document per ``_id`` that passes the ``rules`` into the ``refined`` table, and
-    refresh the exploded arrays' child tables (a path no document has had yet gives no children)."""
+    refresh the exploded arrays' child tables (a path no document has had yet gives no children, nor
+    an untyped array: none has had elements). A child table of a ``retyped`` column is written again
+    from every document, in one overwrite: its columns' types changed."""
     rows = refined_documents(latest, columns)
     with rules.enforced(spark, rows, [ID], batch_id, deleted=F.col(OP) == Op.DELETE.value) as passing:
         merge_changes(spark, refined, passing.drop(PARTITION), [ID], None, POSITION, keys=latest.select(ID))
     for path, location in children.items():
-        if path.split(".")[0] in columns.json:
+        top, *rest = path.split(".")
+        if top in columns.json:
             refresh_json_children(spark, refined, location, latest.select(ID), path)
+        elif tuple(rest) in columns.untyped.get(top, []):
+            continue
+        elif top in retyped and is_delta_table(spark, location):
+            stored = spark.read.format("delta").load(refined)
+            rows = child_rows(stored, [ID], path).withColumn(REFINED_AT, F.current_timestamp())
+            rows.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(location)
         elif has_path(DeltaTable.forPath(spark, refined).toDF().schema, path):
             refresh_children(spark, refined, location, latest.select(ID), [ID], path)
 

@@ -19,7 +19,22 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from refine.extended_json import decode, document_type, fits, known, merge_types, to_variant, variant_type
+from refine.extended_json import (
+    ELEMENT_STEP,
+    commented_untyped,
+    decode,
+    document_type,
+    fits,
+    known,
+    merge_types,
+    read_untyped,
+    storable,
+    stored_untyped,
+    to_variant,
+    untyped_comment,
+    untyped_paths,
+    variant_type,
+)
 
 DOCUMENT = (
     '{"_id": {"$oid": "64b7f0c2a1b2c3d4e5f60718"},"n": {"$numberLong": "9007199254740993"},"i": 7,'
@@ -177,3 +192,37 @@ def test_values_of_any_type_as_json_text(spark):
         '"2023-11-14T22:13:20.000Z"',
         '"discontinued"',
     )
+
+
+def test_untyped_arrays_are_stored_as_string_arrays_and_read_back_untyped():
+    untyped = ArrayType(NullType())
+    document = StructType(
+        [
+            StructField("tags", untyped),
+            StructField("grid", ArrayType(untyped)),
+            StructField("address", StructType([StructField("city", StringType()), StructField("codes", untyped)])),
+            StructField(
+                "items", ArrayType(StructType([StructField("sku", StringType()), StructField("marks", untyped)]))
+            ),
+            StructField("none", NullType()),
+            StructField("empties", ArrayType(StructType([StructField("a", NullType())]))),
+        ]
+    )
+    assert storable(document) == StructType(document.fields[:4])  # [{}] and null: no type, nothing to keep
+    kept = storable(document)
+    assert isinstance(kept, StructType)
+    assert {f.name: untyped_paths(f.dataType) for f in kept.fields} == {
+        "tags": [()],
+        "grid": [()],
+        "address": [("codes",)],
+        "items": [(ELEMENT_STEP, "marks")],
+    }
+    for field in kept.fields:
+        paths = untyped_paths(field.dataType)
+        stored = StructField(field.name, stored_untyped(field.dataType), True, untyped_comment(paths))
+        assert untyped_paths(stored.dataType) == []  # strings, as a table holds them
+        assert commented_untyped(stored) == paths
+        assert read_untyped(stored).dataType == field.dataType
+    # A column named untyped whose arrays have held typed elements since (a comment left behind) stays typed.
+    typed = StructField("tags", ArrayType(LongType()), True, untyped_comment([()]))
+    assert read_untyped(typed).dataType == ArrayType(LongType())

@@ -18,11 +18,13 @@ import random
 
 import pytest
 from pyspark.sql import functions as F
+from pyspark.sql.types import ArrayType, LongType, StringType
 
 from cdc.core.tables import is_delta_table
 from cdc.stack.mongo_harness import connector_records
 from cdc.stack.mongo_model import Binary, Collection, Date, Decimal128, Int64, ObjectId, Update, as_json, random_writes
 from refine.config import refined_table_location
+from refine.extended_json import commented_untyped
 from refine.quarantine import quarantine_location
 
 pytestmark = pytest.mark.integration
@@ -157,25 +159,25 @@ def test_scripted_writes_refine_to_the_model_documents(spark, kafka, land_and_re
     assert not is_delta_table(spark, quarantine_location(warehouse))
 
 
-def untyped_writes(collection: Collection) -> int:
-    """Fields (top-level, nested, set by a patch update) that hold only ``[]``, then a later batch's
-    first typed values of them; the number of events in the first batch."""
+def untyped_writes(collection: Collection, then_typed: bool = True) -> int:
+    """Fields (top-level, nested, set by a patch update) that hold only ``[]``, then (``then_typed``)
+    a later batch's first typed values of them; the number of events in the first batch."""
     collection.insert({"_id": 1, "name": "a", "tags": [], "address": {"city": "x", "codes": []}})
     collection.update(1, Update([("$set", "extra", []), ("$set", "address.more", [])]), False)
     first = len(collection.events)
+    if not then_typed:
+        return first
     collection.insert({"_id": 2, "name": "b", "tags": ["t"], "address": {"city": "y", "codes": [1], "more": [2]}})
     collection.update(2, Update([("$set", "extra", ["e"])]), False)
     return first
 
 
 def test_fields_that_have_held_only_empty_arrays_are_refined(spark, kafka, land_and_refine, unique_name, tmp_path):
-    """``[]`` has no element type: no column is made for a field that has held nothing else, and its
-    documents are refined, not quarantined."""
+    """``[]`` has no element type: a field that has held nothing else is an array of strings for now,
+    named as untyped in its column's comment, and its documents read ``[]``, not null."""
     collection = Collection("shop", "things")
-    first = untyped_writes(collection)
-    records = connector_records(
-        collection.events[:first], {"topic.prefix": unique_name, "capture.mode": "change_streams"}
-    )
+    untyped_writes(collection, then_typed=False)
+    records = connector_records(collection.events, {"topic.prefix": unique_name, "capture.mode": "change_streams"})
     topic = kafka.create_topic(records[0]["topic"])
     warehouse = str(tmp_path)
     kafka.produce(topic, [(r["key_bare"].encode(), r["value_bare"].encode()) for r in records])
@@ -183,12 +185,14 @@ def test_fields_that_have_held_only_empty_arrays_are_refined(spark, kafka, land_
     for _ in range(2):  # a rerun changes nothing
         land_and_refine(warehouse, topic)
         table = spark.read.format("delta").load(location)
-        assert refined_documents(spark, location) == {"1": {"name": "a", "address": {"city": "x"}}}
-        assert set(table.columns) == {"_id", "name", "address", *(c for c in table.columns if c.startswith("_cdc_"))}
+        assert refined_documents(spark, location) == expected_documents(collection, set(table.columns))
+        assert table.schema["tags"].dataType == ArrayType(StringType())
+        assert commented_untyped(table.schema["tags"]) == [()]
+        assert commented_untyped(table.schema["address"]) == [("codes",), ("more",)]
+        assert commented_untyped(table.schema["extra"]) == [()]
     assert not is_delta_table(spark, quarantine_location(warehouse))
 
 
-@pytest.mark.xfail(strict=True, reason="[] refined before its field's type is known reads as null once typed")
 def test_fields_that_held_only_empty_arrays_keep_them_once_typed(spark, kafka, land_and_refine, unique_name, tmp_path):
     """Once a batch brings a field's first elements, documents refined before with ``[]`` in it read ``[]``."""
     collection = Collection("shop", "things")
@@ -200,8 +204,61 @@ def test_fields_that_held_only_empty_arrays_keep_them_once_typed(spark, kafka, l
         kafka.produce(topic, [(r["key_bare"].encode(), r["value_bare"].encode()) for r in batch])
         land_and_refine(warehouse, topic)
     location = refined_table_location(warehouse, topic)
-    columns = set(spark.read.format("delta").load(location).columns)
-    assert refined_documents(spark, location) == expected_documents(collection, columns)
+    table = spark.read.format("delta").load(location)
+    assert refined_documents(spark, location) == expected_documents(collection, set(table.columns))
+    assert table.schema["address"].dataType["codes"].dataType == ArrayType(LongType())
+    assert table.schema["tags"].dataType == ArrayType(StringType())
+    assert not any(commented_untyped(field) for field in table.schema.fields)
+    assert not is_delta_table(spark, quarantine_location(warehouse))
+
+
+def test_untyped_arrays_typed_later_keep_their_history_and_child_tables(
+    spark, kafka, land_and_refine, unique_name, tmp_path
+):
+    """Exploded arrays, and an array inside their elements, hold only ``[]`` in a first batch and
+    their first elements in a second: the refined table, its child tables and its history equal the
+    model after each batch and after a rerun; the history's rows of the first batch read ``[]`` too."""
+    collection = Collection("shop", "carts")
+    collection.insert({"_id": 1, "items": [{"sku": "x", "marks": []}], "tags": []})
+    collection.insert({"_id": 2, "tags": [], "items": []})
+    collection.update(2, Update([("$set", "notes", [[]])]), False)
+    first = len(collection.events)
+    before = copy.deepcopy(collection.documents)
+    collection.insert({"_id": 3, "items": [{"sku": "y", "marks": [7]}], "tags": [5], "notes": [["n"]]})
+    collection.update(2, Update([("$set", "tags", [6, 7])]), False)
+    records = connector_records(collection.events, {"topic.prefix": unique_name, "capture.mode": "change_streams"})
+    topic = kafka.create_topic(records[0]["topic"])
+    warehouse = str(tmp_path)
+    settings = {"explode": ["items", "tags"], "history": True}
+    location = refined_table_location(warehouse, topic)
+    history = refined_table_location(warehouse, f"{topic}__history")
+    for batch, documents in ((records[:first], before), (records[first:], collection.documents)):
+        kafka.produce(topic, [(r["key_bare"].encode(), r["value_bare"].encode()) for r in batch])
+        model = Collection("shop", "carts")
+        model.documents = documents
+        for _ in range(2):  # a rerun changes nothing
+            land_and_refine(warehouse, topic, **settings)
+            columns = set(spark.read.format("delta").load(location).columns)
+            assert refined_documents(spark, location) == expected_documents(model, columns)
+            for field in ("items", "tags"):  # an array with no elements yet has no child table
+                children = refined_table_location(warehouse, f"{topic}__{field}")
+                got, as_text = child_rows(spark, children) if is_delta_table(spark, children) else ({}, False)
+                assert not as_text
+                assert got == expected_child_rows(model, field, as_text)
+            current = spark.read.format("delta").load(history).where("_cdc_is_current").drop("_cdc_is_current")
+            assert {
+                json.dumps(json.loads(row._id)): {k: v for k, v in json.loads(row.document).items() if k in columns}
+                for row in current.select(
+                    "_id", F.to_json(F.struct(*[F.col(c) for c in columns if not c.startswith("_")])).alias("document")
+                ).collect()
+            } == expected_documents(model, columns)
+    first_version = spark.read.format("delta").load(history).where("_id = '1'").orderBy("_cdc_ts_ms").head()
+    assert first_version.tags == []
+    assert first_version.items[0].marks == []
+    table = spark.read.format("delta").load(location)
+    assert table.schema["tags"].dataType == ArrayType(LongType())
+    assert table.schema["notes"].dataType == ArrayType(ArrayType(StringType()))
+    assert not any(commented_untyped(field) for field in table.schema.fields)
     assert not is_delta_table(spark, quarantine_location(warehouse))
 
 
