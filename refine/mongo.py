@@ -20,7 +20,10 @@ Per batch (:func:`refine_mongo_batch`):
    (a string where it is bigint, a document where it is an array) drifts: its column becomes JSON
    text (a string holding each value's JSON, the column's comment says so), the refined and history
    tables' rows converted in one overwrite each (:func:`ensure_json_columns`). A record whose update
-   path cannot apply (below a string, or inside a JSON-text column) is quarantined with the reason;
+   path cannot apply (below a string, or inside a JSON-text column) is quarantined with the reason.
+   A field that has held only ``[]`` is an untyped array: an array of strings, named in its column's
+   comment, until its first elements retype it, in one overwrite of each table
+   (:func:`settle_untyped_arrays`);
 3. per ``_id``, changes are ordered by (``source.ts_ms``, ``source.ord``, Kafka offset): the last
    full document (create, snapshot read, update or replace with ``after``) or delete, then the
    updates after it that carry only ``updateDescription`` (``capture.mode=change_streams``) applied
