@@ -14,7 +14,7 @@ from cdc.stack.postgres import add_to_publication
 from cdc.stack.workload import run_workload
 from refine.batch_facts import row_type_of
 from refine.envelope import ConnectSchema
-from refine.rekey import OLD_KEY_HEADER, chain_depth, fill_from_old_keys, old_key, stored_states
+from refine.rekey import OLD_KEY_HEADER, chain_roots, fill_from_old_keys, stored_states
 from refine.toast import TOAST_PLACEHOLDER
 
 KEY_SCHEMA = ConnectSchema.model_validate({"type": "struct", "fields": [{"type": "int64", "field": "id"}]})
@@ -24,11 +24,14 @@ CHANGES = (
 )
 
 
-def random_key_changes(seed: int, steps: int) -> tuple[list[tuple], dict[int, str]]:
+def random_key_changes(seed: int, steps: int, stored: int = 0) -> tuple[list[tuple], dict[int, str]]:
     """Debezium's changes of a random run of inserts, updates leaving the note alone (its placeholder),
-    primary-key changes (a delete and a create carrying the placeholder and the old key) and deletes;
-    and, by change offset, the note a reference model of the table holds after each create or update."""
-    rng, rows, changes, notes, next_id, deleted = random.Random(seed), {}, [], {}, 0, []
+    primary-key changes (a delete, its tombstone and a create carrying the placeholder and the old key)
+    and deletes (and their tombstones), on a table whose rows 1 to ``stored`` were refined before (their
+    notes "stored note K"); and, by change offset, the note a reference model of the table holds after
+    each create or update."""
+    rng, changes, notes, deleted = random.Random(seed), [], {}, []
+    rows, next_id = {key: f"stored note {key}" for key in range(1, stored + 1)}, stored
 
     def new_key() -> int:  # a fresh one, or one deleted before (its old values must not come back)
         nonlocal next_id
@@ -37,41 +40,48 @@ def random_key_changes(seed: int, steps: int) -> tuple[list[tuple], dict[int, st
         next_id += 1
         return next_id
 
-    def emit(op: str, key: int, note: str | None = None, old: int | None = None) -> None:
+    def emit(op: str, key: int, lsn: int, note: str | None = None, old: int | None = None) -> None:
         offset = len(changes)
         headers = [] if old is None else [(OLD_KEY_HEADER, json.dumps({"id": old}).encode())]
         after = None if op == "d" else (key, note, offset)
-        changes.append((op, (key,), after, offset // 2, offset, 0, headers))  # a key change's pair shares its LSN
+        changes.append((op, (key,), after, lsn, offset, 0, headers))
         if op != "d":
             notes[offset] = rows[key]
+        else:
+            changes.append(("tombstone", (key,), None, None, offset + 1, 0, []))
 
-    for _ in range(steps):
+    for step in range(steps):
         kind = rng.choice(["insert", "update", "rekey", "rekey", "delete"]) if rows else "insert"
         if kind == "insert":
             key = new_key()
             rows[key] = f"note {key} at {len(changes)}"
-            emit("c", key, rows[key])
+            emit("c", key, step, rows[key])
             continue
         key = rng.choice(sorted(rows))
         if kind == "update":
-            emit("u", key, TOAST_PLACEHOLDER)
+            emit("u", key, step, TOAST_PLACEHOLDER)
         elif kind == "rekey":
             new = new_key()
             rows[new] = rows.pop(key)
-            emit("d", key)
-            emit("c", new, TOAST_PLACEHOLDER, old=key)
+            emit("d", key, step)
+            emit("c", new, step, TOAST_PLACEHOLDER, old=key)  # a key change's pair shares its LSN
             deleted.append(key)
         else:
             del rows[key]
-            emit("d", key)
+            emit("d", key, step)
             deleted.append(key)
     return changes, notes
 
 
 @pytest.mark.parametrize("seed", range(5))
-def test_key_change_chains_take_the_first_keys_values_like_a_reference_model(spark, seed):
-    changes, notes = random_key_changes(seed, 40)
-    filled = fill_from_old_keys(spark.createDataFrame(changes, CHANGES), KEY_SCHEMA, None)
+@pytest.mark.parametrize("refined_before", [0, 6])
+def test_key_change_chains_take_the_first_keys_values_like_a_reference_model(spark, seed, refined_before):
+    changes, notes = random_key_changes(seed, 40, refined_before)
+    stored = spark.createDataFrame(
+        [((key,), -1, key, (key, f"stored note {key}", 0)) for key in range(1, refined_before + 1)],
+        "key struct<id:bigint>, state_lsn bigint, state_offset bigint, image struct<id:bigint, note:string, n:int>",
+    )
+    filled = fill_from_old_keys(spark.createDataFrame(changes, CHANGES), KEY_SCHEMA, stored)
     assertDataFrameEqual(filled.where("after IS NOT NULL").select("kafka_offset", "after.note"), sorted(notes.items()))
 
 
@@ -85,11 +95,12 @@ def test_a_stored_rows_update_then_key_change_in_one_batch_carry_its_values_to_t
     changes = [
         ("u", (1,), (1, TOAST_PLACEHOLDER, 1), 5, 10, 0, []),
         ("d", (1,), None, 6, 11, 0, []),
-        ("c", (2,), (2, TOAST_PLACEHOLDER, 1), 6, 12, 0, [(OLD_KEY_HEADER, json.dumps({"id": 1}).encode())]),
+        ("tombstone", (1,), None, None, 12, 0, []),  # the delete's tombstone: no LSN of its own
+        ("c", (2,), (2, TOAST_PLACEHOLDER, 1), 6, 13, 0, [(OLD_KEY_HEADER, json.dumps({"id": 1}).encode())]),
     ]
     filled = fill_from_old_keys(spark.createDataFrame(changes, CHANGES), KEY_SCHEMA, stored)
     notes = filled.where("after IS NOT NULL").select("kafka_offset", "after.note")
-    assertDataFrameEqual(notes, [(10, "stored note"), (12, "stored note")])
+    assertDataFrameEqual(notes, [(10, "stored note"), (13, "stored note")])
 
 
 def test_a_batch_run_again_after_its_merge_never_fills_a_key_from_another_rows_later_life(spark):
@@ -164,28 +175,20 @@ def test_a_row_re_keyed_fifteen_times_in_one_batch_keeps_its_values(spark):
     assert {row.note for row in filled.where("after IS NOT NULL").select("after.note").collect()} == {"first"}
 
 
-def test_the_chain_depth_is_the_longest_chain_of_key_changes(spark):
-    def depth(changes: list[tuple]) -> int:
-        frame = spark.createDataFrame(changes, CHANGES).withColumn(
-            "old_key", old_key(F.col("kafka_headers"), KEY_SCHEMA)
+def test_each_life_of_a_chain_of_key_changes_has_the_chains_first_life_as_root(spark):
+    def roots(links: list[tuple[tuple[int, int], tuple[int, int]]]) -> set[tuple[tuple, tuple]]:
+        """Each (key, life) linked to its parent (key, life) -> (its (key, life), its root's)."""
+        frame = spark.createDataFrame(
+            [(((key,), n), ((parent,), parent_n)) for (key, n), (parent, parent_n) in links],
+            "lifetime struct<key:struct<id:bigint>, n:bigint>, parent struct<key:struct<id:bigint>, n:bigint>",
         )
-        return chain_depth(frame, (F.col("op") == "c") & F.col("old_key").isNotNull())
+        return {((r.lifetime.key.id, r.lifetime.n), (r.root.key.id, r.root.n)) for r in chain_roots(frame).collect()}
 
-    def rekey(offset: int, old: int, new: int) -> tuple:
-        return (
-            "c",
-            (new,),
-            (new, TOAST_PLACEHOLDER, 0),
-            offset,
-            offset,
-            0,
-            [(OLD_KEY_HEADER, json.dumps({"id": old}).encode())],
-        )
-
-    assert depth([("c", (1,), (1, "a", 0), 0, 0, 0, [])]) == 1  # no key change: one round, as before
-    assert depth([rekey(i, i, 1000 + i) for i in range(1, 200)]) == 1  # a bulk re-key of independent rows
-    assert depth([rekey(1, 1, 2), rekey(2, 2, 3), rekey(3, 3, 4), rekey(4, 10, 11)]) == 3
-    assert depth([rekey(2, 2, 3), rekey(3, 1, 2)]) == 1  # 1 to 2 after 2 to 3: no chain
+    bulk = [((1000 + k, 1), (k, 0)) for k in range(1, 200)]  # independent key changes: each its own root
+    assert roots(bulk) == set(bulk)
+    # 1 to 2 to ... to 40 (a key's life from its key change is its life 1), and 100 to 101 beside it.
+    chain = [((k + 1, 1), (k, 1 if k > 1 else 0)) for k in range(1, 40)] + [((101, 1), (100, 0))]
+    assert roots(chain) == {((k + 1, 1), (1, 0)) for k in range(1, 40)} | {((101, 1), (100, 0))}
 
 
 def change_primary_keys(dsn: str) -> None:
