@@ -30,6 +30,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, StructField, StructType
 
 from cdc.core.catalog import register_table
+from cdc.core.ddl import quoted, sql_type
 from cdc.core.errors import TableError
 from cdc.core.functions import helpers_available
 from cdc.core.storage import Storage
@@ -134,7 +135,7 @@ def ensure_refined_table(spark: SparkSession, location: str, schema: StructType,
                 new_type=field.dataType.simpleString(),
             )
     if added:
-        columns = ", ".join(f"`{field.name}` {field.dataType.simpleString()}" for field in added)
+        columns = ", ".join(f"{quoted(field.name)} {sql_type(field.dataType)}" for field in added)
         spark.sql(f"ALTER TABLE delta.`{location}` ADD COLUMNS ({columns})")
 
 

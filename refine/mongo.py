@@ -55,6 +55,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from cdc.core.ddl import quoted, sql_type
 from cdc.core.tables import is_delta_table
 from refine.envelope import TOMBSTONE, ConnectSchema, Op
 from refine.extended_json import (
@@ -298,8 +299,8 @@ def _implied(types: StructType, shape: Shape) -> tuple[str, DataType]:
 def _grow(table: DataType, merged: DataType) -> DataType:
     """``table``'s type with the nested fields ``merged`` adds (a column's other types never change,
     except an untyped array's: its elements take their first type)."""
-    if isinstance(table, NullType):
-        return merged
+    if isinstance(table, NullType):  # an untyped array's elements
+        return storable(merged) or table
     if isinstance(table, StructType) and isinstance(merged, StructType):
         fields = [
             StructField(f.name, _grow(f.dataType, merged[f.name].dataType) if f.name in merged.names else f.dataType)
@@ -372,6 +373,7 @@ def column_types(table: StructType, shapes: list[Shape]) -> Columns:
     ]
     types += [typed(n, t) for n, m in merged.items() if n not in table.names and (t := storable(m)) is not None]
     untyped = {f.name: paths for f in types if (paths := untyped_paths(f.dataType))}
+    unstored = StructType(types)  # untyped arrays as arrays of nulls: what a value must fit
     columns = Columns(
         StructType(
             [
@@ -400,7 +402,7 @@ def column_types(table: StructType, shapes: list[Shape]) -> Columns:
         try:
             if shape.kind in ("set", "field"):
                 name, implied = _implied(columns.types, shape)
-                column = columns.types[name].dataType if name in columns.types.names else NullType()
+                column = unstored[name].dataType if name in unstored.names else NullType()
                 if not fits(implied, column):
                     columns.misfits.setdefault((shape.kind, shape.name), {})[shape.shape or ""] = (
                         f"{'field' if shape.kind == 'field' else 'update path'} {shape.name}: a value of shape "
@@ -557,11 +559,11 @@ def add_nested_columns(spark: SparkSession, location: str, table: StructType, ty
         if isinstance(current, StructType) and isinstance(wanted, StructType):
             found = []
             for f in wanted.fields:
-                inner = f"{path}.`{f.name.replace('`', '``')}`"
+                inner = f"{path}.{quoted(f.name)}"
                 if f.name in current.names:
                     found += added(current[f.name].dataType, f.dataType, inner)
                 else:
-                    found.append(f"{inner} {f.dataType.simpleString()}")
+                    found.append(f"{inner} {sql_type(f.dataType)}")
             return found
         if isinstance(current, ArrayType) and isinstance(wanted, ArrayType):
             return added(current.elementType, wanted.elementType, f"{path}.element")
@@ -571,7 +573,7 @@ def add_nested_columns(spark: SparkSession, location: str, table: StructType, ty
         a
         for f in table.fields
         if f.name in types.names
-        for a in added(f.dataType, types[f.name].dataType, f"`{f.name.replace('`', '``')}`")
+        for a in added(f.dataType, types[f.name].dataType, quoted(f.name))
     ]
     if nested:
         spark.sql(f"ALTER TABLE delta.`{location}` ADD COLUMNS ({', '.join(nested)})")
@@ -637,11 +639,24 @@ def _retyped(value: Column, stored: DataType, wanted: DataType, paths: list[Path
     return value
 
 
-def settle_untyped_arrays(spark: SparkSession, location: str, columns: Columns, kind: str) -> list[str]:
+def _type_at(data_type: DataType, path: Path) -> DataType | None:
+    """The type at ``path`` inside ``data_type`` (None where it has none)."""
+    for step in path:
+        if step == ELEMENT_STEP and isinstance(data_type, ArrayType):
+            data_type = data_type.elementType
+        elif isinstance(data_type, StructType) and step in data_type.names:
+            data_type = data_type[step].dataType
+        else:
+            return None
+    return data_type
+
+
+def settle_untyped_arrays(spark: SparkSession, location: str, columns: Columns, kind: str) -> None:
     """Make the table at ``location`` (created when missing, of ``kind``) hold the batch's untyped arrays
-    as ``columns`` has them, before the MERGE: a column whose untyped arrays have taken a type is
-    converted in one overwrite with its new comment (the old version stays for time travel); a new
-    untyped array is named in its column's comment first, then added. The retyped columns are returned."""
+    as ``columns`` has them, before the MERGE: a column whose untyped arrays have taken a type (or
+    deepened: ``[]``, then ``[[]]``) is converted in one overwrite with its new comment (the old version
+    stays for time travel); a new untyped array is named in its column's comment first, then added. Each
+    step can be run again: a table already converted or commented is left as it is."""
     if not is_delta_table(spark, location):
         if columns.untyped:
             ensure_refined_table(
@@ -650,11 +665,16 @@ def settle_untyped_arrays(spark: SparkSession, location: str, columns: Columns, 
                 StructType([StructField(ID, StringType()), *[columns.types[n] for n in columns.untyped]]),
                 kind=kind,
             )
-        return []
+        return
     table = spark.read.format("delta").load(location)
     stored = {f.name: paths for f in table.schema.fields if (paths := commented_untyped(f))}
     retyped = {
-        name: [p for p in paths if p not in columns.untyped.get(name, [])]
+        name: [
+            p
+            for p in paths
+            if p not in columns.untyped.get(name, [])
+            or _type_at(table.schema[name].dataType, p) != _type_at(columns.types[name].dataType, p)
+        ]
         for name, paths in stored.items()
         if name not in columns.json
     }
@@ -663,11 +683,11 @@ def settle_untyped_arrays(spark: SparkSession, location: str, columns: Columns, 
         (
             table.select(
                 *[
-                    _retyped(F.col(f"`{f.name}`"), f.dataType, columns.types[f.name].dataType, retyped[f.name]).alias(
+                    _retyped(F.col(quoted(f.name)), f.dataType, columns.types[f.name].dataType, retyped[f.name]).alias(
                         f.name, metadata=untyped_comment(columns.untyped.get(f.name, []))
                     )
                     if f.name in retyped
-                    else F.col(f"`{f.name}`")
+                    else F.col(quoted(f.name))
                     for f in table.schema.fields
                 ]
             )
@@ -677,14 +697,12 @@ def settle_untyped_arrays(spark: SparkSession, location: str, columns: Columns, 
             .save(location)
         )
     for name, paths in columns.untyped.items():
-        column = f"`{name.replace('`', '``')}`"
         comment = untyped_comment(paths)["comment"].replace("\\", "\\\\").replace("'", "\\'")
         if name not in table.columns:
-            data_type = columns.types[name].dataType.simpleString()
-            spark.sql(f"ALTER TABLE delta.`{location}` ADD COLUMNS ({column} {data_type} COMMENT '{comment}')")
+            data_type = sql_type(columns.types[name].dataType)
+            spark.sql(f"ALTER TABLE delta.`{location}` ADD COLUMNS ({quoted(name)} {data_type} COMMENT '{comment}')")
         elif name not in retyped and stored.get(name) != paths:
-            spark.sql(f"ALTER TABLE delta.`{location}` ALTER COLUMN {column} COMMENT '{comment}'")
-    return list(retyped)
+            spark.sql(f"ALTER TABLE delta.`{location}` ALTER COLUMN {quoted(name)} COMMENT '{comment}'")
 
 
 def has_path(schema: StructType, path: str) -> bool:
@@ -737,7 +755,7 @@ def refine_mongo_batch(
                 ensure_json_columns(spark, refined, list(columns.json), "refined")
                 if history_at is not None:
                     ensure_json_columns(spark, history_at, list(columns.json), HISTORY_KIND)
-            retyped = settle_untyped_arrays(spark, refined, columns, "refined")
+            settle_untyped_arrays(spark, refined, columns, "refined")
             if history_at is not None:
                 settle_untyped_arrays(spark, history_at, columns, HISTORY_KIND)
             # Read again: columns may have been added or converted (a table created above holds no document yet).
@@ -749,7 +767,7 @@ def refine_mongo_batch(
                 quarantine(spark, quarantine_at, raw, topic, _mongo_problems(flagged, latest))
                 if history_at is not None:  # before the MERGE: the states build on the table's rows as they were
                     _record_mongo_history(spark, history_at, flagged, columns, shapes, table, rules)
-                _merge_documents(spark, refined, latest, columns, children, rules, batch_id, retyped)
+                _merge_documents(spark, refined, latest, columns, children, rules, batch_id)
             finally:
                 latest.unpersist()
         finally:
@@ -806,27 +824,37 @@ def _merge_documents(
     children: dict[str, str],
     rules: TableRules,
     batch_id: int,
-    retyped: list[str],
 ) -> None:
     """MERGE the last document per ``_id`` that passes the ``rules`` into the ``refined`` table, and
-    refresh the exploded arrays' child tables (a path no document has had yet gives no children, nor
-    an untyped array: none has had elements). A child table of a ``retyped`` column is written again
-    from every document, in one overwrite: its columns' types changed."""
+    refresh the exploded arrays' child tables (a path no document has had yet gives no children). A
+    child table is written from every document, in one overwrite, when it is new (documents refined
+    before may hold elements) or when its columns' types changed (an untyped array, its elements only
+    nulls so far, or one inside its elements, took a type)."""
     rows = refined_documents(latest, columns)
     with rules.enforced(spark, rows, [ID], batch_id, deleted=F.col(OP) == Op.DELETE.value) as passing:
         merge_changes(spark, refined, passing.drop(PARTITION), [ID], None, POSITION, keys=latest.select(ID))
     for path, location in children.items():
-        top, *rest = path.split(".")
-        if top in columns.json:
+        if path.split(".")[0] in columns.json:
             refresh_json_children(spark, refined, location, latest.select(ID), path)
-        elif tuple(rest) in columns.untyped.get(top, []):
             continue
-        elif top in retyped and is_delta_table(spark, location):
-            stored = spark.read.format("delta").load(refined)
-            rows = child_rows(stored, [ID], path).withColumn(REFINED_AT, F.current_timestamp())
-            rows.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(location)
-        elif has_path(DeltaTable.forPath(spark, refined).toDF().schema, path):
+        stored = spark.read.format("delta").load(refined)
+        if not has_path(stored.schema, path):
+            continue
+        every = child_rows(stored, [ID], path).withColumn(REFINED_AT, F.current_timestamp())
+        if is_delta_table(spark, location) and _same_types(
+            spark.read.format("delta").load(location).schema, every.schema
+        ):
             refresh_children(spark, refined, location, latest.select(ID), [ID], path)
+        else:
+            if not is_delta_table(spark, location):
+                ensure_refined_table(spark, location, every.schema)
+            every.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(location)
+
+
+def _same_types(table: StructType, rows: StructType) -> bool:
+    """Whether the columns ``table`` and ``rows`` both have are of the same types."""
+    types = {f.name: f.dataType for f in table.fields}
+    return all(types[f.name] == f.dataType for f in rows.fields if f.name in types)
 
 
 def json_child_rows(parents: DataFrame, array_path: str) -> DataFrame:

@@ -190,3 +190,20 @@ def _doubles(data_type: DataType) -> DataType:
         case DecimalType() if data_type.scale > 0:
             return DoubleType()
     return data_type
+
+
+def quoted(name: str) -> str:
+    """A column or field name as SQL writes it: in backticks, a backtick in it doubled."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def sql_type(data_type: DataType) -> str:
+    """``data_type`` as SQL DDL (``ALTER TABLE ... ADD COLUMNS``), field names quoted: a nested name
+    such as ``content-type`` or ``a b`` is no identifier, and ``simpleString()`` leaves it bare."""
+    if isinstance(data_type, StructType):
+        return "STRUCT<" + ", ".join(f"{quoted(f.name)}: {sql_type(f.dataType)}" for f in data_type.fields) + ">"
+    if isinstance(data_type, ArrayType):
+        return f"ARRAY<{sql_type(data_type.elementType)}>"
+    if isinstance(data_type, MapType):
+        return f"MAP<{sql_type(data_type.keyType)}, {sql_type(data_type.valueType)}>"
+    return data_type.simpleString()

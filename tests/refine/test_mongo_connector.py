@@ -20,6 +20,8 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, LongType, StringType
 
+import refine.mongo
+from cdc.core.errors import CdcError
 from cdc.core.tables import is_delta_table
 from cdc.stack.mongo_harness import connector_records
 from cdc.stack.mongo_model import Binary, Collection, Date, Decimal128, Int64, ObjectId, Update, as_json, random_writes
@@ -213,18 +215,31 @@ def test_fields_that_held_only_empty_arrays_keep_them_once_typed(spark, kafka, l
 
 
 def test_untyped_arrays_typed_later_keep_their_history_and_child_tables(
-    spark, kafka, land_and_refine, unique_name, tmp_path
+    spark, kafka, land_and_refine, unique_name, tmp_path, monkeypatch
 ):
-    """Exploded arrays, and an array inside their elements, hold only ``[]`` in a first batch and
-    their first elements in a second: the refined table, its child tables and its history equal the
-    model after each batch and after a rerun; the history's rows of the first batch read ``[]`` too."""
+    """Exploded arrays, arrays inside their elements and nested fields (under a name SQL must quote)
+    hold only ``[]`` or nulls in a first batch; in a second they take elements (documents with null
+    fields, among them) or deepen (``[[]]``), and its first run stops after the refined table was
+    retyped: the refined table, its child tables and its history equal the model after each batch
+    and after each rerun; the history's rows of the first batch read ``[]`` too."""
     collection = Collection("shop", "carts")
-    collection.insert({"_id": 1, "items": [{"sku": "x", "marks": []}], "tags": []})
-    collection.insert({"_id": 2, "tags": [], "items": []})
-    collection.update(2, Update([("$set", "notes", [[]])]), False)
+    collection.insert({"_id": 1, "items": [{"sku": "x", "marks": []}], "tags": [], "meta": {"content-type": "a"}})
+    collection.insert({"_id": 2, "tags": [], "items": [], "lines": [], "deep": []})
+    collection.update(2, Update([("$set", "notes", [[]]), ("$set", "meta.codes", [])]), False)
+    collection.insert({"_id": 4, "tags": [None]})
     first = len(collection.events)
     before = copy.deepcopy(collection.documents)
-    collection.insert({"_id": 3, "items": [{"sku": "y", "marks": [7]}], "tags": [5], "notes": [["n"]]})
+    collection.insert(
+        {
+            "_id": 3,
+            "items": [{"sku": "y", "marks": [7]}],
+            "tags": [5],
+            "notes": [["n"]],
+            "lines": [{"n": 1, "note": None}],
+            "deep": [[]],
+            "meta": {"content-type": "b", "codes": [3]},
+        }
+    )
     collection.update(2, Update([("$set", "tags", [6, 7])]), False)
     records = connector_records(collection.events, {"topic.prefix": unique_name, "capture.mode": "change_streams"})
     topic = kafka.create_topic(records[0]["topic"])
@@ -232,8 +247,13 @@ def test_untyped_arrays_typed_later_keep_their_history_and_child_tables(
     settings = {"explode": ["items", "tags"], "history": True}
     location = refined_table_location(warehouse, topic)
     history = refined_table_location(warehouse, f"{topic}__history")
-    for batch, documents in ((records[:first], before), (records[first:], collection.documents)):
+    for number, (batch, documents) in enumerate(((records[:first], before), (records[first:], collection.documents))):
         kafka.produce(topic, [(r["key_bare"].encode(), r["value_bare"].encode()) for r in batch])
+        if number:  # stops after the refined table's retype, before its MERGE and the child tables
+            with monkeypatch.context() as patched:
+                patched.setattr(refine.mongo, "merge_changes", lambda *_, **__: 1 / 0)
+                with pytest.raises(CdcError, match="ZeroDivisionError"):
+                    land_and_refine(warehouse, topic, **settings)
         model = Collection("shop", "carts")
         model.documents = documents
         for _ in range(2):  # a rerun changes nothing
@@ -249,7 +269,8 @@ def test_untyped_arrays_typed_later_keep_their_history_and_child_tables(
             assert {
                 json.dumps(json.loads(row._id)): {k: v for k, v in json.loads(row.document).items() if k in columns}
                 for row in current.select(
-                    "_id", F.to_json(F.struct(*[F.col(c) for c in columns if not c.startswith("_")])).alias("document")
+                    "_id",
+                    F.to_json(F.struct(*[F.col(f"`{c}`") for c in columns if not c.startswith("_")])).alias("document"),
                 ).collect()
             } == expected_documents(model, columns)
     first_version = spark.read.format("delta").load(history).where("_id = '1'").orderBy("_cdc_ts_ms").head()
@@ -258,7 +279,9 @@ def test_untyped_arrays_typed_later_keep_their_history_and_child_tables(
     table = spark.read.format("delta").load(location)
     assert table.schema["tags"].dataType == ArrayType(LongType())
     assert table.schema["notes"].dataType == ArrayType(ArrayType(StringType()))
-    assert not any(commented_untyped(field) for field in table.schema.fields)
+    assert {field.name: commented_untyped(field) for field in table.schema.fields if commented_untyped(field)} == {
+        "deep": [()]  # [[]]: still no element type
+    }
     assert not is_delta_table(spark, quarantine_location(warehouse))
 
 
