@@ -199,7 +199,7 @@ def quoted(name: str) -> str:
 
 def sql_type(data_type: DataType) -> str:
     """``data_type`` as SQL DDL (``ALTER TABLE ... ADD COLUMNS``), field names quoted: a nested name
-    such as ``content-type`` or ``a b`` is no identifier, and ``simpleString()`` leaves it bare."""
+    such as ``content-type`` is no identifier, and ``simpleString()`` leaves it bare."""
     if isinstance(data_type, StructType):
         return "STRUCT<" + ", ".join(f"{quoted(f.name)}: {sql_type(f.dataType)}" for f in data_type.fields) + ">"
     if isinstance(data_type, ArrayType):
