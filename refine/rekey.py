@@ -6,7 +6,7 @@ left alone, and the header ``__debezium.oldkey`` (the old key as JSON) links it 
 row's values are the old key's state just before the create: an earlier change in the batch, else a
 stored row (the refined table's current row or, when the delete came in an earlier batch, its
 image kept by :mod:`refine.deleted`). That state may itself come from a key change (A to B, then B
-to C in one batch): :func:`fill_from_old_keys` fills each chain of key changes as one sequence.
+to C in one batch): such chains are resolved one link per round (:func:`fill_from_old_keys`).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from pyspark.sql.types import StructType
 
 from cdc.core.tables import is_delta_table, table_version
 from refine.decode import decode, json_type
-from refine.envelope import TOMBSTONE, ConnectSchema, Op
+from refine.envelope import ConnectSchema, Op
 from refine.latest import POSITION_COLUMNS, at_or_after
 from refine.merge import LSN, OFFSET
-from refine.toast import fill_from_earlier_changes, has_placeholder
+from refine.toast import fill_from_earlier_changes, has_placeholder, replace_placeholders
 
 OLD_KEY_HEADER, NEW_KEY_HEADER = "__debezium.oldkey", "__debezium.newkey"
 
@@ -105,36 +105,40 @@ def with_state_before(
     return rows.join(prior, "lookup_id", "left").drop("lookup_id")
 
 
-def _lifetimes(changes: DataFrame, key_columns: list[str], rekeyed: Column) -> tuple[DataFrame, DataFrame]:
-    """``changes`` with ``lifetime``: the key and the number of its creates (and snapshot reads) up to
-    the change, which names one life of its row (from a create to the delete that ends it; 0: the
-    life it began before the batch); and the links: each key change's create's lifetime and the
-    ``parent`` lifetime of its old key that the key change ends."""
+def chain_depth(changes: DataFrame, rekeyed: Column) -> int:
+    """The longest chain of primary-key changes in ``changes`` (A to B, then B to C: 2), each
+    create's link the last key change into its old key before it. Its links are the batch's key
+    changes only, and it takes one small query per link of the longest chain: independent key
+    changes, however many, take one."""
     lsn, offset = POSITION_COLUMNS
-    starts_life = F.col("op").isin(Op.CREATE.value, Op.READ.value)
-    per_key = Window.partitionBy(*[F.col(f"key.`{k}`") for k in key_columns]).orderBy(
-        *[F.col(c) for c in POSITION_COLUMNS]
+    links = changes.where(rekeyed).select(
+        F.struct("kafka_partition", "kafka_offset").alias("id"),
+        "key",
+        "old_key",
+        F.col(lsn).alias("lsn"),
+        F.col(offset).alias("offset"),
     )
-    changes = changes.withColumn("lifetime", F.struct("key", F.count(F.when(starts_life, 1)).over(per_key).alias("n")))
-    starts = changes.where(starts_life).select(
-        F.col("key").alias("s_key"), F.col(lsn).alias("s_lsn"), F.col(offset).alias("s_offset")
-    )
-    creates = changes.where(rekeyed).select(
-        "lifetime", "old_key", F.col(lsn).alias("c_lsn"), F.col(offset).alias("c_offset")
-    )
-    earlier = ~at_or_after([F.col("s_lsn"), F.col("s_offset")], [F.col("c_lsn"), F.col("c_offset")])
-    links = (
-        creates.join(starts, (F.col("old_key") == F.col("s_key")) & earlier, "left")
-        .groupBy("lifetime", "old_key")
-        .agg(F.count("s_key").alias("n"))
-        .select("lifetime", F.struct(F.col("old_key").alias("key"), "n").alias("parent"))
-    )
-    return changes, links
+    earlier = ~at_or_after([F.col("p.lsn"), F.col("p.offset")], [F.col("c.lsn"), F.col("c.offset")])
+    chained = (
+        links.alias("c")
+        .join(links.alias("p"), (F.col("c.old_key") == F.col("p.key")) & earlier)
+        .groupBy(F.col("c.id").alias("id"))
+        .agg(F.max(F.struct("p.lsn", "p.offset", "p.id"))["id"].alias("parent"))
+    ).persist()
+    try:
+        depth, links_at_depth = 1, chained  # the creates at least depth + 1 links down a chain
+        while not links_at_depth.isEmpty():
+            depth += 1
+            links_at_depth = chained.join(links_at_depth.select(F.col("id").alias("parent")), "parent", "left_semi")
+        return depth
+    finally:
+        chained.unpersist()
 
 
 def _checkpointed(rows: DataFrame) -> DataFrame:
-    """``rows`` computed once, with a lineage of their own and their measured size (a checkpoint alone
-    keeps its plan's size estimate, which each round's join multiplies)."""
+    """``rows`` computed once, with a lineage of their own and their measured size. A checkpoint alone keeps
+    its plan's size estimate, which each round's joins multiply: its digits grew threefold per round and
+    a chain of 10 links never finished planning."""
     cached = rows.persist()
     try:
         cached.count()  # the cache's measured size now stands for the plan's estimate
@@ -143,76 +147,38 @@ def _checkpointed(rows: DataFrame) -> DataFrame:
         cached.unpersist()
 
 
-def chain_roots(links: DataFrame, max_rounds: int = 64) -> DataFrame:
-    """Each linked lifetime's ``root``: the first lifetime of its chain of key changes (A to B to C:
-    A's). Pointer jumping: each round links every lifetime to its parent's parent, so a chain of n
-    links takes about log2(n) rounds; independent key changes (a bulk re-key) take one small query."""
-
-    def unresolved(roots: DataFrame) -> bool:
-        return not roots.join(links.select(F.col("lifetime").alias("root")), "root", "left_semi").isEmpty()
-
-    roots = links.select("lifetime", F.col("parent").alias("root"))
-    for _ in range(max_rounds):
-        if not unresolved(roots):
-            return roots
-        further = roots.select(F.col("lifetime").alias("via"), F.col("root").alias("further"))
-        roots = _checkpointed(
-            roots.join(further, F.col("root") == F.col("via"), "left").select(
-                "lifetime", F.coalesce("further", "root").alias("root")
-            )
-        )
-    # Each parent begins before its child (a lifetime begins at a create): a chain cannot loop.
-    raise AssertionError(f"key-change chains still unresolved after {max_rounds} rounds")
-
-
 def fill_from_old_keys(changes: DataFrame, key_schema: ConnectSchema, stored: DataFrame | None) -> DataFrame:
     """``changes`` with each key's placeholders filled from its earlier changes, and a primary-key
     change's create filled from the old key's state (see the module's doc).
 
-    A row's lives linked by key changes (A's life, then B's from the key change A to B, then C's...)
-    make one sequence, its chain, in source order: the lives do not overlap, as each key change ends
-    the old key's life. A placeholder takes the last real value before it in its chain, its first
-    life's stored row included. A create's placeholders so never come from the changes its new key
-    had before it (a row deleted earlier), which belong to another chain."""
+    A create's own placeholders come from its old key, never from the changes its new key had before
+    it (a row deleted earlier): each key change starts a segment of its key's changes that is filled
+    on its own. The old key's state may itself be the create of an earlier key change (A to B to C
+    in one batch): each round fills one more link of the chains, as many rounds as the longest has."""
     key_columns = [field.field_name for field in key_schema.fields or ()]
     order = [F.col(c) for c in POSITION_COLUMNS]
     changes = changes.withColumn("old_key", old_key(F.col("kafka_headers"), key_schema))
     rekeyed = (F.col("op") == Op.CREATE.value) & F.col("old_key").isNotNull()
-    changes, links = _lifetimes(changes, key_columns, rekeyed)
-    roots = chain_roots(links)
-    chains = changes.join(roots, "lifetime", "left").withColumn("chain", F.coalesce("root", "lifetime")).drop("root")
+    segments = Window.partitionBy(*[F.col(f"key.`{k}`") for k in key_columns]).orderBy(*order)
+    changes = changes.withColumn("key_segment", F.count(F.when(rekeyed, 1)).over(segments))
+    filled = fill_from_earlier_changes(changes, key_columns, order, within=(F.col("key_segment"),))
     after_type = changes.schema["after"].dataType
     assert isinstance(after_type, StructType)  # a row
     if stored is not None:
-        # A chain whose first life began before the batch continues the stored row of its first key,
-        # read as the chain's first change (when a placeholder needs it). Only a stored state from before
-        # the chain's first change in the batch: a batch run again after its MERGE committed finds the
-        # key's row of a later life there (a key swapped through a temporary key), not this chain's.
-        lsn, offset = POSITION_COLUMNS
-        # (A tombstone has no position of its own: it would start every chain before its stored row.)
-        first_lives = chains.where((F.col("chain.n") == 0) & (F.col("op") != TOMBSTONE))
-        needing = first_lives.where(has_placeholder(F.col("after"), after_type)).select("chain").distinct()
-        starts = (
-            first_lives.join(needing, "chain", "left_semi")
-            .groupBy(F.col("chain.key").alias("key"))
-            .agg(F.min(F.struct(F.col(lsn).alias("lsn"), F.col(offset).alias("offset"))).alias("start"))
+        # A key's changes before any key change into it continue its stored row: the placeholders no
+        # earlier change fills take its values, so a later key change carries them to the new key.
+        continues_stored = (F.col("key_segment") == 0) & has_placeholder(F.col("after"), after_type)
+        with_stored = with_state_before(filled, continues_stored, F.col("key"), stored.limit(0), stored)
+        from_stored = F.when(
+            F.col("image").isNotNull(), replace_placeholders(F.col("after"), F.col("image"), after_type)
+        ).otherwise(F.col("after"))
+        filled = with_stored.withColumn("after", from_stored).drop("image")
+    for round_ in range(chain_depth(changes, rekeyed)):
+        if round_:  # each round reads the last one's rows twice: cut the lineage, or the plan doubles per round
+            filled = _checkpointed(filled)
+        with_prior = with_state_before(filled, rekeyed, F.col("old_key"), batch_states(filled), stored)
+        after = replace_placeholders(F.col("after"), F.col("image"), after_type)
+        filled = fill_from_earlier_changes(
+            with_prior.withColumn("after", after).drop("image"), key_columns, order, within=(F.col("key_segment"),)
         )
-        before_start = ~at_or_after(
-            [F.col("state_lsn"), F.col("state_offset")], [F.col("start.lsn"), F.col("start.offset")]
-        )
-        stored_rows = (
-            stored.join(starts, "key")
-            .where(before_start)
-            .select(
-                F.struct("key", F.lit(0).cast("bigint").alias("n")).alias("chain"),
-                F.col("state_lsn").alias(lsn),
-                F.col("state_offset").alias(offset),
-                F.col("image").alias("after"),
-                F.lit(True).alias("_stored"),
-            )
-        )
-        chains = chains.unionByName(stored_rows, allowMissingColumns=True)
-    filled = fill_from_earlier_changes(chains, [], order, within=(F.col("chain"),))
-    if stored is not None:
-        filled = filled.where(F.col("_stored").isNull()).drop("_stored")
-    return filled.drop("old_key", "lifetime", "chain")
+    return filled.drop("old_key", "key_segment")

@@ -14,7 +14,7 @@ from cdc.stack.postgres import add_to_publication
 from cdc.stack.workload import run_workload
 from refine.batch_facts import row_type_of
 from refine.envelope import ConnectSchema
-from refine.rekey import OLD_KEY_HEADER, chain_roots, fill_from_old_keys, stored_states
+from refine.rekey import OLD_KEY_HEADER, chain_depth, fill_from_old_keys, old_key, stored_states
 from refine.toast import TOAST_PLACEHOLDER
 
 KEY_SCHEMA = ConnectSchema.model_validate({"type": "struct", "fields": [{"type": "int64", "field": "id"}]})
@@ -175,20 +175,102 @@ def test_a_row_re_keyed_fifteen_times_in_one_batch_keeps_its_values(spark):
     assert {row.note for row in filled.where("after IS NOT NULL").select("after.note").collect()} == {"first"}
 
 
-def test_each_life_of_a_chain_of_key_changes_has_the_chains_first_life_as_root(spark):
-    def roots(links: list[tuple[tuple[int, int], tuple[int, int]]]) -> set[tuple[tuple, tuple]]:
-        """Each (key, life) linked to its parent (key, life) -> (its (key, life), its root's)."""
-        frame = spark.createDataFrame(
-            [(((key,), n), ((parent,), parent_n)) for (key, n), (parent, parent_n) in links],
-            "lifetime struct<key:struct<id:bigint>, n:bigint>, parent struct<key:struct<id:bigint>, n:bigint>",
+def test_the_chain_depth_is_the_longest_chain_of_key_changes(spark):
+    def depth(changes: list[tuple]) -> int:
+        frame = spark.createDataFrame(changes, CHANGES).withColumn(
+            "old_key", old_key(F.col("kafka_headers"), KEY_SCHEMA)
         )
-        return {((r.lifetime.key.id, r.lifetime.n), (r.root.key.id, r.root.n)) for r in chain_roots(frame).collect()}
+        return chain_depth(frame, (F.col("op") == "c") & F.col("old_key").isNotNull())
 
-    bulk = [((1000 + k, 1), (k, 0)) for k in range(1, 200)]  # independent key changes: each its own root
-    assert roots(bulk) == set(bulk)
-    # 1 to 2 to ... to 40 (a key's life from its key change is its life 1), and 100 to 101 beside it.
-    chain = [((k + 1, 1), (k, 1 if k > 1 else 0)) for k in range(1, 40)] + [((101, 1), (100, 0))]
-    assert roots(chain) == {((k + 1, 1), (1, 0)) for k in range(1, 40)} | {((101, 1), (100, 0))}
+    def rekey(offset: int, old: int, new: int) -> tuple:
+        return (
+            "c",
+            (new,),
+            (new, TOAST_PLACEHOLDER, 0),
+            offset,
+            offset,
+            0,
+            [(OLD_KEY_HEADER, json.dumps({"id": old}).encode())],
+        )
+
+    assert depth([("c", (1,), (1, "a", 0), 0, 0, 0, [])]) == 1  # no key change: one round, as before
+    assert depth([rekey(i, i, 1000 + i) for i in range(1, 200)]) == 1  # a bulk re-key of independent rows
+    assert depth([rekey(1, 1, 2), rekey(2, 2, 3), rekey(3, 3, 4), rekey(4, 10, 11)]) == 3
+    assert depth([rekey(2, 2, 3), rekey(3, 1, 2)]) == 1  # 1 to 2 after 2 to 3: no chain
+
+
+def change(
+    op: str, key: int, note: str | None, lsn: int | None, offset: int, partition: int = 0, old: int | None = None
+):
+    """A change as the tests above write them (a tombstone or delete has no row)."""
+    headers = [] if old is None else [(OLD_KEY_HEADER, json.dumps({"id": old}).encode())]
+    return (op, (key,), None if op in ("d", "tombstone") else (key, note, 0), lsn, offset, partition, headers)
+
+
+def stored_row(key: int, lsn: int, offset: int, note: str) -> tuple:
+    return ((key,), lsn, offset, (key, note, 0))
+
+
+STORED = "key struct<id:bigint>, state_lsn bigint, state_offset bigint, image struct<id:bigint, note:string, n:int>"
+A, B, C = 1, 2, 3
+
+
+@pytest.mark.parametrize(
+    ("changes", "stored", "wanted"),
+    [
+        pytest.param(  # A to B, B updated, A re-inserted, A to C: a connector restart replays from A to B
+            [
+                change("d", A, None, 30, 5),
+                change("tombstone", A, None, None, 6),
+                change("c", C, TOAST_PLACEHOLDER, 30, 7, old=A),
+                change("d", A, None, 10, 8),
+                change("tombstone", A, None, None, 9),
+                change("c", B, TOAST_PLACEHOLDER, 10, 10, old=A),
+                change("u", B, "b", 15, 11),
+            ],
+            [stored_row(A, 20, 4, "a2"), stored_row(B, 15, 3, "b")],
+            {7: "a2", 10: TOAST_PLACEHOLDER, 11: "b"},
+            id="two key changes out of one key, its re-insert between them in an earlier batch",
+        ),
+        pytest.param(  # the updates of A delivered again after the refined row took them
+            [
+                change("u", A, TOAST_PLACEHOLDER, 350, 2),
+                change("u", A, TOAST_PLACEHOLDER, 360, 3),
+                change("d", A, None, 400, 4),
+                change("tombstone", A, None, None, 5),
+                change("c", B, TOAST_PLACEHOLDER, 400, 6, old=A),
+            ],
+            [stored_row(A, 360, 1, "X")],
+            {2: TOAST_PLACEHOLDER, 3: "X", 6: "X"},
+            id="replayed updates before a key change",
+        ),
+        pytest.param(  # run again after its MERGE: A's image kept at its delete, B refined
+            [
+                change("c", B, "oldB", 3, 9),
+                change("d", B, None, 4, 10),
+                change("u", A, TOAST_PLACEHOLDER, 5, 12),
+                change("d", A, None, 6, 13),
+                change("tombstone", A, None, None, 14),
+                change("c", B, TOAST_PLACEHOLDER, 6, 15, old=A),
+            ],
+            [stored_row(A, 6, 13, "X"), stored_row(B, 6, 15, "X")],
+            {9: "oldB", 12: TOAST_PLACEHOLDER, 15: "X"},
+            id="a batch run again after its merge, onto a key deleted earlier in it",
+        ),
+    ],
+)
+def test_a_key_change_never_takes_another_lifes_values_on_replays_and_reruns(spark, changes, stored, wanted):
+    """Cases a reviewer found where filling chains in one window per chain went wrong: each create
+    takes the old key's state just before it, or keeps its placeholder (the MERGE keeps the refined
+    row's value), never a value of another life of its new key."""
+    filled = fill_from_old_keys(
+        spark.createDataFrame(changes, CHANGES), KEY_SCHEMA, spark.createDataFrame(stored, STORED)
+    )
+    notes = {
+        row.kafka_offset: row.note
+        for row in filled.where("after IS NOT NULL").select("kafka_offset", "after.note").collect()
+    }
+    assert notes == wanted
 
 
 def change_primary_keys(dsn: str) -> None:
