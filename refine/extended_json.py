@@ -173,15 +173,7 @@ def is_untyped_array(data_type: DataType) -> bool:
 
 def storable(data_type: DataType) -> DataType | None:
     """:func:`known`, but keeping untyped arrays: they get a column (of strings, until typed)."""
-    if is_untyped_array(data_type):
-        return data_type
-    if isinstance(data_type, ArrayType):
-        element = storable(data_type.elementType)
-        return None if element is None else ArrayType(element)
-    if isinstance(data_type, StructType):
-        fields = [StructField(f.name, t) for f in data_type.fields if (t := storable(f.dataType)) is not None]
-        return StructType(fields) if fields else None
-    return known(data_type)
+    return known(data_type, keep_untyped_arrays=True)
 
 
 ELEMENT_STEP = "$[]"  # an array's elements, in the paths below (MongoDB field names do not start with $)
@@ -262,15 +254,22 @@ def read_untyped(field: StructField) -> StructField:
     return StructField(field.name, replaced_at(field.dataType, paths, untyped), field.nullable, field.metadata)
 
 
-def known(data_type: DataType) -> DataType | None:
-    """``data_type`` without the parts whose type is not known yet (only null or [] so far)."""
+def known(data_type: DataType, keep_untyped_arrays: bool = False) -> DataType | None:
+    """``data_type`` without the parts whose type is not known yet (only null or [] so far), untyped
+    arrays kept with ``keep_untyped_arrays``."""
+    if keep_untyped_arrays and is_untyped_array(data_type):
+        return data_type
     if isinstance(data_type, NullType):
         return None
     if isinstance(data_type, ArrayType):
-        element = known(data_type.elementType)
+        element = known(data_type.elementType, keep_untyped_arrays)
         return None if element is None else ArrayType(element)
     if isinstance(data_type, StructType):
-        fields = [StructField(f.name, t) for f in data_type.fields if (t := known(f.dataType)) is not None]
+        fields = [
+            StructField(f.name, t)
+            for f in data_type.fields
+            if (t := known(f.dataType, keep_untyped_arrays)) is not None
+        ]
         return StructType(fields) if fields else None
     return data_type
 
