@@ -615,9 +615,7 @@ def ensure_json_columns(spark: SparkSession, location: str, names: list[str], ki
         )
     added = [name for name in names if name not in table.columns]
     if added:
-        columns = ", ".join(
-            f"`{name.replace('`', '``')}` STRING COMMENT '{JSON_TEXT_METADATA['comment']}'" for name in added
-        )
+        columns = ", ".join(f"{quoted(name)} STRING COMMENT '{JSON_TEXT_METADATA['comment']}'" for name in added)
         spark.sql(f"ALTER TABLE delta.`{location}` ADD COLUMNS ({columns})")
 
 
@@ -833,22 +831,21 @@ def _merge_documents(
     rows = refined_documents(latest, columns)
     with rules.enforced(spark, rows, [ID], batch_id, deleted=F.col(OP) == Op.DELETE.value) as passing:
         merge_changes(spark, refined, passing.drop(PARTITION), [ID], None, POSITION, keys=latest.select(ID))
+    stored = spark.read.format("delta").load(refined)  # as the MERGE left it
     for path, location in children.items():
         if path.split(".")[0] in columns.json:
             refresh_json_children(spark, refined, location, latest.select(ID), path)
             continue
-        stored = spark.read.format("delta").load(refined)
         if not has_path(stored.schema, path):
             continue
         every = child_rows(stored, [ID], path).withColumn(REFINED_AT, F.current_timestamp())
-        if is_delta_table(spark, location) and _same_types(
-            spark.read.format("delta").load(location).schema, every.schema
-        ):
+        exists = is_delta_table(spark, location)
+        if exists and _same_types(spark.read.format("delta").load(location).schema, every.schema):
             refresh_children(spark, refined, location, latest.select(ID), [ID], path)
-        else:
-            if not is_delta_table(spark, location):
-                ensure_refined_table(spark, location, every.schema)
-            every.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(location)
+            continue
+        if not exists:
+            ensure_refined_table(spark, location, every.schema)
+        every.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(location)
 
 
 def _same_types(table: StructType, rows: StructType) -> bool:
