@@ -276,8 +276,13 @@ def known(data_type: DataType, keep_untyped_arrays: bool = False) -> DataType | 
 
 def member(value: Column, name: str) -> Column:
     """The member ``name`` of a variant object (null when absent or not an object)."""
-    escaped = name.replace("\\", "\\\\").replace('"', '\\"')
-    return F.try_variant_get(value, f'$["{escaped}"]', "variant")
+    # A variant path quotes a name in '' or "" and knows no escapes: a name holding both quotes has
+    # no path, and is looked up in the object read as a map.
+    if '"' not in name:
+        return F.try_variant_get(value, f'$["{name}"]', "variant")
+    if "'" not in name:
+        return F.try_variant_get(value, f"$['{name}']", "variant")
+    return F.try_element_at(F.try_variant_get(value, "$", "map<string,variant>"), F.lit(name))
 
 
 def is_null(value: Column) -> Column:

@@ -1,5 +1,6 @@
 """Extended JSON (strict, as in ``after``; relaxed, as in ``updatedFields``) to typed Spark values."""
 
+import json
 import math
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -125,6 +126,18 @@ def test_values_that_do_not_fit_decode_to_null(spark):
     )
     [row] = rows.select(decode(to_variant(F.col("t")), columns).alias("r")).select("r.*").collect()
     assert tuple(row) == (None, None, None)
+
+
+def test_members_named_with_quotes_and_backslashes_decode(spark):
+    names = ['a"b', "c'd", "e\\f", "g\"h'i", "j]k", "l.m", "$n"]
+    text = json.dumps({name: number for number, name in enumerate(names)} | {"nested": {"p\"q'r": {"s\\t": 9}}})
+    columns = StructType(
+        [StructField(name, LongType()) for name in names]
+        + [StructField("nested", StructType([StructField("p\"q'r", StructType([StructField("s\\t", LongType())]))]))]
+    )
+    rows = spark.createDataFrame([(text,)], "t string")
+    [row] = rows.select(decode(to_variant(F.col("t")), columns).alias("r")).select("r.*").collect()
+    assert list(row) == [*range(len(names)), ((9,),)]
 
 
 def test_not_json_is_null(spark):
