@@ -1,10 +1,11 @@
 """Filling primary-key changes' TOAST placeholders from their old keys, for chains of key changes.
 
-    .venv/bin/python bench/key_changes.py [--chains 2000] [--depths 1,4,16,64] [--rounds 3]
+    .venv/bin/python bench/key_changes.py [--chains 2000] [--depths 1,4,16,64] [--rounds 3] [--others 0]
 
 For each depth D, a batch of CHAINS rows each inserted with a large value, then D times updated
 (the large value left alone: Debezium's placeholder) and re-keyed (a delete, and a create carrying
-the placeholder and the old key), the chains interleaved in source order. Prints, per depth, the
+the placeholder and the old key), the chains interleaved in source order, after OTHERS changes of
+rows no key change touches (an insert, then updates with the placeholder: a batch's usual work). Prints, per depth, the
 batch's changes and the median seconds of `refine.rekey.fill_from_old_keys` over the batch (read
 from Parquet, its result written to Spark's no-op sink), and checks every create and update got the
 inserted value. Prints figures; asserts nothing else. Needs no running stack.
@@ -37,14 +38,24 @@ CHANGES = (
 )
 
 
-def chained_changes(chains: int, depth: int) -> list[tuple]:
-    """The changes of ``chains`` rows each re-keyed ``depth`` times, interleaved (hop by hop)."""
+def chained_changes(chains: int, depth: int, others: int = 0) -> list[tuple]:
+    """The changes of ``others`` rows never re-keyed (one insert and three updates each, ``others``
+    changes in all), then of ``chains`` rows each re-keyed ``depth`` times, interleaved (hop by hop)."""
     changes: list[tuple] = []
 
     def emit(op: str, key: int, after: tuple | None, headers: list) -> None:
         offset = len(changes)
         changes.append((op, (key,), after, offset, offset, 0, headers))
 
+    unkeyed_from = (depth + 1) * chains  # keys no chain reaches
+    for change in range(others):
+        row = unkeyed_from + change // 4
+        emit(
+            "u" if change % 4 else "c",
+            row,
+            (row, TOAST_PLACEHOLDER if change % 4 else f"large value of row {row}", change % 4),
+            [],
+        )
     for chain in range(chains):
         emit("c", chain, (chain, f"large value of row {chain}", 0), [])
     for hop in range(1, depth + 1):
@@ -61,13 +72,16 @@ def main() -> None:
     parser.add_argument("--chains", type=int, default=2000, help="rows re-keyed, each a chain of key changes")
     parser.add_argument("--depths", default="1,4,16,64", help="key changes per row (comma-separated)")
     parser.add_argument("--rounds", type=int, default=3, help="runs per depth (the median is printed)")
+    parser.add_argument(
+        "--others", type=int, default=0, help="changes of rows no key change touches, also in the batch"
+    )
     args = parser.parse_args()
     spark = build_spark_session(job_spark_config(load_settings().spark, refines_continuously=False))
     print(f"{'depth':>6} {'changes':>9} {'seconds':>8}  filled")
     with tempfile.TemporaryDirectory(prefix="bench-key-changes-") as folder:
         for depth in (int(d) for d in args.depths.split(",")):
             path = f"{folder}/changes-{depth}.parquet"
-            spark.createDataFrame(chained_changes(args.chains, depth), CHANGES).write.parquet(path)
+            spark.createDataFrame(chained_changes(args.chains, depth, args.others), CHANGES).write.parquet(path)
             changes = spark.read.parquet(path)
             seconds = []
             for _ in range(args.rounds):

@@ -154,31 +154,66 @@ def fill_from_old_keys(changes: DataFrame, key_schema: ConnectSchema, stored: Da
     A create's own placeholders come from its old key, never from the changes its new key had before
     it (a row deleted earlier): each key change starts a segment of its key's changes that is filled
     on its own. The old key's state may itself be the create of an earlier key change (A to B to C
-    in one batch): each round fills one more link of the chains, as many rounds as the longest has."""
+    in one batch): each round fills one more link of the chains, as many rounds as the longest has.
+    Only the changes of the keys a key change links (its new and its old key) can change in a round,
+    so with more than one round the rounds run over those alone and the others are filled once."""
     key_columns = [field.field_name for field in key_schema.fields or ()]
     order = [F.col(c) for c in POSITION_COLUMNS]
     changes = changes.withColumn("old_key", old_key(F.col("kafka_headers"), key_schema))
     rekeyed = (F.col("op") == Op.CREATE.value) & F.col("old_key").isNotNull()
+    depth = chain_depth(changes, rekeyed)
+    if depth == 1:  # one round, over the whole batch: nothing to split
+        filled = _fill_one_link(_first_fill(changes, key_columns, stored), key_columns, stored, rekeyed)
+        return filled.drop("old_key", "key_segment")
+    # As many keys as key changes at most: broadcast, so splitting the batch shuffles none of it.
+    linked_keys = F.broadcast(
+        changes.where(rekeyed).select(F.explode(F.array("key", "old_key")).alias("key")).distinct()
+    )
+    linked = _first_fill(changes.join(linked_keys, "key", "left_semi"), key_columns, stored)
+    for round_ in range(depth):
+        if round_:  # each round reads the last one's rows twice: cut the lineage, or the plan doubles per round
+            linked = _checkpointed(linked)
+        linked = _fill_one_link(linked, key_columns, stored, rekeyed)
+    # What the rounds would leave the other keys: the first fill, then one more fill from earlier
+    # changes (again, it changes nothing), which takes a stored value that filled an earlier change
+    # into a later one whose own (later) stored state held a placeholder.
+    unlinked = _first_fill(changes.join(linked_keys, "key", "left_anti"), key_columns, stored)
+    unlinked = fill_from_earlier_changes(unlinked, key_columns, order, within=(F.col("key_segment"),))
+    # Computed once: the readers of the filled changes (the last change per key, the deleted rows'
+    # images, the history) would each plan and compute both parts again.
+    return _checkpointed(linked.unionByName(unlinked).drop("old_key", "key_segment"))
+
+
+def _first_fill(changes: DataFrame, key_columns: list[str], stored: DataFrame | None) -> DataFrame:
+    """``changes`` (with ``old_key``) with ``key_segment`` (how many key changes into its key come at
+    or before each change) and filled from the earlier changes of their segment; a key's changes before
+    any key change into it continue its stored row, whose values fill the placeholders left."""
+    order = [F.col(c) for c in POSITION_COLUMNS]
+    rekeyed = (F.col("op") == Op.CREATE.value) & F.col("old_key").isNotNull()
     segments = Window.partitionBy(*[F.col(f"key.`{k}`") for k in key_columns]).orderBy(*order)
     changes = changes.withColumn("key_segment", F.count(F.when(rekeyed, 1)).over(segments))
     filled = fill_from_earlier_changes(changes, key_columns, order, within=(F.col("key_segment"),))
+    if stored is None:
+        return filled
     after_type = changes.schema["after"].dataType
     assert isinstance(after_type, StructType)  # a row
-    if stored is not None:
-        # A key's changes before any key change into it continue its stored row: the placeholders no
-        # earlier change fills take its values, so a later key change carries them to the new key.
-        continues_stored = (F.col("key_segment") == 0) & has_placeholder(F.col("after"), after_type)
-        with_stored = with_state_before(filled, continues_stored, F.col("key"), stored.limit(0), stored)
-        from_stored = F.when(
-            F.col("image").isNotNull(), replace_placeholders(F.col("after"), F.col("image"), after_type)
-        ).otherwise(F.col("after"))
-        filled = with_stored.withColumn("after", from_stored).drop("image")
-    for round_ in range(chain_depth(changes, rekeyed)):
-        if round_:  # each round reads the last one's rows twice: cut the lineage, or the plan doubles per round
-            filled = _checkpointed(filled)
-        with_prior = with_state_before(filled, rekeyed, F.col("old_key"), batch_states(filled), stored)
-        after = replace_placeholders(F.col("after"), F.col("image"), after_type)
-        filled = fill_from_earlier_changes(
-            with_prior.withColumn("after", after).drop("image"), key_columns, order, within=(F.col("key_segment"),)
-        )
-    return filled.drop("old_key", "key_segment")
+    # Those values reach the new key of a later key change through its old key's state.
+    continues_stored = (F.col("key_segment") == 0) & has_placeholder(F.col("after"), after_type)
+    with_stored = with_state_before(filled, continues_stored, F.col("key"), stored.limit(0), stored)
+    from_stored = F.when(
+        F.col("image").isNotNull(), replace_placeholders(F.col("after"), F.col("image"), after_type)
+    ).otherwise(F.col("after"))
+    return with_stored.withColumn("after", from_stored).drop("image")
+
+
+def _fill_one_link(filled: DataFrame, key_columns: list[str], stored: DataFrame | None, rekeyed: Column) -> DataFrame:
+    """One round: each key change's create filled from its old key's state before it (as ``filled``
+    has it), then each segment's later changes from their earlier ones again."""
+    after_type = filled.schema["after"].dataType
+    assert isinstance(after_type, StructType)  # a row
+    order = [F.col(c) for c in POSITION_COLUMNS]
+    with_prior = with_state_before(filled, rekeyed, F.col("old_key"), batch_states(filled), stored)
+    after = replace_placeholders(F.col("after"), F.col("image"), after_type)
+    return fill_from_earlier_changes(
+        with_prior.withColumn("after", after).drop("image"), key_columns, order, within=(F.col("key_segment"),)
+    )
