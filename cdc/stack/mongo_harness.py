@@ -9,9 +9,10 @@ the MongoDB driver's own ``ChangeStreamDocument`` codec decodes them, the connec
 does, and Kafka Connect's ``JsonConverter`` serialises key and value, with and without schemas. What
 is not proven is only what a real server would have sent. Snapshot reads (:meth:`Collection.snapshot
 <cdc.stack.mongo_model.Collection.snapshot>`) go through the connector's ``MongoDbSnapshotRecordEmitter``
-with the offset context in snapshot mode, as its snapshot source drives them. Not covered: the
-``__debezium.context.*`` headers (the connector's EventDispatcher is not driven) and
-ExtractNewDocumentState.
+with the offset context in snapshot mode, as its snapshot source drives them. Settings named
+``unwrap.*`` run the connector's own ExtractNewDocumentState on each record, as Kafka Connect runs a
+transform. Not covered: the ``__debezium.context.*`` headers (the connector's EventDispatcher is not
+driven).
 """
 
 from __future__ import annotations
@@ -79,7 +80,10 @@ def connector_records(events: list[dict], settings: dict[str, str]) -> list[dict
     """The connector's records for change-stream ``events`` (canonical Extended JSON documents) under
     connector ``settings`` (``topic.prefix``, ``capture.mode``, ...), in order: dicts of ``topic``,
     ``key``/``value`` (JsonConverter, schemas.enable=true) and ``key_bare``/``value_bare``
-    (schemas.enable=false) as text; ``value`` None for a tombstone."""
+    (schemas.enable=false) as text; ``value`` None for a tombstone. Settings ``unwrap.NAME`` configure
+    ExtractNewDocumentState (``NAME``), whose record each dict adds: ``unwrapped`` (false when the
+    transform drops the record) and ``unwrapped_key``, ``unwrapped_value``, ``unwrapped_key_bare``,
+    ``unwrapped_value_bare``."""
     command = [
         jars.java_executable(),
         "-cp",

@@ -12,6 +12,7 @@ import java.util.Map;
 import org.apache.kafka.connect.data.Struct;
 import org.apache.kafka.connect.header.ConnectHeaders;
 import org.apache.kafka.connect.json.JsonConverter;
+import org.apache.kafka.connect.source.SourceRecord;
 import org.bson.BsonDocument;
 import org.bson.BsonTimestamp;
 import org.bson.codecs.Codec;
@@ -33,6 +34,7 @@ import io.debezium.connector.mongodb.MongoDbSchema;
 import io.debezium.connector.mongodb.MongoDbTaskContext;
 import io.debezium.connector.mongodb.recordemitter.MongoDbChangeRecordEmitter;
 import io.debezium.connector.mongodb.recordemitter.MongoDbSnapshotRecordEmitter;
+import io.debezium.connector.mongodb.transforms.ExtractNewDocumentState;
 import io.debezium.data.Envelope.Operation;
 import io.debezium.pipeline.spi.ChangeRecordEmitter;
 import io.debezium.pipeline.spi.OffsetContext;
@@ -50,9 +52,12 @@ import io.debezium.util.Clock;
  * connector's initial snapshot reads (its snapshot record emitter, the offset in snapshot mode, the
  * clock at readAt): a record of op r.
  *
- * Usage: MongoChangeEvents key=value... (connector settings: topic.prefix, capture.mode, ...).
+ * Usage: MongoChangeEvents key=value... (connector settings: topic.prefix, capture.mode, ...; a
+ * setting unwrap.NAME=VALUE configures Debezium's ExtractNewDocumentState with NAME=VALUE).
  * Each output line is a JSON object: topic, key, value (schemas.enable=true), key_bare, value_bare
- * (schemas.enable=false); value null for a tombstone.
+ * (schemas.enable=false); value null for a tombstone. With unwrap settings, also the record
+ * ExtractNewDocumentState makes of it: unwrapped (false when it drops the record) and
+ * unwrapped_key, unwrapped_value, unwrapped_key_bare, unwrapped_value_bare.
  */
 public final class MongoChangeEvents {
 
@@ -60,9 +65,19 @@ public final class MongoChangeEvents {
         Configuration.Builder builder = Configuration.create()
                 .with("mongodb.connection.string", "mongodb://localhost:27017/?replicaSet=rs0")
                 .with("connector.class", "io.debezium.connector.mongodb.MongoDbConnector");
+        Map<String, String> unwrapSettings = new HashMap<>();
         for (String arg : args) {
             int equals = arg.indexOf('=');
-            builder = builder.with(arg.substring(0, equals), arg.substring(equals + 1));
+            if (arg.startsWith("unwrap.")) {
+                unwrapSettings.put(arg.substring("unwrap.".length(), equals), arg.substring(equals + 1));
+            }
+            else {
+                builder = builder.with(arg.substring(0, equals), arg.substring(equals + 1));
+            }
+        }
+        ExtractNewDocumentState<SourceRecord> unwrap = unwrapSettings.isEmpty() ? null : new ExtractNewDocumentState<>();
+        if (unwrap != null) {
+            unwrap.configure(unwrapSettings);
         }
         Configuration config = builder.build();
         MongoDbConnectorConfig connectorConfig = new MongoDbConnectorConfig(config);
@@ -129,9 +144,9 @@ public final class MongoChangeEvents {
                 @Override
                 public void changeRecord(MongoDbPartition p, DataCollectionSchema s, Operation operation, Object key, Struct value,
                                          OffsetContext o, ConnectHeaders headers) {
-                    records.add(record(converters, topic, collectionSchema, key, value));
+                    records.add(record(converters, unwrap, topic, collectionSchema, key, value, headers));
                     if (operation == Operation.DELETE && connectorConfig.isEmitTombstoneOnDelete()) {
-                        records.add(record(converters, topic, collectionSchema, key, null));
+                        records.add(record(converters, unwrap, topic, collectionSchema, key, null, new ConnectHeaders()));
                     }
                 }
             });
@@ -141,14 +156,29 @@ public final class MongoChangeEvents {
         }
     }
 
-    private static Map<String, Object> record(Map<String, JsonConverter> converters, String topic, MongoDbCollectionSchema schema,
-                                              Object key, Struct value) {
+    private static Map<String, Object> record(Map<String, JsonConverter> converters, ExtractNewDocumentState<SourceRecord> unwrap,
+                                              String topic, MongoDbCollectionSchema schema, Object key, Struct value,
+                                              ConnectHeaders headers) {
         Map<String, Object> record = new HashMap<>();
         record.put("topic", topic);
         for (String suffix : new String[]{ "", "_bare" }) {
             record.put("key" + suffix, text(converters.get("key" + suffix).fromConnectData(topic, schema.keySchema(), key)));
             record.put("value" + suffix, value == null ? null
                     : text(converters.get("value" + suffix).fromConnectData(topic, schema.getEnvelopeSchema().schema(), value)));
+        }
+        if (unwrap != null) {
+            // As Kafka Connect runs a connector's transforms: on the source record, before the converters.
+            SourceRecord unwrapped = unwrap.apply(new SourceRecord(Map.of(), Map.of(), topic, null, schema.keySchema(), key,
+                    value == null ? null : schema.getEnvelopeSchema().schema(), value, null, headers));
+            record.put("unwrapped", unwrapped != null);
+            if (unwrapped != null) {
+                for (String suffix : new String[]{ "", "_bare" }) {
+                    record.put("unwrapped_key" + suffix,
+                            text(converters.get("key" + suffix).fromConnectData(topic, unwrapped.keySchema(), unwrapped.key())));
+                    record.put("unwrapped_value" + suffix, unwrapped.value() == null ? null
+                            : text(converters.get("value" + suffix).fromConnectData(topic, unwrapped.valueSchema(), unwrapped.value())));
+                }
+            }
         }
         return record;
     }
