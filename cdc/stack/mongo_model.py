@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import copy
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -198,20 +199,31 @@ class Collection:
         """A document the collection holds before capture starts (no change-stream event)."""
         self.documents[document["_id"]] = copy.deepcopy(document)
 
-    def snapshot(self) -> None:
-        """The connector's initial snapshot: a read of every document, at the current second (the
-        harness's snapshot lines; the connector's snapshot record emitter makes records of op ``r``)."""
-        for document in self.documents.values():
+    def snapshot(self, during: Callable[[], None] | None = None) -> None:
+        """The connector's initial snapshot: a read of every document the collection holds at its start,
+        at the current second (the harness's snapshot lines; the connector's snapshot record emitter makes
+        records of op ``r``). ``during`` (called before each read but the first) writes while the snapshot runs: a read
+        sees its document as it is then (one deleted meanwhile is not read, one inserted meanwhile is
+        not scanned), and the change events of those writes follow the reads, as the connector streams
+        them from the snapshot's start once it ends."""
+        read_at = {"$numberLong": str(self.seconds * 1000)}
+        streamed_from, reads = len(self.events), []
+        for document_id in list(self.documents):
+            if during is not None and reads:  # the first read starts the snapshot
+                during()
+            if document_id not in self.documents:
+                continue
             self.tick += 1
-            self.events.append(
+            reads.append(
                 {
                     "snapshot": {
                         "ns": {"db": self.db, "coll": self.name},
-                        "document": canonical(document),
-                        "readAt": {"$numberLong": str(self.seconds * 1000)},
+                        "document": canonical(self.documents[document_id]),
+                        "readAt": read_at,
                     }
                 }
             )
+        self.events[streamed_from:streamed_from] = reads
 
     def insert(self, document: dict) -> None:
         self.documents[document["_id"]] = copy.deepcopy(document)
@@ -286,7 +298,7 @@ def random_writes(
     ``array_drift``, the arrays drift too: ``tags`` and ``items`` are set to a string now and then,
     and an element's ``items.N.n`` to a string (an update that sets a whole field again makes it an
     array again). With ``snapshot``, the collection first holds a few documents, which the
-    connector's initial snapshot reads."""
+    connector's initial snapshot reads while random writes go on."""
     rng = random.Random(seed)
     values = _values(rng)
     ids = [ObjectId(f"{rng.getrandbits(96):024x}") for _ in range(3)] + ["s1", "s2", 7, Int64(2**40)]
@@ -296,19 +308,14 @@ def random_writes(
         fields = rng.sample(sorted(values), rng.randint(3, len(values)))
         return {"_id": document_id, **{name: values[name][0]() for name in fields}}
 
-    if snapshot:
-        for document_id in rng.sample(ids, rng.randint(1, len(ids))):
-            collection.load(document(document_id))
-        collection.snapshot()
-        collection.next_second()
-    for _ in range(steps):
+    def step() -> None:
         if rng.random() < 0.3:
             collection.next_second()
         document_id = rng.choice(ids)
         current = collection.documents.get(document_id)
         if current is None:
             collection.insert(document(document_id))
-            continue
+            return
         action = rng.choices(["update", "replace", "delete"], [8, 1, 1])[0]
         if action == "delete":
             collection.delete(document_id)
@@ -356,3 +363,16 @@ def random_writes(
                     )
                     operations.append(("$set", name, kind()))
             collection.update(document_id, Update(operations), full_document)
+
+    if snapshot:
+        for document_id in rng.sample(ids, rng.randint(1, len(ids))):
+            collection.load(document(document_id))
+
+        def meanwhile() -> None:  # writes while the snapshot runs, before some of its reads
+            for _ in range(rng.choice([0, 0, 1, 3])):
+                step()
+
+        collection.snapshot(during=meanwhile)
+        collection.next_second()
+    for _ in range(steps):
+        step()

@@ -300,7 +300,8 @@ def test_random_writes_refine_to_the_model_documents(
     spark, kafka, land_and_refine, unique_name, tmp_path, mode, schemas, snapshot
 ):
     """With ``snapshot``, the collection holds documents before capture starts, which the connector's
-    initial snapshot reads (op ``r``, its snapshot record emitter) before the streamed changes."""
+    initial snapshot reads (op ``r``, its snapshot record emitter) while writes go on; their changes
+    are streamed after the reads, from the snapshot's start (so a read may already hold them)."""
     seed = int(os.environ.get("CDC_RANDOM_SEED") or random.randrange(2**32))
     collection = Collection("shop", "things")
     random_writes(seed, collection, steps=160, full_document=mode == "change_streams_update_full", snapshot=snapshot)
