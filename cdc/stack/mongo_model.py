@@ -207,7 +207,8 @@ class Collection:
         not scanned), and the change events of those writes follow the reads, as the connector streams
         them from the snapshot's start once it ends."""
         read_at = {"$numberLong": str(self.seconds * 1000)}
-        streamed_from, reads = len(self.events), []
+        streamed_from = len(self.events)
+        reads: list[dict] = []
         for document_id in list(self.documents):
             if during is not None and reads:  # the first read starts the snapshot
                 during()
