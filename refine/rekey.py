@@ -165,11 +165,11 @@ def fill_from_old_keys(changes: DataFrame, key_schema: ConnectSchema, stored: Da
     if depth == 1:  # one round, over the whole batch: nothing to split
         filled = _fill_one_link(_first_fill(changes, key_columns, stored), key_columns, stored, rekeyed)
         return filled.drop("old_key", "key_segment")
-    # As many keys as key changes at most: broadcast, so splitting the batch shuffles none of it.
-    linked_keys = F.broadcast(
-        changes.where(rekeyed).select(F.explode(F.array("key", "old_key")).alias("key")).distinct()
-    )
-    linked = _first_fill(changes.join(linked_keys, "key", "left_semi"), key_columns, stored)
+    # Up to two keys per key change (no broadcast forced: a bulk update of keys has millions); null-safe,
+    # as the rounds fill a change of a null key too.
+    linked_keys = changes.where(rekeyed).select(F.explode(F.array("key", "old_key")).alias("linked")).distinct()
+    is_linked = changes["key"].eqNullSafe(linked_keys["linked"])
+    linked = _first_fill(changes.join(linked_keys, is_linked, "left_semi"), key_columns, stored)
     for round_ in range(depth):
         if round_:  # each round reads the last one's rows twice: cut the lineage, or the plan doubles per round
             linked = _checkpointed(linked)
@@ -177,11 +177,11 @@ def fill_from_old_keys(changes: DataFrame, key_schema: ConnectSchema, stored: Da
     # What the rounds would leave the other keys: the first fill, then one more fill from earlier
     # changes (again, it changes nothing), which takes a stored value that filled an earlier change
     # into a later one whose own (later) stored state held a placeholder.
-    unlinked = _first_fill(changes.join(linked_keys, "key", "left_anti"), key_columns, stored)
+    unlinked = _first_fill(changes.join(linked_keys, is_linked, "left_anti"), key_columns, stored)
     unlinked = fill_from_earlier_changes(unlinked, key_columns, order, within=(F.col("key_segment"),))
     # Computed once: the readers of the filled changes (the last change per key, the deleted rows'
     # images, the history) would each plan and compute both parts again.
-    return _checkpointed(linked.unionByName(unlinked).drop("old_key", "key_segment"))
+    return _checkpointed(linked.unionByName(unlinked).select(*changes.drop("old_key").columns))
 
 
 def _first_fill(changes: DataFrame, key_columns: list[str], stored: DataFrame | None) -> DataFrame:

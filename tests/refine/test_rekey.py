@@ -175,6 +175,35 @@ def test_a_row_re_keyed_fifteen_times_in_one_batch_keeps_its_values(spark):
     assert {row.note for row in filled.where("after IS NOT NULL").select("after.note").collect()} == {"first"}
 
 
+def test_chains_of_two_or_more_links_fill_every_change_and_keep_the_columns_in_order(spark):
+    """With chains of two links the rounds run over the linked keys' changes alone: a change whose key
+    is null (never a Debezium key, and filled all the same) is one of them, and the columns keep their order."""
+
+    def key_change(old: int, new: int | None, offset: int) -> list[tuple]:
+        new_key = None if new is None else (new,)
+        headers = [(OLD_KEY_HEADER, json.dumps({"id": old}).encode())]
+        return [
+            ("d", (old,), None, offset, offset, 0, []),
+            ("c", new_key, (new, TOAST_PLACEHOLDER, 0), offset, offset + 1, 0, headers),
+        ]
+
+    changes = [
+        ("c", (1,), (1, "first", 0), 0, 0, 0, []),
+        *key_change(1, 2, 1),
+        *key_change(2, 3, 3),
+        *key_change(3, None, 5),
+        ("c", (7,), (7, "unlinked", 0), 7, 7, 0, []),
+        ("u", (7,), (7, TOAST_PLACEHOLDER, 1), 8, 8, 0, []),
+    ]
+    batch = spark.createDataFrame(changes, CHANGES)
+    filled = fill_from_old_keys(batch, KEY_SCHEMA, None)
+    assert filled.columns == batch.columns
+    assertDataFrameEqual(
+        filled.where("after IS NOT NULL").select("kafka_offset", "after.note"),
+        [(0, "first"), (2, "first"), (4, "first"), (6, "first"), (7, "unlinked"), (8, "unlinked")],
+    )
+
+
 def test_the_chain_depth_is_the_longest_chain_of_key_changes(spark):
     def depth(changes: list[tuple]) -> int:
         frame = spark.createDataFrame(changes, CHANGES).withColumn(
