@@ -35,6 +35,7 @@ from refine.parse import first_wrapper_schemas, record_columns, refused_schema, 
 from refine.parse_batch import ParsedBatch, parse_rows, parse_schemaless
 from refine.quarantine import quarantine, quarantine_location
 from refine.rules import TableRules, history_table_name
+from refine.unwrapped_documents import as_mongo_envelopes, has_bare_unwrapped_documents, is_unwrapped_document
 
 _KNOWN = 16  # wrapper schemas remembered per raw table and column
 
@@ -114,7 +115,9 @@ class RefineBatch:
         if (texts := _LAST_SCHEMAS[self.raw]) is None:
             return False
         schemas, _, refused = readable_value_schemas(texts["value"])
-        if refused or is_mongo(schemas[0]) or (is_flattened(schemas[0]) and not texts["key"]):
+        if refused or is_mongo(schemas[0]) or is_unwrapped_document(schemas[0]):
+            return False
+        if is_flattened(schemas[0]) and not texts["key"]:
             return False
         schema = schemas[0]
         return self._refine_rows(spark, records, [schema], texts, guessed=True)
@@ -128,6 +131,9 @@ class RefineBatch:
         schemas, value_texts, refused = readable_value_schemas(texts["value"], holds_rows=remembered is not None)
         _LAST_SCHEMAS[self.raw] = {"value": value_texts[-1:], "key": texts["key"][-1:]} if value_texts else None
         bare_mongo = not texts["value"] and has_bare_mongo_envelopes(records)  # documents need no declared columns
+        # ExtractNewDocumentState's rows are refined as the documents they are, each of its own shape.
+        if any(map(is_unwrapped_document, schemas)) or (not texts["value"] and has_bare_unwrapped_documents(records)):
+            return self._refine_mongo(spark, as_mongo_envelopes(records))
         if not texts["value"] and not bare_mongo and _has_bare_envelopes(records):
             return self._refine_schemaless(spark, records)
         if bare_mongo or (schemas and is_mongo(schemas[-1])):

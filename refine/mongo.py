@@ -101,6 +101,7 @@ from refine.quarantine import quarantine
 from refine.rules import TableRules
 
 MONGO_SOURCE = "io.debezium.connector.mongo.Source"
+FOUND_PROBLEM = "found_problem"  # a raw record's problem found before its parse, for the quarantine
 ID = "_id"
 TS_MS, ORD = "_cdc_ts_ms", "_cdc_ord"
 POSITION = (TS_MS, ORD, OFFSET)
@@ -163,12 +164,15 @@ def parse_mongo_changes(raw: DataFrame) -> DataFrame:
     # With schemas.enable=false the envelope and the key are not wrapped in {schema, payload}.
     bare = F.when(F.get_json_object("value", "$.source").isNotNull(), F.from_json("value", _ENVELOPE))
     envelope = F.coalesce(F.from_json("value", StructType([StructField("payload", _ENVELOPE)]))["payload"], bare)
+    # A problem found before (refine/unwrapped_documents.py) stands.
+    found = F.col(FOUND_PROBLEM) if FOUND_PROBLEM in raw.columns else F.lit(None).cast("string")
     parsed = raw.select(
         F.coalesce(F.get_json_object("key", "$.payload.id"), F.get_json_object("key", "$.id")).alias(ID),
         F.col("value").alias("raw_value"),
         F.col("partition").alias("kafka_partition"),
         F.col("offset").alias("kafka_offset"),
-        envelope.alias("envelope"),
+        F.when(found.isNull(), envelope).alias("envelope"),
+        found.alias(FOUND_PROBLEM),
     )
     update = F.col("envelope.updateDescription")
     op = F.when(F.col("raw_value").isNull(), F.lit(TOMBSTONE)).otherwise(F.col("envelope.op"))
@@ -194,6 +198,7 @@ def parse_mongo_changes(raw: DataFrame) -> DataFrame:
         "kafka_offset",
         "raw_value",
         "envelope",
+        FOUND_PROBLEM,
     )
     has_document = F.col("envelope.after").isNotNull()
     kind = (
@@ -206,7 +211,8 @@ def parse_mongo_changes(raw: DataFrame) -> DataFrame:
         .when((F.col("op") == Op.UPDATE.value) & F.col("patch").isNotNull(), F.lit(Kind.PATCH))
     )
     problem = (
-        F.when(
+        F.when(F.col(FOUND_PROBLEM).isNotNull(), F.col(FOUND_PROBLEM))
+        .when(
             F.col("raw_value").isNotNull() & F.col("envelope").isNull(), F.lit("value is not a Debezium JSON envelope")
         )
         .when(F.col(ID).isNull(), F.lit("the key holds no document id (payload.id)"))
@@ -226,7 +232,7 @@ def parse_mongo_changes(raw: DataFrame) -> DataFrame:
             F.lit("after: not a document"),
         )
     )
-    return changes.select("*", kind.alias("kind"), problem.alias("problem")).drop("envelope")
+    return changes.select("*", kind.alias("kind"), problem.alias("problem")).drop("envelope", FOUND_PROBLEM)
 
 
 @dataclass(frozen=True)

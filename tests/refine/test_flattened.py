@@ -125,52 +125,6 @@ def test_flattened_rows_are_upserted_and_deleted_in_lsn_order(
     assert len(searched) == (0 if compact else 2)  # with spaces: each of the two batches
 
 
-def test_flattened_documents_are_keyed_by_the_kafka_key(spark, kafka, land_and_refine, unique_name, tmp_path):
-    """ExtractNewDocumentState's rows (MongoDB) hold ``_id``; the key is ``{"id": <Extended JSON>}``,
-    which becomes the ``id`` column. Without ``__lsn`` the Kafka offset orders the changes."""
-    topic = kafka.create_topic(f"{unique_name}.shop.people")
-    key_schema = {
-        "type": "struct",
-        "optional": False,
-        "name": f"{topic}.Key",
-        "fields": [{"type": "string", "optional": False, "field": "id"}],
-    }
-    value_schema = {
-        "type": "struct",
-        "optional": False,
-        "name": f"{topic}.people",
-        "fields": [
-            {"type": "string", "optional": True, "field": "_id"},
-            {"type": "string", "optional": True, "field": "name"},
-            {"type": "int32", "optional": True, "field": "age"},
-            {"type": "string", "optional": True, "field": "__deleted"},
-        ],
-    }
-
-    def record(document_id: str, document: dict | None) -> tuple[bytes, bytes | None]:
-        value = (
-            document and json.dumps({"schema": value_schema, "payload": {"__deleted": "false", **document}}).encode()
-        )
-        return json.dumps({"schema": key_schema, "payload": {"id": json.dumps(document_id)}}).encode(), value
-
-    kafka.produce(
-        topic,
-        [
-            record("bob", {"_id": "bob", "name": "Bob", "age": 40}),
-            record("ann", {"_id": "ann", "name": "Ann", "age": 30}),
-            record("bob", {"_id": "bob", "name": "Bob", "age": 41}),
-            record("ann", {"_id": "ann", "name": "Ann", "age": 30, "__deleted": "true"}),
-            record("ann", None),
-        ],
-    )
-    land_and_refine(str(tmp_path), topic)
-    refined = spark.read.format("delta").load(refined_table_location(str(tmp_path), topic))
-    assertDataFrameEqual(
-        refined.select("id", "_id", "name", "age"),
-        spark.createDataFrame([('"bob"', "bob", "Bob", 41)], "id string, _id string, name string, age int"),
-    )
-
-
 def test_a_batch_of_only_bad_records_on_a_flattened_topic_is_quarantined(
     spark, kafka, land_and_refine, unique_name, tmp_path
 ):

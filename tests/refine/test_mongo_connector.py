@@ -465,50 +465,124 @@ def test_an_exploded_array_that_drifts_leaves_no_stale_child_rows(
         assert reasons[0].startswith("cannot apply update path items"), reasons
 
 
-def _unwrapped_id(document_id) -> str:
-    """An ``_id`` as ExtractNewDocumentState's row holds it, as text."""
-    if isinstance(document_id, ObjectId):
-        return document_id.hex
-    return str(document_id.value if isinstance(document_id, Int64) else document_id)
+UNWRAP = {"unwrap.add.fields": "op,source.ts_ms"}  # deletes as tombstones alone: the transform's default
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ExtractNewDocumentState's rows take each document's own schema: a nested field present in "
-    "one document and not the next stops the job (a column changed type), a field whose type drifts is "
-    "quarantined or stops it, and rows without schemas are quarantined. Refine such topics as "
-    "envelopes; see docs/concepts/guarantees-and-limits.md",
+def _as_unwrapped_json(value):
+    """A model value as ExtractNewDocumentState leaves it and the refined table shows it: a decimal as
+    its text, a date as its epoch milliseconds (else as :func:`as_json`)."""
+    if isinstance(value, Decimal128):
+        return value.text
+    if isinstance(value, Date):
+        return value.millis
+    if isinstance(value, dict):
+        return {k: _as_unwrapped_json(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_as_unwrapped_json(v) for v in value]
+    return as_json(value)
+
+
+def expected_unwrapped_documents(collection: Collection) -> dict[str, dict]:
+    """The model's documents as :func:`refined_documents` shows them refined from ExtractNewDocumentState's
+    rows (the key's id is the row's ``_id``: an ObjectId its hex text)."""
+    return {
+        json.dumps(_as_unwrapped_json(document_id), sort_keys=True): _as_unwrapped_json(
+            {k: v for k, v in document.items() if k != "_id"}
+        )
+        for document_id, document in collection.documents.items()
+    }
+
+
+def refine_unwrapped(
+    kafka, land_and_refine, warehouse: str, records: list[dict], schemas: bool, cuts: list[int]
+) -> str:
+    """Produce ExtractNewDocumentState's records (those it keeps) in batches ending at ``cuts``, each landed
+    and refined; the topic."""
+    records = [r for r in records if r["unwrapped"]]
+    topic = kafka.create_topic(records[0]["topic"])
+    key, value = ("unwrapped_key", "unwrapped_value") if schemas else ("unwrapped_key_bare", "unwrapped_value_bare")
+    start = 0
+    for cut in [*cuts, len(records)]:
+        batch = records[start:cut]
+        start = cut
+        kafka.produce(topic, [(r[key].encode(), None if r[value] is None else r[value].encode()) for r in batch])
+        land_and_refine(warehouse, topic)
+    return topic
+
+
+@pytest.mark.parametrize(
+    ("schemas", "deletes"), [(True, "rewrite"), (False, "tombstone"), (True, "rewrite-with-tombstone")]
 )
-@pytest.mark.parametrize("schemas", [True, False])
 def test_extract_new_document_state_rows_refine_to_the_model_documents(
-    spark, kafka, land_and_refine, unique_name, tmp_path, schemas
+    spark, kafka, land_and_refine, unique_name, tmp_path, schemas, deletes
 ):
     """Debezium's ExtractNewDocumentState (the connector's own transform, run on its records as Kafka
-    Connect runs it) flattens full documents into rows, deletes rewritten as ``__deleted`` rows: the
-    refined table holds the model's documents with the same fields, and nothing is quarantined."""
+    Connect runs it) flattens full documents into rows, each with its document's own schema (a nested
+    field gone, a type drifted, ids of four BSON types), deletes as ``__deleted`` rows, tombstones or
+    both: they are refined as the documents they are, equal to the model's, with nothing quarantined."""
     collection = Collection("shop", "people")
     scripted_writes(collection, full_document=True)
     settings = {
         "topic.prefix": unique_name,
         "capture.mode": "change_streams_update_full",
-        "unwrap.delete.tombstone.handling.mode": "rewrite",
-        "unwrap.add.fields": "op,ts_ms",
+        **UNWRAP,
+        "unwrap.delete.tombstone.handling.mode": deletes,
     }
-    records = [r for r in connector_records(collection.events, settings) if r["unwrapped"]]
-    assert json.loads(records[-3]["unwrapped_value_bare"])["__deleted"] is True  # the delete, rewritten
-    topic = kafka.create_topic(records[0]["topic"])
+    records = connector_records(collection.events, settings)
+    delete, tombstone = records[-4:-2]  # the delete as the transform leaves it, then the connector's tombstone
+    row = delete["unwrapped_value_bare"]
+    assert delete["unwrapped"]
+    assert (row is not None and json.loads(row)["__deleted"]) == (deletes != "tombstone")
+    assert tombstone["unwrapped"] == (deletes == "rewrite-with-tombstone")
     warehouse = str(tmp_path)
-    key, value = ("unwrapped_key", "unwrapped_value") if schemas else ("unwrapped_key_bare", "unwrapped_value_bare")
-    for batch in (records[:4], records[4:]):
-        kafka.produce(topic, [(r[key].encode(), None if r[value] is None else r[value].encode()) for r in batch])
+    topic = refine_unwrapped(kafka, land_and_refine, warehouse, records, schemas, cuts=[4])
+    location = refined_table_location(warehouse, topic)
+    for _ in range(2):  # a rerun changes nothing
+        assert refined_documents(spark, location) == expected_unwrapped_documents(collection)
         land_and_refine(warehouse, topic)
-    rows = spark.read.format("delta").load(refined_table_location(warehouse, topic)).collect()
-    got = {
-        str(row["_id"]): {k for k, v in row.asDict().items() if v is not None and not k.startswith("_")} for row in rows
-    }
-    wanted = {
-        _unwrapped_id(document_id): {k for k, v in document.items() if v is not None and not k.startswith("_")}
-        for document_id, document in collection.documents.items()
-    }
-    assert got == wanted
     assert not is_delta_table(spark, quarantine_location(warehouse))
+
+
+@pytest.mark.parametrize("snapshot", [False, True])
+def test_random_writes_through_extract_new_document_state_refine_to_the_model_documents(
+    spark, kafka, land_and_refine, unique_name, tmp_path, snapshot
+):
+    seed = int(os.environ.get("CDC_RANDOM_SEED") or random.randrange(2**32))
+    collection = Collection("shop", "things")
+    random_writes(seed, collection, steps=160, full_document=True, snapshot=snapshot)
+    settings = {"topic.prefix": unique_name, "capture.mode": "change_streams_update_full", **UNWRAP}
+    records = connector_records(collection.events, settings)
+    cuts = sorted(random.Random(seed).sample(range(1, len(records) - 20), 2))
+    warehouse = str(tmp_path)
+    topic = refine_unwrapped(kafka, land_and_refine, warehouse, records, bool(seed % 2), cuts)
+    got = refined_documents(spark, refined_table_location(warehouse, topic))
+    wanted = expected_unwrapped_documents(collection)
+    differing = sorted(k for k in set(got) | set(wanted) if got.get(k) != wanted.get(k))
+    assert not differing, (
+        f"seed {seed}: {len(differing)} documents differ, e.g. {differing[0]}: "
+        f"refined {got.get(differing[0])} != model {wanted.get(differing[0])}"
+    )
+    assert not is_delta_table(spark, quarantine_location(warehouse)), f"seed {seed}: records quarantined"
+
+
+def test_extract_new_document_state_rows_of_patches_go_to_the_quarantine(
+    spark, kafka, land_and_refine, unique_name, tmp_path
+):
+    """With capture.mode=change_streams an update's row holds only its dotted paths (its removed fields
+    and truncated arrays lost): no document can be made of it, so it is quarantined with why, and the
+    rest is refined."""
+    collection = Collection("shop", "people")
+    scripted_writes(collection, full_document=False)
+    settings = {"topic.prefix": unique_name, "capture.mode": "change_streams", **UNWRAP}
+    records = connector_records(collection.events, settings)
+    rows = [json.loads(r["unwrapped_value_bare"]) for r in records if r["unwrapped"] and r["unwrapped_value_bare"]]
+    patches = [row for row in rows if any("." in name for name in row)]
+    assert len(patches) == 3  # nested $set, $push, array changes; the other updates set top-level fields
+    warehouse = str(tmp_path)
+    topic = refine_unwrapped(kafka, land_and_refine, warehouse, records, schemas=True, cuts=[])
+    reasons = [row.reason for row in spark.read.format("delta").load(quarantine_location(warehouse)).collect()]
+    assert len(reasons) == len(patches)
+    assert all("capture.mode=change_streams" in reason for reason in reasons)
+    assert set(refined_documents(spark, refined_table_location(warehouse, topic))) == set(
+        expected_unwrapped_documents(collection)
+    )

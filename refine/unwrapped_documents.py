@@ -1,0 +1,97 @@
+"""MongoDB documents flattened by Debezium's ExtractNewDocumentState, as the connector's envelopes
+(pure DataFrame -> DataFrame), so they are refined as documents (:mod:`refine.mongo`).
+
+The transform gives each row its own document's schema: a field's type is whatever that document
+holds, and a nested field it lacks is absent. Refined as rows of one table, documents whose shapes
+differ would stop the job or be quarantined; as documents, each field takes the type its values
+share (JSON text when they drift). A row becomes the bare envelope ``{op, after, source}``: ``after``
+the row's fields but the transform's ``__`` ones, as JSON; ``op`` its ``__op`` (``u`` without one),
+``d`` when ``__deleted`` is true. A tombstone is a delete: with ``delete.tombstone.handling.mode=tombstone``
+(the transform's default) it is the only sign of one. The Kafka offset alone orders a document's
+changes (a tombstone has no source position), so a replayed change is applied again. The key
+``{"id": <value>}`` becomes the connector's ``{"id": "<JSON>"}``, so ids of different types (``7``,
+``"7"``) stay apart.
+
+An update the connector sent without its document (``capture.mode=change_streams``) becomes a row of
+what changed, its paths dotted (``address.city``), and the removed fields and truncated arrays gone:
+such a row (a field name with a dot) goes to the quarantine, as no document can be made of it. One
+whose changes are all top-level fields cannot be told from a document.
+
+What the transform loses stays lost: an ObjectId is its hex string, a decimal its text, a date its
+epoch milliseconds, binary data its base64 text.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from refine.envelope import ConnectSchema
+from refine.flattened import is_flattened
+from refine.mongo import FOUND_PROBLEM
+
+DOCUMENT_ID, KEY_ID = "_id", "id"
+
+
+def is_unwrapped_document(value_schema: ConnectSchema) -> bool:
+    """ExtractNewDocumentState's row: flattened, with the document's ``_id`` (a Postgres row keyed by
+    ``id`` holds ``id``), or a delete it rewrote (only the transform's fields, ``__deleted`` among them;
+    ExtractNewRecordState's holds the row's columns)."""
+    names = {field.field_name for field in value_schema.fields or ()}
+    rewritten_delete = "__deleted" in names and all(name.startswith("__") for name in names)
+    return is_flattened(value_schema) and (DOCUMENT_ID in names or rewritten_delete) and KEY_ID not in names
+
+
+def has_bare_unwrapped_documents(records: DataFrame) -> bool:
+    """Values that are ExtractNewDocumentState's rows written without schemas (``schemas.enable=false``)."""
+    value = F.try_parse_json("value")
+    has = {name: F.try_variant_get(value, f"$.{name}", "variant").isNotNull() for name in ("payload", "op", KEY_ID)}
+    document_or_delete = F.try_variant_get(value, f"$.{DOCUMENT_ID}", "variant").isNotNull() | (
+        F.try_variant_get(value, "$.__deleted", "variant").isNotNull()
+    )
+    row = document_or_delete & ~has["payload"] & ~has["op"] & ~has[KEY_ID]
+    return not records.where(row).isEmpty()
+
+
+def _payload(text: Column) -> Column:
+    """The ``payload`` of a ``{schema, payload}`` wrapper, or the value itself (a variant)."""
+    parsed = F.try_parse_json(text)
+    return F.coalesce(F.try_variant_get(parsed, "$.payload", "variant"), parsed)
+
+
+def as_mongo_envelopes(records: DataFrame) -> DataFrame:
+    """``records`` (raw rows) with each ExtractNewDocumentState row's ``value`` and ``key`` as the
+    MongoDB connector's bare envelope and key (see the module's doc), a tombstone as a delete; a value
+    that is no JSON object is left as it is (the envelope parser quarantines it)."""
+    row = _payload(F.col("value"))
+    fields = F.try_variant_get(row, "$", "map<string,variant>")
+    document = F.map_filter(fields, lambda name, _: ~name.startswith("__"))
+    not_utf8 = F.col("value_bytes").isNotNull() if "value_bytes" in records.columns else F.lit(False)
+    tombstone = F.col("value").isNull() & ~not_utf8
+    deleted = tombstone | F.coalesce(F.try_variant_get(row, "$.__deleted", "boolean"), F.lit(False))
+    op = F.when(deleted, F.lit("d")).otherwise(F.coalesce(F.try_variant_get(row, "$.__op", "string"), F.lit("u")))
+    source = F.struct(F.lit(0).alias("ts_ms"), F.lit(0).alias("ord"), F.lit("mongodb").alias("connector"))
+    envelope = F.to_json(
+        F.struct(
+            op.alias("op"),
+            F.when(~deleted, F.to_json(document)).alias("after"),
+            source.alias("source"),
+        )
+    )
+    key_id = F.try_variant_get(_payload(F.col("key")), f"$.{KEY_ID}", "variant")
+    key = F.to_json(F.struct(F.to_json(key_id).alias(KEY_ID)))
+    dotted = F.exists(F.map_keys(document), lambda name: name.contains("."))
+    patch = F.when(
+        dotted & (op == "u"),
+        F.lit(
+            "an ExtractNewDocumentState row of an update without its document (capture.mode=change_streams): "
+            "its removed fields and truncated arrays are lost; capture with change_streams_update_full"
+        ),
+    )
+    return records.withColumns(
+        {
+            "value": F.when(patch.isNull() & (fields.isNotNull() | tombstone), envelope).otherwise(F.col("value")),
+            "key": F.when(key_id.isNotNull(), key).otherwise(F.col("key")),
+            FOUND_PROBLEM: patch,
+        }
+    )
