@@ -107,22 +107,15 @@ def readable_value_schemas(
     return [valid[text] for text in kept], kept, refused
 
 
-def readable_key_schemas(
-    texts: list[str], value_schema: ConnectSchema, flattened: bool = False
-) -> tuple[list[str], dict[str, str]]:
+def readable_key_schemas(texts: list[str], value_schema: ConnectSchema) -> tuple[list[str], dict[str, str]]:
     """The key schemas of a batch whose fields are all columns of the value's rows, of the same type;
-    the others' texts with why (a change is applied by its key's columns). ``flattened``: rows of
-    ExtractNewDocumentState, which hold ``_id`` where the key holds ``id`` (see
-    :func:`refine.flattened.with_key_columns`)."""
+    the others' texts with why (a change is applied by its key's columns)."""
     columns = {field.field: field for field in value_schema.field_named("after").fields or ()}
-    document_id = flattened and "_id" in columns
     refused = {}
     for text in texts:
         schema, why = read_schema(text)
         if schema is not None:
             for field in schema.fields or () if schema.type == ConnectType.STRUCT else ():
-                if field.field == "id" and document_id and field.field not in columns:
-                    continue
                 if field.field not in columns:
                     why = f"field {field.field} of the key's schema is no column of the value's rows"
                 elif decoded_type(field) != decoded_type(columns[field.field]):

@@ -1,5 +1,5 @@
-"""Rows flattened by Debezium's ExtractNewRecordState (Postgres) / ExtractNewDocumentState (MongoDB)
-transforms, as typed change rows (pure DataFrame -> DataFrame).
+"""Rows flattened by Debezium's ExtractNewRecordState transform, as typed change rows (pure DataFrame ->
+DataFrame). (ExtractNewDocumentState's MongoDB documents are refined as documents: :mod:`refine.unwrapped_documents`.)
 
 The value is the row itself (JsonConverter ``{schema, payload}``), with the fields the transform's
 ``add.fields`` adds (``__op``, ``__lsn``, ``__source_ts_ms``) and, with
@@ -22,7 +22,7 @@ by the checks envelopes get (:mod:`refine.parse`), in the same pass.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -85,25 +85,6 @@ def as_envelope(row_schema: ConnectSchema) -> ConnectSchema:
     )
 
 
-def with_key_columns(value_schema: ConnectSchema, key_schema: ConnectSchema) -> ConnectSchema:
-    """``value_schema`` (from :func:`as_envelope`) with the key's fields the row lacks as columns:
-    ExtractNewDocumentState's rows have ``_id`` while MongoDB keys are ``{"id": ...}``."""
-    row = value_schema.field_named("after")
-    names = {f.field for f in row.fields or ()}
-    extra = [
-        {**k.model_dump(exclude_none=True), "optional": True} for k in key_schema.fields or () if k.field not in names
-    ]
-    if not extra:
-        return value_schema
-    grown = {
-        **row.model_dump(exclude_none=True),
-        "fields": [f.model_dump(exclude_none=True) for f in row.fields or ()] + extra,
-    }
-    return ConnectSchema.model_validate(
-        {"type": "struct", "fields": [{**grown, "field": "before"}, {**grown, "field": "after"}]}
-    )
-
-
 def parse_flattened(
     raw: DataFrame,
     key_schema: ConnectSchema | None,
@@ -112,13 +93,11 @@ def parse_flattened(
     schema_texts: Mapping[str, Sequence[str]] | None = None,
     only_schemas: bool = False,
     refused_schemas: Mapping[str, Mapping[str, str]] | None = None,
-    key_only: Collection[str] = (),
 ) -> DataFrame:
     """Typed changes from raw rows of a flattened topic; ``value_schema`` from :func:`as_envelope`,
     ``with_lsn``: the transform adds ``__lsn``; ``schema_texts``, ``only_schemas`` and
-    ``refused_schemas`` as for :func:`refine.parse.parse_changes`; ``key_only``: the key's fields that
-    are no columns of the rows (:func:`with_key_columns`). ``key_schema`` None: no key schema of the
-    batch can be read, and every record gets a problem.
+    ``refused_schemas`` as for :func:`refine.parse.parse_changes`. ``key_schema`` None: no key schema of
+    the batch can be read, and every record gets a problem.
 
     A record gets a problem (for the quarantine) as an envelope does (:class:`refine.parse.ChangeParser`):
     a value or key that is not UTF-8, not JSON or not of its schema (naming the field), a schema refused,
@@ -167,8 +146,7 @@ def parse_flattened(
     decoded = parsed.select("*", op.alias("op"), after.alias("decoded"))
     decoded_type = decoded.schema["decoded"].dataType
     assert isinstance(decoded_type, StructType)
-    # A tombstone's image is its key (the MERGE finds the row to delete by it); a key field the row
-    # lacks (see with_key_columns) comes from the key too.
+    # A tombstone's image is its key (the MERGE finds the row to delete by it).
     image = F.when(tombstone, F.lit(None)).otherwise(F.col("decoded"))
     image = F.struct(
         *[
@@ -178,7 +156,7 @@ def parse_flattened(
             for f in row_schema.fields or ()
         ]
     )
-    problem = _row_problems(value_type, row_schema, key_schema, key_only, refused_schemas)
+    problem = _row_problems(value_type, row_schema, key_schema, refused_schemas)
     return decoded.select(
         *change_columns(
             F.when(F.col("op") == Op.DELETE.value, image),
@@ -195,7 +173,6 @@ def _row_problems(
     value_type: ConnectSchema,
     row_schema: ConnectSchema,
     key_schema: ConnectSchema | None,
-    key_only: Collection[str],
     refused_schemas: Mapping[str, Mapping[str, str]] | None,
 ) -> Column:
     """The ``problem`` of a flattened record: the checks of :class:`refine.parse.ChangeParser`, on a row
@@ -222,12 +199,8 @@ def _row_problems(
     # A delete's row (delete.tombstone.handling.mode=rewrite) is its before image: with the default
     # replica identity only the key's columns are set.
     problem = required_field_problems(problem, "row", row_schema, when=F.col("op") != Op.DELETE.value)
-    row_key = [field for field in key_schema.fields or () if field.field not in key_only]
-    if row_key:
-        key_of_rows = ConnectSchema.model_validate(
-            {**key_schema.model_dump(exclude_none=True), "fields": [f.model_dump(exclude_none=True) for f in row_key]}
-        )
-        problem = key_image_problems(problem, key_of_rows, [(F.col("value").isNotNull(), "decoded", "")])
+    if key_schema.fields:
+        problem = key_image_problems(problem, key_schema, [(F.col("value").isNotNull(), "decoded", "")])
     return decoding_problems(problem, "row", "decoded", row_schema)
 
 

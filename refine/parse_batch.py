@@ -12,7 +12,7 @@ from cdc.core.errors import TableError
 from refine.batch_schemas import merged_schema, readable_key_schemas
 from refine.columns import declared_schemas, declared_types
 from refine.envelope import ConnectSchema
-from refine.flattened import as_envelope, has_lsn, is_flattened, parse_flattened, with_key_columns
+from refine.flattened import as_envelope, has_lsn, is_flattened, parse_flattened
 from refine.parse import parse_changes
 
 
@@ -41,7 +41,7 @@ def parse_rows(
     read with, and why (their records get that problem). ``raw``: the raw table, for errors."""
     flattened = is_flattened(schemas[-1])
     value_schema = merged_schema([as_envelope(schema) if flattened else schema for schema in schemas])
-    key_texts, refused_keys = readable_key_schemas(texts["key"], value_schema, flattened)
+    key_texts, refused_keys = readable_key_schemas(texts["key"], value_schema)
     if guessed and refused_keys:
         return None
     key_schema = ConnectSchema.model_validate_json(key_texts[-1]) if key_texts else None
@@ -52,11 +52,6 @@ def parse_rows(
                 "be refined: without `before`, a delete cannot say which row it removes",
                 table=raw,
             )
-        row_columns = {field.field_name for field in value_schema.field_named("after").fields or ()}
-        key_fields = key_schema.fields or () if key_schema is not None else ()
-        key_only = [field.field_name for field in key_fields if field.field_name not in row_columns]
-        if key_schema is not None:
-            value_schema = with_key_columns(value_schema, key_schema)
         changes = parse_flattened(
             records,
             key_schema,
@@ -65,7 +60,6 @@ def parse_rows(
             {**texts, "key": key_texts},
             only_schemas=guessed,
             refused_schemas={"value": refused or {}, "key": refused_keys},
-            key_only=key_only,
         )
     else:
         changes = parse_changes(
