@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 from cdc.core.errors import CdcError
 from cdc.core.shared_tables import retrying_conflicts
 from cdc.core.streaming import batch_error
-from cdc.core.tables import raw_table_location
+from cdc.core.tables import delta_properties, is_delta_table, raw_table_location
 from refine.batch_facts import BatchFacts, batch_facts
 from refine.batch_schemas import readable_value_schemas
 from refine.config import RefineJobConfig, refined_table_location
@@ -35,7 +35,13 @@ from refine.parse import first_wrapper_schemas, record_columns, refused_schema, 
 from refine.parse_batch import ParsedBatch, parse_rows, parse_schemaless
 from refine.quarantine import quarantine, quarantine_location
 from refine.rules import TableRules, history_table_name
-from refine.unwrapped_documents import as_mongo_envelopes, has_bare_unwrapped_documents, is_unwrapped_document
+from refine.unwrapped_documents import (
+    UNWRAPPED_PROPERTY,
+    as_mongo_envelopes,
+    has_bare_unwrapped_documents,
+    is_unwrapped_document,
+    mark_unwrapped,
+)
 
 _KNOWN = 16  # wrapper schemas remembered per raw table and column
 
@@ -132,8 +138,13 @@ class RefineBatch:
         _LAST_SCHEMAS[self.raw] = {"value": value_texts[-1:], "key": texts["key"][-1:]} if value_texts else None
         bare_mongo = not texts["value"] and has_bare_mongo_envelopes(records)  # documents need no declared columns
         # ExtractNewDocumentState's rows are refined as the documents they are, each of its own shape.
-        if any(map(is_unwrapped_document, schemas)) or (not texts["value"] and has_bare_unwrapped_documents(records)):
-            return self._refine_mongo(spark, as_mongo_envelopes(records))
+        if (
+            any(map(is_unwrapped_document, schemas))
+            or (not texts["value"] and has_bare_unwrapped_documents(records))
+            or (not schemas and self._holds_unwrapped_documents(spark))
+        ):
+            self._refine_mongo(spark, as_mongo_envelopes(records))
+            return mark_unwrapped(spark, self.refined)
         if not texts["value"] and not bare_mongo and _has_bare_envelopes(records):
             return self._refine_schemaless(spark, records)
         if bare_mongo or (schemas and is_mongo(schemas[-1])):
@@ -142,6 +153,11 @@ class RefineBatch:
         if not schemas:  # tombstones (their deletes came before them), and values that are no envelope
             return self._quarantine_unreadable(spark, records, refused)
         self._refine_rows(spark, records, schemas, {**texts, "value": value_texts}, refused=refused)
+
+    def _holds_unwrapped_documents(self, spark: SparkSession) -> bool:
+        """Whether the refined table was refined from ExtractNewDocumentState's rows (a batch of its
+        tombstones alone shows no schema)."""
+        return is_delta_table(spark, self.refined) and UNWRAPPED_PROPERTY in delta_properties(spark, self.refined)
 
     def _wrapper_schemas(self, records: DataFrame) -> dict[str, list[str]]:
         """The batch's distinct wrapper schemas by column (a handful of strings, not data), found from

@@ -23,14 +23,20 @@ epoch milliseconds, binary data its base64 text.
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from cdc.core.tables import add_missing_properties, is_delta_table
 from refine.envelope import ConnectSchema
 from refine.flattened import is_flattened
 from refine.mongo import FOUND_PROBLEM
 
 DOCUMENT_ID, KEY_ID = "_id", "id"
+# The refined table's mark: its topic holds ExtractNewDocumentState's rows, so a batch of tombstones
+# alone (deletes, in the transform's default handling) is refined as documents too.
+UNWRAPPED_PROPERTY = "cdc.mongodb.unwrapped"
+# The fields the transform adds (``add.fields``: ``__op``, ``__ts_ms``, ``__source_*``...), not the document's.
+_TRANSFORM_FIELDS = ("__deleted", "__op", "__ts_ms", "__collection", "__db")
 
 
 def is_unwrapped_document(value_schema: ConnectSchema) -> bool:
@@ -65,7 +71,7 @@ def as_mongo_envelopes(records: DataFrame) -> DataFrame:
     that is no JSON object is left as it is (the envelope parser quarantines it)."""
     row = _payload(F.col("value"))
     fields = F.try_variant_get(row, "$", "map<string,variant>")
-    document = F.map_filter(fields, lambda name, _: ~name.startswith("__"))
+    document = F.map_filter(fields, lambda name, _: ~(name.isin(*_TRANSFORM_FIELDS) | name.startswith("__source_")))
     not_utf8 = F.col("value_bytes").isNotNull() if "value_bytes" in records.columns else F.lit(False)
     tombstone = F.col("value").isNull() & ~not_utf8
     deleted = tombstone | F.coalesce(F.try_variant_get(row, "$.__deleted", "boolean"), F.lit(False))
@@ -81,7 +87,7 @@ def as_mongo_envelopes(records: DataFrame) -> DataFrame:
     key_id = F.try_variant_get(_payload(F.col("key")), f"$.{KEY_ID}", "variant")
     key = F.to_json(F.struct(F.to_json(key_id).alias(KEY_ID)))
     dotted = F.exists(F.map_keys(document), lambda name: name.contains("."))
-    patch = F.when(
+    patch = F.when(not_utf8, F.lit("value is not UTF-8 text (its bytes are in the raw table's value_bytes)")).when(
         dotted & (op == "u"),
         F.lit(
             "an ExtractNewDocumentState row of an update without its document (capture.mode=change_streams): "
@@ -95,3 +101,9 @@ def as_mongo_envelopes(records: DataFrame) -> DataFrame:
             FOUND_PROBLEM: patch,
         }
     )
+
+
+def mark_unwrapped(spark: SparkSession, refined: str) -> None:
+    """Mark the ``refined`` table (once it exists) as refined from ExtractNewDocumentState's rows."""
+    if is_delta_table(spark, refined):
+        add_missing_properties(spark, refined, {UNWRAPPED_PROPERTY: "true"})
