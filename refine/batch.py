@@ -137,15 +137,18 @@ class RefineBatch:
         schemas, value_texts, refused = readable_value_schemas(texts["value"], holds_rows=remembered is not None)
         _LAST_SCHEMAS[self.raw] = {"value": value_texts[-1:], "key": texts["key"][-1:]} if value_texts else None
         bare_mongo = not texts["value"] and has_bare_mongo_envelopes(records)  # documents need no declared columns
+        bare_envelopes = not texts["value"] and not bare_mongo and _has_bare_envelopes(records)
         # ExtractNewDocumentState's rows are refined as the documents they are, each of its own shape.
-        if (
-            any(map(is_unwrapped_document, schemas))
-            or (not texts["value"] and has_bare_unwrapped_documents(records))
-            or (not schemas and self._holds_unwrapped_documents(spark))
+        if any(map(is_unwrapped_document, schemas)) or (
+            not schemas
+            and not bare_mongo
+            and not bare_envelopes
+            and (has_bare_unwrapped_documents(records) or self._holds_unwrapped_documents(spark))
         ):
             self._refine_mongo(spark, as_mongo_envelopes(records))
-            return mark_unwrapped(spark, self.refined)
-        if not texts["value"] and not bare_mongo and _has_bare_envelopes(records):
+            mark_unwrapped(spark, self.refined)
+            return None
+        if bare_envelopes:
             return self._refine_schemaless(spark, records)
         if bare_mongo or (schemas and is_mongo(schemas[-1])):
             return self._refine_mongo(spark, records)

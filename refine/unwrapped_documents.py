@@ -35,6 +35,7 @@ DOCUMENT_ID, KEY_ID = "_id", "id"
 # The refined table's mark: its topic holds ExtractNewDocumentState's rows, so a batch of tombstones
 # alone (deletes, in the transform's default handling) is refined as documents too.
 UNWRAPPED_PROPERTY = "cdc.mongodb.unwrapped"
+_MARKED: set[str] = set()  # the refined tables this process has seen marked
 # The fields the transform adds (``add.fields``: ``__op``, ``__ts_ms``, ``__source_*``...), not the document's.
 _TRANSFORM_FIELDS = ("__deleted", "__op", "__ts_ms", "__collection", "__db")
 
@@ -104,6 +105,8 @@ def as_mongo_envelopes(records: DataFrame) -> DataFrame:
 
 
 def mark_unwrapped(spark: SparkSession, refined: str) -> None:
-    """Mark the ``refined`` table (once it exists) as refined from ExtractNewDocumentState's rows."""
-    if is_delta_table(spark, refined):
+    """Mark the ``refined`` table (once it exists) as refined from ExtractNewDocumentState's rows (once per
+    process)."""
+    if refined not in _MARKED and is_delta_table(spark, refined):
         add_missing_properties(spark, refined, {UNWRAPPED_PROPERTY: "true"})
+        _MARKED.add(refined)
