@@ -31,7 +31,7 @@ from refine.keyed import KeyedTables, merge_keyed_batch
 from refine.keyless import applied_location, merge_keyless_batch
 from refine.merge import declare_features
 from refine.mongo import has_bare_mongo_envelopes, is_mongo, refine_mongo_batch
-from refine.parse import first_wrapper_schemas, record_columns, refused_schema, wrapper_schemas
+from refine.parse import VALUE_NOT_UTF8, first_wrapper_schemas, record_columns, refused_schema, wrapper_schemas
 from refine.parse_batch import ParsedBatch, parse_rows, parse_schemaless
 from refine.quarantine import quarantine, quarantine_location
 from refine.rules import TableRules, history_table_name
@@ -186,9 +186,7 @@ class RefineBatch:
 
     def _quarantine_unreadable(self, spark: SparkSession, records: DataFrame, refused: dict[str, str]) -> None:
         """Quarantine a batch without a readable schema, each record with why (tombstones go nowhere)."""
-        problem = F.when(
-            F.col("value").isNull(), F.lit("value is not UTF-8 text (its bytes are in the raw table's value_bytes)")
-        )
+        problem = F.when(F.col("value").isNull(), F.lit(VALUE_NOT_UTF8))
         if (refusal := refused_schema(F.col("value"), refused)) is not None:
             problem = problem.when(refusal.isNotNull(), refusal)
         problem = problem.otherwise(F.lit("value is not a Debezium JSON envelope"))

@@ -38,6 +38,9 @@ _UNPARSED_OPTIONS = {"columnNameOfCorruptRecord": UNPARSED}
 # Passes that each find one new schema, before the rest are grouped in one (slower) pass.
 _DISCOVERY_PASSES = 4
 
+# A record's problem, for the quarantine.
+VALUE_NOT_UTF8 = "value is not UTF-8 text (its bytes are in the raw table's value_bytes)"
+
 
 def _wrapper_prefix(schema_text: str) -> str:
     return f"{_WRAPPER_START}{schema_text}{_PAYLOAD_MARK}"
@@ -295,7 +298,7 @@ def record_problems(refused: Mapping[str, Mapping[str, str]]) -> Column:
     ``schema_known`` and :func:`text_columns`."""
     problem = (
         with_other_schemas(F.col("schema_known"))
-        .when(F.col("value_not_utf8"), F.lit("value is not UTF-8 text (its bytes are in the raw table's value_bytes)"))
+        .when(F.col("value_not_utf8"), F.lit(VALUE_NOT_UTF8))
         .when(F.col("key_not_utf8"), F.lit("key is not UTF-8 text (its bytes are in the raw table's key_bytes)"))
     )
     for column, text in (("value", "value"), ("key", "key_text")):

@@ -30,6 +30,7 @@ from cdc.core.tables import add_missing_properties, is_delta_table
 from refine.envelope import ConnectSchema
 from refine.flattened import is_flattened
 from refine.mongo import FOUND_PROBLEM
+from refine.parse import VALUE_NOT_UTF8
 
 DOCUMENT_ID, KEY_ID = "_id", "id"
 # The refined table's mark: its topic holds ExtractNewDocumentState's rows, so a batch of tombstones
@@ -88,7 +89,7 @@ def as_mongo_envelopes(records: DataFrame) -> DataFrame:
     key_id = F.try_variant_get(_payload(F.col("key")), f"$.{KEY_ID}", "variant")
     key = F.to_json(F.struct(F.to_json(key_id).alias(KEY_ID)))
     dotted = F.exists(F.map_keys(document), lambda name: name.contains("."))
-    patch = F.when(not_utf8, F.lit("value is not UTF-8 text (its bytes are in the raw table's value_bytes)")).when(
+    problem = F.when(not_utf8, F.lit(VALUE_NOT_UTF8)).when(
         dotted & (op == "u"),
         F.lit(
             "an ExtractNewDocumentState row of an update without its document (capture.mode=change_streams): "
@@ -97,9 +98,9 @@ def as_mongo_envelopes(records: DataFrame) -> DataFrame:
     )
     return records.withColumns(
         {
-            "value": F.when(patch.isNull() & (fields.isNotNull() | tombstone), envelope).otherwise(F.col("value")),
+            "value": F.when(problem.isNull() & (fields.isNotNull() | tombstone), envelope).otherwise(F.col("value")),
             "key": F.when(key_id.isNotNull(), key).otherwise(F.col("key")),
-            FOUND_PROBLEM: patch,
+            FOUND_PROBLEM: problem,
         }
     )
 
