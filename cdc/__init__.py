@@ -40,6 +40,7 @@ _EXPORTS = {
     "TopicSummary": "cdc.raw.job",
     "run_raw_job": "cdc.raw.job",
     "RefineJobConfig": "refine.job",
+    "Connector": "refine.config",
     "run_refine_job": "refine.job",
     "RebuiltTable": "refine.rebuild",
     "Pipeline": "cdc.pipeline.config",
@@ -50,6 +51,7 @@ _EXPORTS = {
 __all__ = [
     "CdcError",
     "ConfigError",
+    "Connector",
     "ConnectorError",
     "DependencyError",
     "ExpectationError",
@@ -96,6 +98,7 @@ if TYPE_CHECKING:
     from cdc.raw.config import RawJobConfig
     from cdc.raw.job import TopicSummary, run_raw_job
     from cdc.status import WarehouseStatus
+    from refine.config import Connector
     from refine.job import RefineJobConfig, run_refine_job
     from refine.rebuild import RebuiltTable
 

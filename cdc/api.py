@@ -162,6 +162,7 @@ class Lakehouse:
         pipeline: PipelineSource | None = None,
         columns: Mapping[str, str] | None = None,
         key: Sequence[str] | None = None,
+        connector: str = "auto",
         continuous: bool = False,
         interval_s: float = 2.0,
         rebuild: bool = False,
@@ -173,8 +174,10 @@ class Lakehouse:
         ``table``, or every refined table of a ``pipeline`` with its business tables.
 
         ``columns`` (name -> Spark type) and ``key`` describe a topic written without schemas, or
-        override decoded types. ``rebuild``: first make the refined table(s) again from the raw table's
-        current contents (:meth:`rebuild`). ``reinfer_schema``: infer the kept schemas of a pipeline's
+        override decoded types. ``connector`` (``auto``, ``postgres``, ``mongodb``): the connector that
+        wrote the topic, which tells rows flattened by a transform apart (``RefineJobConfig.connector``).
+        ``rebuild``: first make the refined table(s) again from the raw table's current contents
+        (:meth:`rebuild`). ``reinfer_schema``: infer the kept schemas of a pipeline's
         event sources again. ``fail_on_quarantine``: raise :class:`~cdc.core.errors.QuarantineError` after a
         run that sent records to the quarantine (every other change is applied). Returns the changes read:
         a count, or a count per table for a pipeline.
@@ -203,14 +206,19 @@ class Lakehouse:
         if reinfer_schema:
             raise ConfigError("reinfer_schema applies to the event sources of a pipeline")
         assert table is not None  # one of the two, checked above
-        job = self._refine_config(table, columns, key, trigger, fail_on_quarantine)
+        job = self._refine_config(table, columns, key, trigger, fail_on_quarantine, connector)
         spark = self.spark(refines_continuously=continuous)
         if rebuild:
             rebuild_refined_table(spark, job, say=self.say)
         return run_refine_job(spark, job, say=self.say, stop=stop)
 
     def rebuild(
-        self, table: str, *, columns: Mapping[str, str] | None = None, key: Sequence[str] | None = None
+        self,
+        table: str,
+        *,
+        columns: Mapping[str, str] | None = None,
+        key: Sequence[str] | None = None,
+        connector: str = "auto",
     ) -> list[RebuiltTable]:
         """Make the refined table of topic ``table`` (with its history and child tables) again from its
         raw table's current contents, each replaced in one commit; the old version stays for time travel.
@@ -221,7 +229,7 @@ class Lakehouse:
             for rebuilt in lake.rebuild("shop.public.customers"):
                 print(rebuilt.location, rebuilt.version_before, "->", rebuilt.version_after)
         """
-        config = self._refine_config(table, columns, key, _trigger(False, 2.0))
+        config = self._refine_config(table, columns, key, _trigger(False, 2.0), connector=connector)
         return rebuild_refined_table(self.spark(), config, say=self.say)
 
     def sync(
@@ -329,6 +337,7 @@ class Lakehouse:
         key: Sequence[str] | None,
         trigger: dict[str, Any],
         fail_on_quarantine: bool = False,
+        connector: str = "auto",
     ) -> RefineJobConfig:
         document = {
             "table": table,
@@ -337,6 +346,7 @@ class Lakehouse:
             "key": list(key) if key else None,
             "trigger": trigger,
             "fail_on_quarantine": fail_on_quarantine,
+            "connector": connector,
         }
         return validate(RefineJobConfig, document, "refine job settings")
 

@@ -19,10 +19,10 @@ from pyspark.sql import functions as F
 from cdc.core.errors import CdcError
 from cdc.core.shared_tables import retrying_conflicts
 from cdc.core.streaming import batch_error
-from cdc.core.tables import delta_properties, is_delta_table, raw_table_location
+from cdc.core.tables import raw_table_location
 from refine.batch_facts import BatchFacts, batch_facts
 from refine.batch_schemas import readable_value_schemas
-from refine.config import RefineJobConfig, refined_table_location
+from refine.config import Connector, RefineJobConfig, refined_table_location
 from refine.deleted import deleted_location
 from refine.envelope import ConnectSchema
 from refine.flatten import child_table_name
@@ -36,14 +36,19 @@ from refine.parse_batch import ParsedBatch, parse_rows, parse_schemaless
 from refine.quarantine import quarantine, quarantine_location
 from refine.rules import TableRules, history_table_name
 from refine.unwrapped_documents import (
-    UNWRAPPED_PROPERTY,
     as_mongo_envelopes,
-    has_bare_unwrapped_documents,
-    is_unwrapped_document,
+    has_unwrapped_documents,
+    is_marked_unwrapped,
     mark_unwrapped,
+    may_be_unwrapped_documents,
+    refuse_envelopes_after_unwrapped,
 )
 
 _KNOWN = 16  # wrapper schemas remembered per raw table and column
+UNWRAPPED_ROW = (
+    "value is a row without its {schema, payload} wrapper (schemas.enable=false): rows flattened by "
+    "ExtractNewRecordState are refined with their schema"
+)
 
 # Wrapper schemas each raw table showed, by column, for the life of the process: a later run of
 # the table in the same process (`--available-now`, a pipeline's refresh) starts from them.
@@ -121,7 +126,7 @@ class RefineBatch:
         if (texts := _LAST_SCHEMAS[self.raw]) is None:
             return False
         schemas, _, refused = readable_value_schemas(texts["value"])
-        if refused or is_mongo(schemas[0]) or is_unwrapped_document(schemas[0]):
+        if refused or is_mongo(schemas[0]) or self._may_be_documents(schemas[0]):
             return False
         if is_flattened(schemas[0]) and not texts["key"]:
             return False
@@ -139,11 +144,8 @@ class RefineBatch:
         bare_mongo = not texts["value"] and has_bare_mongo_envelopes(records)  # documents need no declared columns
         bare_envelopes = not texts["value"] and not bare_mongo and _has_bare_envelopes(records)
         # ExtractNewDocumentState's rows are refined as the documents they are, each of its own shape.
-        if any(map(is_unwrapped_document, schemas)) or (
-            not schemas
-            and not bare_mongo
-            and not bare_envelopes
-            and (has_bare_unwrapped_documents(records) or self._holds_unwrapped_documents(spark))
+        if self._unwrapped_documents(
+            spark, records, schemas, bare_rows=not (texts["value"] or bare_mongo or bare_envelopes)
         ):
             self._refine_mongo(spark, as_mongo_envelopes(records))
             mark_unwrapped(spark, self.refined)
@@ -151,16 +153,32 @@ class RefineBatch:
         if bare_envelopes:
             return self._refine_schemaless(spark, records)
         if bare_mongo or (schemas and is_mongo(schemas[-1])):
+            refuse_envelopes_after_unwrapped(spark, self.refined)
             return self._refine_mongo(spark, records)
         schemas = schemas or [known for known in [remembered] if known]
         if not schemas:  # tombstones (their deletes came before them), and values that are no envelope
             return self._quarantine_unreadable(spark, records, refused)
         self._refine_rows(spark, records, schemas, {**texts, "value": value_texts}, refused=refused)
 
-    def _holds_unwrapped_documents(self, spark: SparkSession) -> bool:
-        """Whether the refined table was refined from ExtractNewDocumentState's rows (a batch of its
-        tombstones alone shows no schema)."""
-        return is_delta_table(spark, self.refined) and UNWRAPPED_PROPERTY in delta_properties(spark, self.refined)
+    def _may_be_documents(self, value_schema: ConnectSchema) -> bool:
+        """Whether rows of this schema may be ExtractNewDocumentState's (see ``RefineJobConfig.connector``)."""
+        if self.config.connector is Connector.MONGODB:
+            return is_flattened(value_schema)
+        return self.config.connector is Connector.AUTO and may_be_unwrapped_documents(value_schema)
+
+    def _unwrapped_documents(
+        self, spark: SparkSession, records: DataFrame, schemas: list[ConnectSchema], bare_rows: bool
+    ) -> bool:
+        """Whether the batch is ExtractNewDocumentState's rows (see ``RefineJobConfig.connector``), from the
+        value schemas it holds, or, with none (``bare_rows``: neither envelopes nor their schemas), from its
+        records; a batch of tombstones alone follows the table's mark."""
+        connector = self.config.connector
+        if connector is Connector.POSTGRES or not (bare_rows or any(map(is_flattened, schemas))):
+            return False
+        if connector is Connector.MONGODB or is_marked_unwrapped(spark, self.refined):
+            return True
+        # A scan of the (cached) records, only where a schema has an _id or no schema tells.
+        return (bare_rows or any(map(may_be_unwrapped_documents, schemas))) and has_unwrapped_documents(records)
 
     def _wrapper_schemas(self, records: DataFrame) -> dict[str, list[str]]:
         """The batch's distinct wrapper schemas by column (a handful of strings, not data), found from
@@ -189,7 +207,8 @@ class RefineBatch:
         problem = F.when(F.col("value").isNull(), F.lit(VALUE_NOT_UTF8))
         if (refusal := refused_schema(F.col("value"), refused)) is not None:
             problem = problem.when(refusal.isNotNull(), refusal)
-        problem = problem.otherwise(F.lit("value is not a Debezium JSON envelope"))
+        row = F.try_variant_get(F.try_parse_json("value"), "$", "map<string,variant>").isNotNull()
+        problem = problem.when(row, F.lit(UNWRAPPED_ROW)).otherwise(F.lit("value is not a Debezium JSON envelope"))
         quarantine(
             spark,
             quarantine_location(self.config.warehouse),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Annotated
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
@@ -19,6 +20,14 @@ def _readable_type(spark_type: str) -> str:
 
 
 ColumnType = Annotated[str, AfterValidator(_readable_type)]
+
+
+class Connector(str, Enum):
+    """The Debezium connector that wrote a topic, which decides how rows flattened by a transform are read."""
+
+    AUTO = "auto"  # told by the records (see RefineJobConfig.connector)
+    POSTGRES = "postgres"  # flattened rows are a table's rows (ExtractNewRecordState)
+    MONGODB = "mongodb"  # flattened rows are documents (ExtractNewDocumentState)
 
 
 class RefineRun(_Strict):
@@ -93,6 +102,17 @@ class RefineJobConfig(RefineRun):
         default_factory=TableFeatures,
         description="The Delta features of the refined table and the tables beside it (deletion vectors, Change Data "
         "Feed); default neither on a new table, and an existing table keeps what it has.",
+    )
+
+    connector: Connector = Field(
+        default=Connector.AUTO,
+        description=(
+            "The Debezium connector that wrote the topic. Envelopes name it themselves; rows flattened by a "
+            "transform do not. `auto`: a flattened row is a MongoDB document (ExtractNewDocumentState) when its "
+            "key is `{id}` alone and equals the row's `_id` but not its `id`, and the topic's rows are documents "
+            "once one is; else they are a table's rows (ExtractNewRecordState). Set `mongodb` for a collection "
+            "whose documents hold an `id` equal to their `_id`; `postgres` skips looking."
+        ),
     )
 
     @property

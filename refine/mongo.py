@@ -105,6 +105,9 @@ FOUND_PROBLEM = "found_problem"  # a raw record's problem found before its parse
 ID = "_id"
 TS_MS, ORD = "_cdc_ts_ms", "_cdc_ord"
 POSITION = (TS_MS, ORD, OFFSET)
+# The ``ts_ms`` of changes without a source position (ExtractNewDocumentState's rows): they follow those
+# with one, and are ordered among themselves by the Kafka offset.
+UNPOSITIONED_TS_MS = 2**63 - 1
 MONGO_METADATA_COLUMNS = (TS_MS, ORD, *[c for c in METADATA_COLUMNS if c != LSN])
 
 # What the job reads of the envelope's payload (the connector's schema has more).
@@ -124,7 +127,17 @@ _ENVELOPE = StructType(
                 ]
             ),
         ),
-        StructField("source", StructType([StructField("ts_ms", LongType()), StructField("ord", IntegerType())])),
+        StructField(
+            "source",
+            StructType(
+                [
+                    StructField("ts_ms", LongType()),
+                    StructField("ord", IntegerType()),
+                    # Not the connector's: the commit time of a change whose ts_ms is UNPOSITIONED_TS_MS.
+                    StructField("committed_ts_ms", LongType()),
+                ]
+            ),
+        ),
         StructField("op", StringType()),
     ]
 )
@@ -193,7 +206,12 @@ def parse_mongo_changes(raw: DataFrame) -> DataFrame:
             F.col("envelope.source.ord").alias("ord"),
             F.col("kafka_offset").alias("offset"),
         ).alias("position"),
-        F.timestamp_millis(F.col("envelope.source.ts_ms")).alias("source_committed_at"),
+        F.timestamp_millis(
+            F.coalesce(
+                F.col("envelope.source.committed_ts_ms"),
+                F.when(F.col("envelope.source.ts_ms") != UNPOSITIONED_TS_MS, F.col("envelope.source.ts_ms")),
+            )
+        ).alias("source_committed_at"),
         "kafka_partition",
         "kafka_offset",
         "raw_value",

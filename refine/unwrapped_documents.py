@@ -8,9 +8,13 @@ share (JSON text when they drift). A row becomes the bare envelope ``{op, after,
 the row's fields but the transform's ``__`` ones, as JSON; ``op`` its ``__op`` (``u`` without one),
 ``d`` when ``__deleted`` is true. A tombstone is a delete: with ``delete.tombstone.handling.mode=tombstone``
 (the transform's default) it is the only sign of one. The Kafka offset alone orders a document's
-changes (a tombstone has no source position), so a replayed change is applied again. The key
-``{"id": <value>}`` becomes the connector's ``{"id": "<JSON>"}``, so ids of different types (``7``,
-``"7"``) stay apart.
+changes (a tombstone has no source position), so a replayed change is applied again; they follow the
+changes of envelopes refined before (a topic that adopts the transform), and envelopes after them are
+refused. The key ``{"id": <value>}`` becomes the connector's ``{"id": "<JSON>"}``, so ids of different
+types (``7``, ``"7"``) stay apart.
+
+The rows are told from ExtractNewRecordState's (Postgres rows) by their key (:func:`unwrapped_documents`),
+or by the job's ``connector`` setting.
 
 An update the connector sent without its document (``capture.mode=change_streams``) becomes a row of
 what changed, its paths dotted (``address.city``), and the removed fields and truncated arrays gone:
@@ -26,39 +30,48 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from cdc.core.tables import add_missing_properties, is_delta_table
+from cdc.core.errors import TableError
+from cdc.core.tables import add_missing_properties, delta_properties, is_delta_table
 from refine.envelope import ConnectSchema
 from refine.flattened import is_flattened
-from refine.mongo import FOUND_PROBLEM
+from refine.mongo import FOUND_PROBLEM, UNPOSITIONED_TS_MS
 from refine.parse import VALUE_NOT_UTF8
 
 DOCUMENT_ID, KEY_ID = "_id", "id"
 # The refined table's mark: its topic holds ExtractNewDocumentState's rows, so a batch of tombstones
 # alone (deletes, in the transform's default handling) is refined as documents too.
 UNWRAPPED_PROPERTY = "cdc.mongodb.unwrapped"
-_MARKED: set[str] = set()  # the refined tables this process has seen marked
+_MARKS: dict[str, bool] = {}  # whether each refined table this process has looked at is marked
 # The fields the transform adds (``add.fields``: ``__op``, ``__ts_ms``, ``__source_*``...), not the document's.
 _TRANSFORM_FIELDS = ("__deleted", "__op", "__ts_ms", "__collection", "__db")
 
 
-def is_unwrapped_document(value_schema: ConnectSchema) -> bool:
-    """ExtractNewDocumentState's row: flattened, with the document's ``_id`` (a Postgres row keyed by
-    ``id`` holds ``id``), or a delete it rewrote (only the transform's fields, ``__deleted`` among them;
-    ExtractNewRecordState's holds the row's columns)."""
+def may_be_unwrapped_documents(value_schema: ConnectSchema) -> bool:
+    """Whether rows of this schema may be ExtractNewDocumentState's (:func:`unwrapped_documents` tells):
+    flattened, with an ``_id``, or a delete it rewrote (only the transform's fields, ``__deleted`` among
+    them; ExtractNewRecordState's holds the row's columns)."""
     names = {field.field_name for field in value_schema.fields or ()}
     rewritten_delete = "__deleted" in names and all(name.startswith("__") for name in names)
-    return is_flattened(value_schema) and (DOCUMENT_ID in names or rewritten_delete) and KEY_ID not in names
+    return is_flattened(value_schema) and (DOCUMENT_ID in names or rewritten_delete)
 
 
-def has_bare_unwrapped_documents(records: DataFrame) -> bool:
-    """Values that are ExtractNewDocumentState's rows written without schemas (``schemas.enable=false``)."""
-    value = F.try_parse_json("value")
-    has = {name: F.try_variant_get(value, f"$.{name}", "variant").isNotNull() for name in ("payload", "op", KEY_ID)}
-    document_or_delete = F.try_variant_get(value, f"$.{DOCUMENT_ID}", "variant").isNotNull() | (
-        F.try_variant_get(value, "$.__deleted", "variant").isNotNull()
-    )
-    row = document_or_delete & ~has["payload"] & ~has["op"] & ~has[KEY_ID]
-    return not records.where(row).isEmpty()
+def unwrapped_documents() -> Column:
+    """Whether a raw record (with or without its schema) is ExtractNewDocumentState's row: its key is the
+    connector's ``{id}`` alone, and the value is a document whose ``_id`` equals it (a Postgres row keyed by
+    ``id`` holds it as ``id``; one with an ``_id`` column has another key), or a delete it rewrote."""
+    key, value = _payload(F.col("key")), _payload(F.col("value"))
+    key_id = F.to_json(F.try_variant_get(key, f"$.{KEY_ID}", "variant"))
+    connector_key = (F.size(F.map_keys(F.try_variant_get(key, "$", "map<string,variant>"))) == 1) & key_id.isNotNull()
+    document_id = F.to_json(F.try_variant_get(value, f"$.{DOCUMENT_ID}", "variant"))
+    row_id = F.to_json(F.try_variant_get(value, f"$.{KEY_ID}", "variant"))
+    names = F.map_keys(F.try_variant_get(value, "$", "map<string,variant>"))
+    rewritten_delete = F.array_contains(names, "__deleted") & F.forall(names, lambda name: name.startswith("__"))
+    document = (document_id == key_id) & ~F.coalesce(row_id == key_id, F.lit(False))
+    return connector_key & F.coalesce(document | rewritten_delete, F.lit(False))
+
+
+def has_unwrapped_documents(records: DataFrame) -> bool:
+    return not records.where(unwrapped_documents()).isEmpty()
 
 
 def _payload(text: Column) -> Column:
@@ -78,7 +91,12 @@ def as_mongo_envelopes(records: DataFrame) -> DataFrame:
     tombstone = F.col("value").isNull() & ~not_utf8
     deleted = tombstone | F.coalesce(F.try_variant_get(row, "$.__deleted", "boolean"), F.lit(False))
     op = F.when(deleted, F.lit("d")).otherwise(F.coalesce(F.try_variant_get(row, "$.__op", "string"), F.lit("u")))
-    source = F.struct(F.lit(0).alias("ts_ms"), F.lit(0).alias("ord"), F.lit("mongodb").alias("connector"))
+    source = F.struct(
+        F.lit(UNPOSITIONED_TS_MS).alias("ts_ms"),
+        F.lit(0).alias("ord"),
+        F.try_variant_get(row, "$.__source_ts_ms", "bigint").alias("committed_ts_ms"),
+        F.lit("mongodb").alias("connector"),
+    )
     envelope = F.to_json(
         F.struct(
             op.alias("op"),
@@ -105,9 +123,30 @@ def as_mongo_envelopes(records: DataFrame) -> DataFrame:
     )
 
 
+def is_marked_unwrapped(spark: SparkSession, refined: str) -> bool:
+    """Whether the ``refined`` table was refined from ExtractNewDocumentState's rows (read once per process)."""
+    if refined not in _MARKS:
+        if not is_delta_table(spark, refined):
+            return False
+        _MARKS[refined] = UNWRAPPED_PROPERTY in delta_properties(spark, refined)
+    return _MARKS[refined]
+
+
 def mark_unwrapped(spark: SparkSession, refined: str) -> None:
-    """Mark the ``refined`` table (once it exists) as refined from ExtractNewDocumentState's rows (once per
-    process)."""
-    if refined not in _MARKED and is_delta_table(spark, refined):
+    """Mark the ``refined`` table (once it exists) as refined from ExtractNewDocumentState's rows."""
+    if not is_marked_unwrapped(spark, refined) and is_delta_table(spark, refined):
         add_missing_properties(spark, refined, {UNWRAPPED_PROPERTY: "true"})
-        _MARKED.add(refined)
+        _MARKS[refined] = True
+
+
+def refuse_envelopes_after_unwrapped(spark: SparkSession, refined: str) -> None:
+    """Raise :class:`TableError` when the ``refined`` table was refined from ExtractNewDocumentState's rows:
+    the connector's envelopes now in its topic would be ordered before those rows
+    (:data:`refine.mongo.UNPOSITIONED_TS_MS`) and never applied."""
+    if is_marked_unwrapped(spark, refined):
+        raise TableError(
+            "the topic now holds the MongoDB connector's envelopes, and this table was refined from "
+            "ExtractNewDocumentState's rows, which carry no source position to order them against: write the "
+            "envelopes to a new topic, or keep the transform",
+            table=refined,
+        )

@@ -8,6 +8,7 @@ from pathlib import Path
 from cdc.cli.common import Commands, Options, add_command, add_trigger, lakehouse, stop_on_signals, trigger_options
 from cdc.core.config import Settings
 from cdc.core.errors import ConfigError
+from refine.config import Connector
 
 
 def raw(args: argparse.Namespace, settings: Settings) -> int:
@@ -34,6 +35,7 @@ def refine(args: argparse.Namespace, settings: Settings) -> int:
         pipeline=args.pipeline,
         columns=columns or None,
         key=args.key,
+        connector=args.connector,
         rebuild=args.rebuild,
         reinfer_schema=args.reinfer_schema,
         fail_on_quarantine=args.fail_on_quarantine,
@@ -109,6 +111,13 @@ def _add_refine(commands: Commands, options: Options) -> None:
     )
     refining.add_argument(
         "--key", action="append", metavar="NAME", help="a primary-key column of a schemaless topic; repeatable"
+    )
+    refining.add_argument(
+        "--connector",
+        choices=[connector.value for connector in Connector],
+        default=Connector.AUTO.value,
+        help="the Debezium connector that wrote the topic, which tells rows flattened by a transform apart "
+        "(auto: MongoDB documents when the key is {id} and equals the row's _id)",
     )
     refining.add_argument(
         "--fail-on-quarantine",

@@ -39,7 +39,7 @@ from cdc.pipeline.config import (
 from cdc.pipeline.events.job import EventsBatch, EventsRefineJobConfig, events_batch, history_spec
 from cdc.raw.config import RawJobConfig
 from refine.batch import RefineBatch
-from refine.config import RefineJobConfig, RefineRun, refined_table_location
+from refine.config import Connector, RefineJobConfig, RefineRun, refined_table_location
 from refine.expectations import Expectation
 from refine.job import fail_if_quarantined, start_refine_query, summarize_run, watch_refine_queries
 from refine.rebuild import rebuild_refined_table
@@ -173,7 +173,12 @@ def refine_jobs(pipeline: Pipeline, config: PipelineRefineConfig) -> list[Refine
         else:
             jobs.append(
                 RefineJobConfig(
-                    table=source.topic, name=name, explode=table.explode, history=table.scd is ScdType.HISTORY, **common
+                    table=source.topic,
+                    name=name,
+                    connector=Connector.MONGODB if isinstance(source, DebeziumMongoSource) else Connector.POSTGRES,
+                    explode=table.explode,
+                    history=table.scd is ScdType.HISTORY,
+                    **common,
                 )
             )
     return jobs

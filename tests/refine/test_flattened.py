@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import functools
 import json
+import time
 from decimal import Decimal
 
 import pytest
 from pyspark.testing import assertDataFrameEqual
 
+from cdc.core.tables import is_delta_table
+from refine.batch import UNWRAPPED_ROW
 from refine.config import refined_table_location
+from refine.quarantine import quarantine_location
 
 pytestmark = pytest.mark.integration
 
@@ -132,8 +136,6 @@ def test_a_batch_of_only_bad_records_on_a_flattened_topic_is_quarantined(
     remembers), a value schema that is no struct, a key schema naming a field the rows lack (no key
     schema of the batch can be read). Each is quarantined with its reason, the table is left as it
     was, and the job goes on."""
-    from refine.quarantine import quarantine_location
-
     topic = kafka.create_topic(f"{unique_name}.shop.items")
     warehouse = str(tmp_path)
     kafka.produce(topic, [(key(topic, 1), row(topic, 1, "a", "12.50", "c", 100))])
@@ -171,3 +173,86 @@ def test_a_batch_of_only_bad_records_on_a_flattened_topic_is_quarantined(
 
 def _wrapped(schema: dict, payload) -> bytes:
     return json.dumps({"schema": schema, "payload": payload}).encode()
+
+
+# Postgres tables with an ``_id`` column (as MongoDB documents have) and no ``id`` column: keyed by it,
+# or by another column; their columns.
+_ID_TABLES = {
+    "by_code": ("code text PRIMARY KEY, _id int, name text", ["code", "_id", "name"]),
+    "by__id": ("_id bigint PRIMARY KEY, name text", ["_id", "name"]),
+}
+
+
+@pytest.mark.parametrize("schemas", [True, False], ids=["with schemas", "without schemas"])
+def test_real_postgres_rows_with_an__id_column_are_refined_as_rows(
+    spark, stack, stack_config, kafka, land, refine, refined_table, unique_name, tmp_path, schemas
+):
+    """The real connector and ExtractNewRecordState on tables with an ``_id`` column: their rows are refined
+    as the tables' rows (not as MongoDB documents, which ExtractNewDocumentState's rows also are: their key
+    is the connector's ``{id}``), equal to Postgres after inserts, an update and a delete. Without schemas
+    they are quarantined, with the reason (such rows are refined with their schema)."""
+    import psycopg
+
+    from cdc.stack.postgres import remove_connector
+    from connectors import definitions
+    from connectors.client import ConnectClient
+    from connectors.definitions import ConnectorDefinition
+
+    dsn = stack_config.postgres.dsn()
+    tables = {kind: f"{unique_name}_{kind}" for kind in _ID_TABLES}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for kind, table in tables.items():
+            conn.execute(f"CREATE TABLE shop.{table} ({_ID_TABLES[kind][0]})")
+    connector = ConnectorDefinition(
+        unique_name,
+        {
+            **definitions.load("postgres").config,
+            "topic.prefix": unique_name,
+            "slot.name": unique_name,
+            "publication.name": unique_name,
+            "table.include.list": ",".join(f"shop\\.{table}" for table in tables.values()),
+            "transforms": "unwrap",
+            "transforms.unwrap.type": "io.debezium.transforms.ExtractNewRecordState",
+            "transforms.unwrap.add.fields": "op,lsn,source.ts_ms",
+            "transforms.unwrap.delete.tombstone.handling.mode": "rewrite-with-tombstone",
+            "key.converter.schemas.enable": str(schemas).lower(),
+            "value.converter.schemas.enable": str(schemas).lower(),
+        },
+    )
+    client = ConnectClient(stack_config.connect.url)
+    client.register(connector)
+    try:
+        client.wait_running(connector.name)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"INSERT INTO shop.{tables['by_code']} VALUES ('a', 1, 'x'), ('b', 2, 'y'), ('c', 3, 'z')")
+            conn.execute(f"UPDATE shop.{tables['by_code']} SET name = 'y2', _id = 20 WHERE code = 'b'")
+            conn.execute(f"DELETE FROM shop.{tables['by_code']} WHERE code = 'c'")
+            conn.execute(f"INSERT INTO shop.{tables['by__id']} VALUES (1, 'x'), (2, 'y'), (3, 'z')")
+            conn.execute(f"UPDATE shop.{tables['by__id']} SET name = 'y2' WHERE _id = 2")
+            conn.execute(f"DELETE FROM shop.{tables['by__id']} WHERE _id = 3")
+        topics = {kind: f"{unique_name}.shop.{table}" for kind, table in tables.items()}
+        deadline = time.monotonic() + 120
+        while any(len(kafka.records(topic)) < 6 for topic in topics.values()):  # 3 inserts, update, delete, tombstone
+            assert time.monotonic() < deadline, "the connector's records did not arrive"
+            time.sleep(0.5)
+        warehouse = str(tmp_path)
+        for kind, topic in topics.items():
+            columns = _ID_TABLES[kind][1]
+            with psycopg.connect(dsn) as conn:
+                source = conn.execute(f"SELECT {', '.join(columns)} FROM shop.{tables[kind]}").fetchall()
+            for _ in range(2):  # a rerun changes nothing
+                land(warehouse, topic)
+                refine(warehouse, topic)
+                if schemas:
+                    refined = refined_table(warehouse, topic).select(*columns)
+                    assert sorted(tuple(row) for row in refined.collect()) == sorted(source), kind
+        if not schemas:  # such rows need their schema: each is quarantined (the tombstones go nowhere)
+            quarantined = spark.read.format("delta").load(quarantine_location(warehouse))
+            assert sorted(quarantined.groupBy("topic").count().collect()) == sorted((t, 5) for t in topics.values())
+            assert {q.reason for q in quarantined.collect()} == {UNWRAPPED_ROW}
+            assert not any(is_delta_table(spark, refined_table_location(warehouse, t)) for t in topics.values())
+    finally:
+        remove_connector(stack_config, connector)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for table in tables.values():
+                conn.execute(f"DROP TABLE IF EXISTS shop.{table}")

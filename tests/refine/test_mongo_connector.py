@@ -591,3 +591,51 @@ def test_extract_new_document_state_rows_of_patches_go_to_the_quarantine(
     assert set(refined_documents(spark, refined_table_location(warehouse, topic))) == set(
         expected_unwrapped_documents(collection)
     )
+
+
+def test_documents_holding_an_id_and_a_topic_that_adopts_the_transform(
+    spark, kafka, land_and_refine, unique_name, tmp_path
+):
+    """ExtractNewDocumentState's rows of documents holding an ``id`` field are documents: told by the key
+    where some ``id`` differs from its ``_id``, by ``connector: mongodb`` where every ``id`` equals it. A
+    topic that adopts the transform goes on from the documents its envelopes made; envelopes after its
+    rows, which could not be ordered after them, are refused, not ignored."""
+    collection = Collection("shop", "parts")
+    collection.insert({"_id": 1, "id": 1, "qty": 1, "address": {"city": "x"}})
+    collection.insert({"_id": 2, "id": 2, "qty": 2})
+    collection.update(1, Update([("$set", "qty", "many"), ("$unset", "address", "")]), full_document=True)
+    collection.insert({"_id": 3, "id": "part-3", "qty": 3})
+    collection.delete(2)
+    collection.update(3, Update([("$set", "qty", 4)]), full_document=True)
+    settings = {"topic.prefix": unique_name, "capture.mode": "change_streams_update_full", **UNWRAP}
+    records = connector_records(collection.events, settings)
+    rows = [r for r in records if r["unwrapped"]]
+    warehouse = str(tmp_path)
+
+    def produce(topic: str, batch: list[dict], unwrapped: bool = True) -> None:
+        key, value = ("unwrapped_key", "unwrapped_value") if unwrapped else ("key", "value")
+        kafka.produce(topic, [(r[key].encode(), None if r[value] is None else r[value].encode()) for r in batch])
+
+    told_by_key = kafka.create_topic(f"{unique_name}.by_key.parts")
+    produce(told_by_key, rows)
+    declared = kafka.create_topic(f"{unique_name}.declared.parts")  # the documents whose id is their _id
+    produce(declared, [r for r in rows if json.loads(r["unwrapped_key_bare"])["id"] in (1, 2)])
+    adopting = kafka.create_topic(f"{unique_name}.adopting.parts")
+    produce(adopting, records[:3], unwrapped=False)  # two inserts and an update as the connector's envelopes
+    land_and_refine(warehouse, adopting)
+    produce(adopting, [r for r in records[3:] if r["unwrapped"]])
+    expected = expected_unwrapped_documents(collection)
+    for _ in range(2):  # a rerun changes nothing
+        land_and_refine(warehouse, told_by_key)
+        land_and_refine(warehouse, declared, connector="mongodb")
+        land_and_refine(warehouse, adopting)
+        assert refined_documents(spark, refined_table_location(warehouse, told_by_key)) == expected
+        assert refined_documents(spark, refined_table_location(warehouse, declared)) == {
+            key: document for key, document in expected.items() if key == "1"
+        }
+        assert refined_documents(spark, refined_table_location(warehouse, adopting)) == expected
+    assert not is_delta_table(spark, quarantine_location(warehouse))
+    produce(adopting, records[-1:], unwrapped=False)
+    with pytest.raises(CdcError, match="envelopes"):
+        land_and_refine(warehouse, adopting)
+    assert refined_documents(spark, refined_table_location(warehouse, adopting)) == expected
