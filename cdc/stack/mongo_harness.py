@@ -6,13 +6,14 @@ them from a reference model of the collections) go through ``cdc/stack/mongo/Mon
 the MongoDB driver's own ``ChangeStreamDocument`` codec decodes them, the connector's own classes
 (``MongoDbConnectorConfig``, ``MongoDbSchema``/``MongoDbCollectionSchema``, ``MongoDbOffsetContext``/
 ``SourceInfo``, ``MongoDbChangeRecordEmitter``) build each record as the connector's streaming source
-does, and Kafka Connect's ``JsonConverter`` serialises key and value, with and without schemas. What
+does, its ``EventDispatcher`` sends it (with its ``__debezium.context.*`` headers, and a delete's
+tombstone) to the queue the task drains, and Kafka Connect's ``JsonConverter`` serialises key and
+value, with and without schemas. What
 is not proven is only what a real server would have sent. Snapshot reads (:meth:`Collection.snapshot
 <cdc.stack.mongo_model.Collection.snapshot>`) go through the connector's ``MongoDbSnapshotRecordEmitter``
-with the offset context in snapshot mode, as its snapshot source drives them. Settings named
-``unwrap.*`` run the connector's own ExtractNewDocumentState on each record, as Kafka Connect runs a
-transform. Not covered: the ``__debezium.context.*`` headers (the connector's EventDispatcher is not
-driven).
+with the offset context in snapshot mode, as its snapshot source drives them, through the
+dispatcher's snapshot receiver (which marks the last read ``last``). Settings named ``unwrap.*`` run
+the connector's own ExtractNewDocumentState on each record, as Kafka Connect runs a transform.
 """
 
 from __future__ import annotations
@@ -80,7 +81,8 @@ def connector_records(events: list[dict], settings: dict[str, str]) -> list[dict
     """The connector's records for change-stream ``events`` (canonical Extended JSON documents) under
     connector ``settings`` (``topic.prefix``, ``capture.mode``, ...), in order: dicts of ``topic``,
     ``key``/``value`` (JsonConverter, schemas.enable=true) and ``key_bare``/``value_bare``
-    (schemas.enable=false) as text; ``value`` None for a tombstone. Settings ``unwrap.NAME`` configure
+    (schemas.enable=false) as text; ``value`` None for a tombstone; ``headers``, [name, value] pairs (the
+    values as Kafka Connect's SimpleHeaderConverter writes strings). Settings ``unwrap.NAME`` configure
     ExtractNewDocumentState (``NAME``), whose record each dict adds: ``unwrapped`` (false when the
     transform drops the record) and ``unwrapped_key``, ``unwrapped_value``, ``unwrapped_key_bare``,
     ``unwrapped_value_bare``."""
@@ -96,3 +98,12 @@ def connector_records(events: list[dict], settings: dict[str, str]) -> list[dict
     if result.returncode != 0:
         raise RuntimeError(f"the MongoDB harness failed:\n{result.stderr[-3000:]}")
     return [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+
+
+def kafka_record(record: dict, schemas: bool = True, unwrapped: bool = False) -> tuple[bytes, bytes | None, list]:
+    """A record of :func:`connector_records` as Kafka holds it: (key, value, headers), with or without
+    ``schemas``, as the connector writes it or ExtractNewDocumentState (``unwrapped``) leaves it."""
+    names = ("key", "value") if schemas else ("key_bare", "value_bare")
+    key, value = (f"unwrapped_{name}" for name in names) if unwrapped else names
+    headers = [(name, None if text is None else text.encode()) for name, text in record["headers"]]
+    return record[key].encode(), None if record[value] is None else record[value].encode(), headers

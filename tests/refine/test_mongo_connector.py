@@ -22,8 +22,8 @@ from pyspark.sql.types import ArrayType, LongType, StringType
 
 import refine.mongo
 from cdc.core.errors import CdcError
-from cdc.core.tables import is_delta_table
-from cdc.stack.mongo_harness import connector_records
+from cdc.core.tables import is_delta_table, raw_table_location
+from cdc.stack.mongo_harness import connector_records, kafka_record
 from cdc.stack.mongo_model import Binary, Collection, Date, Decimal128, Int64, ObjectId, Update, as_json, random_writes
 from refine.config import refined_table_location
 from refine.extended_json import commented_untyped
@@ -147,19 +147,23 @@ def test_scripted_writes_refine_to_the_model_documents(spark, kafka, land_and_re
     ]
     topic = kafka.create_topic(records[0]["topic"])
     warehouse = str(tmp_path)
-    kafka.produce(
-        topic, [(r["key"].encode(), None if r["value"] is None else r["value"].encode()) for r in records[:4]]
-    )
+    kafka.produce(topic, [kafka_record(r) for r in records[:4]])
     land_and_refine(warehouse, topic)
-    kafka.produce(
-        topic, [(r["key"].encode(), None if r["value"] is None else r["value"].encode()) for r in records[4:]]
-    )
+    kafka.produce(topic, [kafka_record(r) for r in records[4:]])
     land_and_refine(warehouse, topic)
     location = refined_table_location(warehouse, topic)
     got = refined_documents(spark, location)
     wanted = expected_documents(collection, set(spark.read.format("delta").load(location).columns))
     assert got == wanted
     assert not is_delta_table(spark, quarantine_location(warehouse))
+    # The raw table keeps each record's headers: the connector's context, a tombstone's included.
+    raw = spark.read.format("delta").load(raw_table_location(warehouse, topic)).orderBy("offset").collect()
+    contexts = [
+        {h.key: h.value.decode() for h in row.headers if h.key.startswith("__debezium.context.")} for row in raw
+    ]
+    assert [
+        (c["__debezium.context.connectorLogicalName"], c["__debezium.context.connectorName"]) for c in contexts
+    ] == [(unique_name, "mongodb")] * len(records)
 
 
 def untyped_writes(collection: Collection, then_typed: bool = True) -> int:
@@ -183,7 +187,7 @@ def test_fields_that_have_held_only_empty_arrays_are_refined(spark, kafka, land_
     records = connector_records(collection.events, {"topic.prefix": unique_name, "capture.mode": "change_streams"})
     topic = kafka.create_topic(records[0]["topic"])
     warehouse = str(tmp_path)
-    kafka.produce(topic, [(r["key_bare"].encode(), r["value_bare"].encode()) for r in records])
+    kafka.produce(topic, [kafka_record(r, schemas=False) for r in records])
     location = refined_table_location(warehouse, topic)
     for _ in range(2):  # a rerun changes nothing
         land_and_refine(warehouse, topic)
@@ -204,7 +208,7 @@ def test_fields_that_held_only_empty_arrays_keep_them_once_typed(spark, kafka, l
     topic = kafka.create_topic(records[0]["topic"])
     warehouse = str(tmp_path)
     for batch in (records[:first], records[first:]):
-        kafka.produce(topic, [(r["key_bare"].encode(), r["value_bare"].encode()) for r in batch])
+        kafka.produce(topic, [kafka_record(r, schemas=False) for r in batch])
         land_and_refine(warehouse, topic)
     location = refined_table_location(warehouse, topic)
     table = spark.read.format("delta").load(location)
@@ -249,7 +253,7 @@ def test_untyped_arrays_typed_later_keep_their_history_and_child_tables(
     location = refined_table_location(warehouse, topic)
     history = refined_table_location(warehouse, f"{topic}__history")
     for number, (batch, documents) in enumerate(((records[:first], before), (records[first:], collection.documents))):
-        kafka.produce(topic, [(r["key_bare"].encode(), r["value_bare"].encode()) for r in batch])
+        kafka.produce(topic, [kafka_record(r, schemas=False) for r in batch])
         if number:  # stops after the refined table's retype, before its MERGE and the child tables
             with monkeypatch.context() as patched:
                 patched.setattr(refine.mongo, "merge_changes", lambda *_, **__: 1 / 0)
@@ -310,17 +314,15 @@ def test_random_writes_refine_to_the_model_documents(
     payloads = [json.loads(r["value"])["payload"] for r in records if r["value"]]
     reads = [p for p in payloads if p["op"] == "r"]
     assert bool(reads) == snapshot
-    assert all(r["source"]["snapshot"] == "true" for r in reads)
+    # The dispatcher's snapshot receiver marks the last read.
+    assert [r["source"]["snapshot"] for r in reads] == ["true"] * (len(reads) - 1) + ["last"] * bool(reads)
     topic = kafka.create_topic(records[0]["topic"])
     warehouse = str(tmp_path)
     rng = random.Random(seed)
     cuts = [*sorted(rng.sample(range(1, len(records)), 2)), len(records)]  # batches of random sizes
     start = 0
     for cut in cuts:
-        key, value = ("key", "value") if schemas else ("key_bare", "value_bare")
-        kafka.produce(
-            topic, [(r[key].encode(), None if r[value] is None else r[value].encode()) for r in records[start:cut]]
-        )
+        kafka.produce(topic, [kafka_record(r, schemas) for r in records[start:cut]])
         start = cut
         land_and_refine(warehouse, topic)
     location = refined_table_location(warehouse, topic)
@@ -400,12 +402,9 @@ def test_exploded_arrays_follow_the_documents_through_type_drift(
     topic = kafka.create_topic(records[0]["topic"])
     warehouse = str(tmp_path)
     rng = random.Random(seed)
-    key, value = ("key", "value") if schemas else ("key_bare", "value_bare")
     start = 0
     for cut in [*sorted(rng.sample(range(1, len(records)), 2)), len(records)]:
-        kafka.produce(
-            topic, [(r[key].encode(), None if r[value] is None else r[value].encode()) for r in records[start:cut]]
-        )
+        kafka.produce(topic, [kafka_record(r, schemas) for r in records[start:cut]])
         start = cut
         land_and_refine(warehouse, topic, explode=["items", "tags"])
     location = refined_table_location(warehouse, topic)
@@ -451,7 +450,7 @@ def test_an_exploded_array_that_drifts_leaves_no_stale_child_rows(
     topic = kafka.create_topic(records[0]["topic"])
     warehouse = str(tmp_path)
     for batch in (records[:first], records[first:]):
-        kafka.produce(topic, [(r["key"].encode(), r["value"].encode()) for r in batch])
+        kafka.produce(topic, [kafka_record(r) for r in batch])
         land_and_refine(warehouse, topic, explode=["items"])
     got, as_text = child_rows(spark, refined_table_location(warehouse, f"{topic}__items"))
     assert as_text
@@ -501,12 +500,11 @@ def refine_unwrapped(
     and refined; the topic."""
     records = [r for r in records if r["unwrapped"]]
     topic = kafka.create_topic(records[0]["topic"])
-    key, value = ("unwrapped_key", "unwrapped_value") if schemas else ("unwrapped_key_bare", "unwrapped_value_bare")
     start = 0
     for cut in [*cuts, len(records)]:
         batch = records[start:cut]
         start = cut
-        kafka.produce(topic, [(r[key].encode(), None if r[value] is None else r[value].encode()) for r in batch])
+        kafka.produce(topic, [kafka_record(r, schemas, unwrapped=True) for r in batch])
         land_and_refine(warehouse, topic)
     return topic
 
@@ -613,8 +611,7 @@ def test_documents_holding_an_id_and_a_topic_that_adopts_the_transform(
     warehouse = str(tmp_path)
 
     def produce(topic: str, batch: list[dict], unwrapped: bool = True) -> None:
-        key, value = ("unwrapped_key", "unwrapped_value") if unwrapped else ("key", "value")
-        kafka.produce(topic, [(r[key].encode(), None if r[value] is None else r[value].encode()) for r in batch])
+        kafka.produce(topic, [kafka_record(r, unwrapped=unwrapped) for r in batch])
 
     told_by_key = kafka.create_topic(f"{unique_name}.by_key.parts")
     produce(told_by_key, rows)

@@ -4,13 +4,13 @@ import java.io.BufferedReader;
 import java.io.InputStreamReader;
 import java.io.PrintStream;
 import java.nio.charset.StandardCharsets;
+import java.time.Duration;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 
-import org.apache.kafka.connect.data.Struct;
-import org.apache.kafka.connect.header.ConnectHeaders;
+import org.apache.kafka.connect.header.Header;
 import org.apache.kafka.connect.json.JsonConverter;
 import org.apache.kafka.connect.source.SourceRecord;
 import org.bson.BsonDocument;
@@ -26,8 +26,10 @@ import com.mongodb.client.model.changestream.ChangeStreamDocument;
 import io.debezium.config.Configuration;
 import io.debezium.connector.SnapshotRecord;
 import io.debezium.connector.mongodb.CollectionId;
-import io.debezium.connector.mongodb.MongoDbCollectionSchema;
+import io.debezium.connector.base.ChangeEventQueue;
+import io.debezium.connector.common.DebeziumHeaderProducer;
 import io.debezium.connector.mongodb.MongoDbConnectorConfig;
+import io.debezium.connector.mongodb.MongoDbEventMetadataProvider;
 import io.debezium.connector.mongodb.MongoDbOffsetContext;
 import io.debezium.connector.mongodb.MongoDbPartition;
 import io.debezium.connector.mongodb.MongoDbSchema;
@@ -35,10 +37,9 @@ import io.debezium.connector.mongodb.MongoDbTaskContext;
 import io.debezium.connector.mongodb.recordemitter.MongoDbChangeRecordEmitter;
 import io.debezium.connector.mongodb.recordemitter.MongoDbSnapshotRecordEmitter;
 import io.debezium.connector.mongodb.transforms.ExtractNewDocumentState;
-import io.debezium.data.Envelope.Operation;
+import io.debezium.pipeline.DataChangeEvent;
+import io.debezium.pipeline.EventDispatcher;
 import io.debezium.pipeline.spi.ChangeRecordEmitter;
-import io.debezium.pipeline.spi.OffsetContext;
-import io.debezium.schema.DataCollectionSchema;
 import io.debezium.util.Clock;
 
 /**
@@ -46,8 +47,9 @@ import io.debezium.util.Clock;
  * server: each line of stdin is one change-stream document as a 6.0+ replica set sends it (canonical
  * Extended JSON), decoded by the MongoDB driver's own ChangeStreamDocument codec; the connector's
  * own classes (its configuration, collection schema, offset context and record emitter) build the
- * record as its streaming source does, and Kafka Connect's JsonConverter serialises key and value
- * with and without schemas. A delete is followed by its tombstone (tombstones.on.delete). A line
+ * record as its streaming source does and its event dispatcher sends it (with its context headers,
+ * and a delete's tombstone, tombstones.on.delete), and Kafka Connect's JsonConverter serialises key
+ * and value with and without schemas. A line
  * {"snapshot": {"ns": {"db", "coll"}, "document": {...}, "readAt": millis}} is a document the
  * connector's initial snapshot reads (its snapshot record emitter, the offset in snapshot mode, the
  * clock at readAt): a record of op r.
@@ -55,7 +57,8 @@ import io.debezium.util.Clock;
  * Usage: MongoChangeEvents key=value... (connector settings: topic.prefix, capture.mode, ...; a
  * setting unwrap.NAME=VALUE configures Debezium's ExtractNewDocumentState with NAME=VALUE).
  * Each output line is a JSON object: topic, key, value (schemas.enable=true), key_bare, value_bare
- * (schemas.enable=false); value null for a tombstone. With unwrap settings, also the record
+ * (schemas.enable=false); value null for a tombstone; headers, [name, value] pairs (as Kafka Connect's
+ * SimpleHeaderConverter writes a string). With unwrap settings, also the record
  * ExtractNewDocumentState makes of it: unwrapped (false when it drops the record) and
  * unwrapped_key, unwrapped_value, unwrapped_key_bare, unwrapped_value_bare.
  */
@@ -85,6 +88,18 @@ public final class MongoChangeEvents {
         MongoDbSchema schema = new MongoDbSchema(connectorConfig, taskContext,
                 connectorConfig.getTopicNamingStrategy(MongoDbConnectorConfig.TOPIC_NAMING_STRATEGY),
                 connectorConfig.getSourceInfoStructMaker().schema(), connectorConfig.schemaNameAdjuster());
+        // As MongoDbConnectorTask builds them: the queue its poll drains, and the dispatcher the sources send to.
+        ChangeEventQueue<DataChangeEvent> queue = new ChangeEventQueue.Builder<DataChangeEvent>()
+                .pollInterval(Duration.ofMillis(1))
+                .maxBatchSize(connectorConfig.getMaxBatchSize())
+                .maxQueueSize(connectorConfig.getMaxQueueSize())
+                .loggingContextSupplier(() -> taskContext.configureLoggingContext("harness"))
+                .build();
+        EventDispatcher<MongoDbPartition, CollectionId> dispatcher = new EventDispatcher<>(connectorConfig,
+                connectorConfig.getTopicNamingStrategy(MongoDbConnectorConfig.TOPIC_NAMING_STRATEGY), schema, queue,
+                collection -> true, DataChangeEvent::new, new MongoDbEventMetadataProvider(),
+                connectorConfig.schemaNameAdjuster(), new DebeziumHeaderProducer(taskContext));
+        EventDispatcher.SnapshotReceiver<MongoDbPartition> snapshotReceiver = dispatcher.getSnapshotChangeEventReceiver();
         MongoDbPartition partition = new MongoDbPartition(connectorConfig.getLogicalName());
         MongoDbOffsetContext offset = new MongoDbOffsetContext.Loader(connectorConfig).load(new HashMap<>());
         Codec<ChangeStreamDocument<BsonDocument>> codec = ChangeStreamDocument.createCodec(
@@ -106,12 +121,10 @@ public final class MongoChangeEvents {
                 continue;
             }
             BsonDocument input = BsonDocument.parse(line);
-            CollectionId collectionId;
-            ChangeRecordEmitter<MongoDbPartition> emitter;
             if (input.containsKey("snapshot")) {
                 // As MongoDbSnapshotChangeEventSource does: the offset reads the collection at the clock's time, then the emitter.
                 BsonDocument read = input.getDocument("snapshot");
-                collectionId = new CollectionId(read.getDocument("ns").getString("db").getValue(),
+                CollectionId collectionId = new CollectionId(read.getDocument("ns").getString("db").getValue(),
                         read.getDocument("ns").getString("coll").getValue());
                 long readAt = read.getInt64("readAt").getValue();
                 Clock clock = () -> readAt;
@@ -123,53 +136,69 @@ public final class MongoChangeEvents {
                 }
                 offset.readEvent(collectionId, clock.currentTime());
                 offset.markSnapshotRecord(SnapshotRecord.TRUE);
-                emitter = new MongoDbSnapshotRecordEmitter(partition, offset, clock, read.getDocument("document"), connectorConfig);
+                ChangeRecordEmitter<MongoDbPartition> emitter = new MongoDbSnapshotRecordEmitter(partition, offset, clock,
+                        read.getDocument("document"), connectorConfig);
+                dispatcher.dispatchSnapshotEvent(partition, collectionId, emitter, snapshotReceiver);
             }
             else {
                 if (offset.isInitialSnapshotRunning()) {
-                    call(offset, "stopInitialSnapshot");
-                    offset.preSnapshotCompletion();
-                    offset.postSnapshotCompletion();
+                    endSnapshot(offset, snapshotReceiver);
                 }
                 ChangeStreamDocument<BsonDocument> event = codec.decode(new JsonReader(line), DecoderContext.builder().build());
-                collectionId = new CollectionId(event.getNamespace().getDatabaseName(), event.getNamespace().getCollectionName());
+                CollectionId collectionId = new CollectionId(event.getNamespace().getDatabaseName(),
+                        event.getNamespace().getCollectionName());
                 // As MongoDbStreamingChangeEventSource does: the emitter, then the offset moves to the event, then the dispatch.
-                emitter = new MongoDbChangeRecordEmitter(partition, offset, Clock.system(), event, connectorConfig);
+                ChangeRecordEmitter<MongoDbPartition> emitter = new MongoDbChangeRecordEmitter(partition, offset, Clock.system(),
+                        event, connectorConfig);
                 offset.changeStreamEvent(event);
+                dispatcher.dispatchDataChangeEvent(partition, collectionId, emitter);
             }
-            MongoDbCollectionSchema collectionSchema = (MongoDbCollectionSchema) schema.schemaFor(collectionId);
-            String topic = connectorConfig.getTopicNamingStrategy(MongoDbConnectorConfig.TOPIC_NAMING_STRATEGY).dataChangeTopic(collectionId);
-            List<Map<String, Object>> records = new ArrayList<>();
-            emitter.emitChangeRecords(collectionSchema, new ChangeRecordEmitter.Receiver<MongoDbPartition>() {
-                @Override
-                public void changeRecord(MongoDbPartition p, DataCollectionSchema s, Operation operation, Object key, Struct value,
-                                         OffsetContext o, ConnectHeaders headers) {
-                    records.add(record(converters, unwrap, topic, collectionSchema, key, value, headers));
-                    if (operation == Operation.DELETE && connectorConfig.isEmitTombstoneOnDelete()) {
-                        records.add(record(converters, unwrap, topic, collectionSchema, key, null, new ConnectHeaders()));
-                    }
-                }
-            });
-            for (Map<String, Object> record : records) {
-                out.println(json.writeValueAsString(record));
+            print(out, json, converters, unwrap, queue);
+        }
+        if (offset.isInitialSnapshotRunning()) {
+            endSnapshot(offset, snapshotReceiver);
+            print(out, json, converters, unwrap, queue);
+        }
+    }
+
+    /** As the snapshot source ends: the receiver sends the record it holds back (marked the last), the offset leaves snapshot mode. */
+    private static void endSnapshot(MongoDbOffsetContext offset, EventDispatcher.SnapshotReceiver<MongoDbPartition> receiver)
+            throws Exception {
+        receiver.completeSnapshot();
+        call(offset, "stopInitialSnapshot");
+        offset.preSnapshotCompletion();
+        offset.postSnapshotCompletion();
+    }
+
+    /** The records the dispatcher has queued (as the task's poll drains them), one JSON line each. */
+    private static void print(PrintStream out, ObjectMapper json, Map<String, JsonConverter> converters,
+                              ExtractNewDocumentState<SourceRecord> unwrap, ChangeEventQueue<DataChangeEvent> queue)
+            throws Exception {
+        while (queue.totalCapacity() > queue.remainingCapacity()) {
+            for (DataChangeEvent event : queue.poll()) {
+                out.println(json.writeValueAsString(record(converters, unwrap, event.getRecord())));
             }
         }
     }
 
     private static Map<String, Object> record(Map<String, JsonConverter> converters, ExtractNewDocumentState<SourceRecord> unwrap,
-                                              String topic, MongoDbCollectionSchema schema, Object key, Struct value,
-                                              ConnectHeaders headers) {
+                                              SourceRecord source) {
         Map<String, Object> record = new HashMap<>();
+        String topic = source.topic();
         record.put("topic", topic);
         for (String suffix : new String[]{ "", "_bare" }) {
-            record.put("key" + suffix, text(converters.get("key" + suffix).fromConnectData(topic, schema.keySchema(), key)));
-            record.put("value" + suffix, value == null ? null
-                    : text(converters.get("value" + suffix).fromConnectData(topic, schema.getEnvelopeSchema().schema(), value)));
+            record.put("key" + suffix, text(converters.get("key" + suffix).fromConnectData(topic, source.keySchema(), source.key())));
+            record.put("value" + suffix, source.value() == null ? null
+                    : text(converters.get("value" + suffix).fromConnectData(topic, source.valueSchema(), source.value())));
         }
+        List<List<String>> headers = new ArrayList<>();
+        for (Header header : source.headers()) {
+            headers.add(java.util.Arrays.asList(header.key(), header.value() == null ? null : header.value().toString()));
+        }
+        record.put("headers", headers);
         if (unwrap != null) {
             // As Kafka Connect runs a connector's transforms: on the source record, before the converters.
-            SourceRecord unwrapped = unwrap.apply(new SourceRecord(Map.of(), Map.of(), topic, null, schema.keySchema(), key,
-                    value == null ? null : schema.getEnvelopeSchema().schema(), value, null, headers));
+            SourceRecord unwrapped = unwrap.apply(source);
             record.put("unwrapped", unwrapped != null);
             if (unwrapped != null) {
                 for (String suffix : new String[]{ "", "_bare" }) {
