@@ -42,12 +42,14 @@ from refine.unwrapped_documents import (
     mark_unwrapped,
     may_be_unwrapped_documents,
     refuse_envelopes_after_unwrapped,
+    refuse_mixed_forms,
+    refuse_rows_after_envelopes,
 )
 
 _KNOWN = 16  # wrapper schemas remembered per raw table and column
 UNWRAPPED_ROW = (
-    "value is a row without its {schema, payload} wrapper (schemas.enable=false): rows flattened by "
-    "ExtractNewRecordState are refined with their schema"
+    "value is a JSON object but no Debezium envelope: rows flattened by ExtractNewRecordState are refined "
+    "with their {schema, payload} wrapper (schemas.enable=true)"
 )
 
 # Wrapper schemas each raw table showed, by column, for the life of the process: a later run of
@@ -154,6 +156,10 @@ class RefineBatch:
             return self._refine_schemaless(spark, records)
         if bare_mongo or (schemas and is_mongo(schemas[-1])):
             refuse_envelopes_after_unwrapped(spark, self.refined)
+            if bare_mongo and has_unwrapped_documents(records):
+                refuse_mixed_forms(
+                    self.refined, "holds both the MongoDB connector's envelopes and ExtractNewDocumentState's rows"
+                )
             return self._refine_mongo(spark, records)
         schemas = schemas or [known for known in [remembered] if known]
         if not schemas:  # tombstones (their deletes came before them), and values that are no envelope
@@ -171,14 +177,25 @@ class RefineBatch:
     ) -> bool:
         """Whether the batch is ExtractNewDocumentState's rows (see ``RefineJobConfig.connector``), from the
         value schemas it holds, or, with none (``bare_rows``: neither envelopes nor their schemas), from its
-        records; a batch of tombstones alone follows the table's mark."""
+        records; a batch of tombstones alone follows the table's mark. Envelopes and such rows in one
+        refined table are refused (:func:`refine.unwrapped_documents.refuse_mixed_forms`)."""
         connector = self.config.connector
         if connector is Connector.POSTGRES or not (bare_rows or any(map(is_flattened, schemas))):
             return False
-        if connector is Connector.MONGODB or is_marked_unwrapped(spark, self.refined):
+        if any(map(is_mongo, schemas)):
+            refuse_mixed_forms(
+                self.refined, "holds both the MongoDB connector's envelopes and ExtractNewDocumentState's rows"
+            )
+        if is_marked_unwrapped(spark, self.refined):
             return True
-        # A scan of the (cached) records, only where a schema has an _id or no schema tells.
-        return (bare_rows or any(map(may_be_unwrapped_documents, schemas))) and has_unwrapped_documents(records)
+        if connector is Connector.MONGODB:  # rows, not a batch of tombstones alone
+            documents = bool(schemas) or not records.where(F.col("value").isNotNull()).isEmpty()
+        else:  # a scan of the (cached) records, only where a schema has an _id or no schema tells
+            candidates = bare_rows or any(map(may_be_unwrapped_documents, schemas))
+            documents = candidates and has_unwrapped_documents(records)
+        if documents:
+            refuse_rows_after_envelopes(spark, self.refined)
+        return documents
 
     def _wrapper_schemas(self, records: DataFrame) -> dict[str, list[str]]:
         """The batch's distinct wrapper schemas by column (a handful of strings, not data), found from

@@ -105,9 +105,6 @@ FOUND_PROBLEM = "found_problem"  # a raw record's problem found before its parse
 ID = "_id"
 TS_MS, ORD = "_cdc_ts_ms", "_cdc_ord"
 POSITION = (TS_MS, ORD, OFFSET)
-# The ``ts_ms`` of changes without a source position (ExtractNewDocumentState's rows): they follow those
-# with one, and are ordered among themselves by the Kafka offset.
-UNPOSITIONED_TS_MS = 2**63 - 1
 MONGO_METADATA_COLUMNS = (TS_MS, ORD, *[c for c in METADATA_COLUMNS if c != LSN])
 
 # What the job reads of the envelope's payload (the connector's schema has more).
@@ -133,7 +130,8 @@ _ENVELOPE = StructType(
                 [
                     StructField("ts_ms", LongType()),
                     StructField("ord", IntegerType()),
-                    # Not the connector's: the commit time of a change whose ts_ms is UNPOSITIONED_TS_MS.
+                    # Not the connector's: the commit time of a change without a source position
+                    # (refine/unwrapped_documents.py), whose ts_ms is 0.
                     StructField("committed_ts_ms", LongType()),
                 ]
             ),
@@ -206,12 +204,9 @@ def parse_mongo_changes(raw: DataFrame) -> DataFrame:
             F.col("envelope.source.ord").alias("ord"),
             F.col("kafka_offset").alias("offset"),
         ).alias("position"),
-        F.timestamp_millis(
-            F.coalesce(
-                F.col("envelope.source.committed_ts_ms"),
-                F.when(F.col("envelope.source.ts_ms") != UNPOSITIONED_TS_MS, F.col("envelope.source.ts_ms")),
-            )
-        ).alias("source_committed_at"),
+        F.timestamp_millis(F.coalesce(F.col("envelope.source.committed_ts_ms"), F.col("envelope.source.ts_ms"))).alias(
+            "source_committed_at"
+        ),
         "kafka_partition",
         "kafka_offset",
         "raw_value",

@@ -8,8 +8,9 @@ share (JSON text when they drift). A row becomes the bare envelope ``{op, after,
 the row's fields but the transform's ``__`` ones, as JSON; ``op`` its ``__op`` (``u`` without one),
 ``d`` when ``__deleted`` is true. A tombstone is a delete: with ``delete.tombstone.handling.mode=tombstone``
 (the transform's default) it is the only sign of one. The Kafka offset alone orders a document's
-changes (a tombstone has no source position), so a replayed change is applied again; they follow the
-changes of envelopes refined before (a topic that adopts the transform), and envelopes after them are
+changes (a tombstone has no source position), so a replayed change is applied again. The transform
+keeps no BSON type, so the connector's envelopes and these rows key some ids otherwise (an ObjectId as
+``{"$oid": ...}`` and as its hex text): a refined table takes one form, and a topic that switches is
 refused. The key ``{"id": <value>}`` becomes the connector's ``{"id": "<JSON>"}``, so ids of different
 types (``7``, ``"7"``) stay apart.
 
@@ -34,7 +35,7 @@ from cdc.core.errors import TableError
 from cdc.core.tables import add_missing_properties, delta_properties, is_delta_table
 from refine.envelope import ConnectSchema
 from refine.flattened import is_flattened
-from refine.mongo import FOUND_PROBLEM, UNPOSITIONED_TS_MS
+from refine.mongo import FOUND_PROBLEM, TS_MS
 from refine.parse import VALUE_NOT_UTF8
 
 DOCUMENT_ID, KEY_ID = "_id", "id"
@@ -91,10 +92,15 @@ def as_mongo_envelopes(records: DataFrame) -> DataFrame:
     tombstone = F.col("value").isNull() & ~not_utf8
     deleted = tombstone | F.coalesce(F.try_variant_get(row, "$.__deleted", "boolean"), F.lit(False))
     op = F.when(deleted, F.lit("d")).otherwise(F.coalesce(F.try_variant_get(row, "$.__op", "string"), F.lit("u")))
+    # No source position: the Kafka offset orders the changes. Their commit time is __source_ts_ms
+    # (add.fields=source.ts_ms), else the Kafka record's timestamp (Kafka Connect's, when it sent it).
+    committed = F.try_variant_get(row, "$.__source_ts_ms", "bigint")
+    if "timestamp" in records.columns:
+        committed = F.coalesce(committed, F.unix_millis("timestamp"))
     source = F.struct(
-        F.lit(UNPOSITIONED_TS_MS).alias("ts_ms"),
+        F.lit(0).alias("ts_ms"),
         F.lit(0).alias("ord"),
-        F.try_variant_get(row, "$.__source_ts_ms", "bigint").alias("committed_ts_ms"),
+        committed.alias("committed_ts_ms"),
         F.lit("mongodb").alias("connector"),
     )
     envelope = F.to_json(
@@ -141,12 +147,34 @@ def mark_unwrapped(spark: SparkSession, refined: str) -> None:
 
 def refuse_envelopes_after_unwrapped(spark: SparkSession, refined: str) -> None:
     """Raise :class:`TableError` when the ``refined`` table was refined from ExtractNewDocumentState's rows:
-    the connector's envelopes now in its topic would be ordered before those rows
-    (:data:`refine.mongo.UNPOSITIONED_TS_MS`) and never applied."""
+    the connector's envelopes now in its topic key some ids otherwise (an ObjectId as ``{"$oid": ...}``,
+    not its hex text), so their documents would be rows of their own."""
     if is_marked_unwrapped(spark, refined):
-        raise TableError(
-            "the topic now holds the MongoDB connector's envelopes, and this table was refined from "
-            "ExtractNewDocumentState's rows, which carry no source position to order them against: write the "
-            "envelopes to a new topic, or keep the transform",
-            table=refined,
+        refuse_mixed_forms(
+            refined, "was refined from ExtractNewDocumentState's rows, and now holds the connector's envelopes"
         )
+
+
+def refuse_rows_after_envelopes(spark: SparkSession, refined: str) -> None:
+    """Raise :class:`TableError` when the ``refined`` table holds documents refined from the connector's
+    envelopes (a source position) and is not marked: ExtractNewDocumentState's rows key some ids otherwise."""
+    unmarked = is_delta_table(spark, refined) and not is_marked_unwrapped(spark, refined)
+    if unmarked and not spark.read.format("delta").load(refined).where(F.col(TS_MS) > 0).isEmpty():
+        refuse_mixed_forms(
+            refined, "was refined from the connector's envelopes, and now holds ExtractNewDocumentState's rows"
+        )
+
+
+def refuse_mixed_forms(refined: str, what: str) -> None:
+    raise TableError(
+        f"the topic {what}: the transform keeps no BSON type, so the two key some documents otherwise "
+        '(an ObjectId\'s hex text, not {"$oid": ...}) and a document would be two; refine each form from a '
+        "topic of its own",
+        table=refined,
+    )
+
+
+def forget_marks(*refined: str) -> None:
+    """Forget what this process knows of the marks of tables deleted or replaced (a rebuild)."""
+    for location in refined:
+        _MARKS.pop(location, None)

@@ -591,13 +591,13 @@ def test_extract_new_document_state_rows_of_patches_go_to_the_quarantine(
     )
 
 
-def test_documents_holding_an_id_and_a_topic_that_adopts_the_transform(
-    spark, kafka, land_and_refine, unique_name, tmp_path
-):
+def test_documents_holding_an_id_and_topics_that_switch_forms(spark, kafka, land_and_refine, unique_name, tmp_path):
     """ExtractNewDocumentState's rows of documents holding an ``id`` field are documents: told by the key
-    where some ``id`` differs from its ``_id``, by ``connector: mongodb`` where every ``id`` equals it. A
-    topic that adopts the transform goes on from the documents its envelopes made; envelopes after its
-    rows, which could not be ordered after them, are refused, not ignored."""
+    where some ``id`` differs from its ``_id``, by ``connector: mongodb`` where every ``id`` equals it (and
+    that setting leaves the connector's envelopes, a batch of tombstones alone included, as they are).
+    Without ``__source_ts_ms`` a document's commit time is its Kafka record's. A topic that switches
+    between the envelopes and the transform's rows is refused, its table left as it was: the two key an
+    ObjectId differently."""
     collection = Collection("shop", "parts")
     collection.insert({"_id": 1, "id": 1, "qty": 1, "address": {"city": "x"}})
     collection.insert({"_id": 2, "id": 2, "qty": 2})
@@ -605,7 +605,7 @@ def test_documents_holding_an_id_and_a_topic_that_adopts_the_transform(
     collection.insert({"_id": 3, "id": "part-3", "qty": 3})
     collection.delete(2)
     collection.update(3, Update([("$set", "qty", 4)]), full_document=True)
-    settings = {"topic.prefix": unique_name, "capture.mode": "change_streams_update_full", **UNWRAP}
+    settings = {"topic.prefix": unique_name, "capture.mode": "change_streams_update_full", "unwrap.add.fields": "op"}
     records = connector_records(collection.events, settings)
     rows = [r for r in records if r["unwrapped"]]
     warehouse = str(tmp_path)
@@ -617,22 +617,29 @@ def test_documents_holding_an_id_and_a_topic_that_adopts_the_transform(
     produce(told_by_key, rows)
     declared = kafka.create_topic(f"{unique_name}.declared.parts")  # the documents whose id is their _id
     produce(declared, [r for r in rows if json.loads(r["unwrapped_key_bare"])["id"] in (1, 2)])
-    adopting = kafka.create_topic(f"{unique_name}.adopting.parts")
-    produce(adopting, records[:3], unwrapped=False)  # two inserts and an update as the connector's envelopes
-    land_and_refine(warehouse, adopting)
-    produce(adopting, [r for r in records[3:] if r["unwrapped"]])
+    envelopes = kafka.create_topic(f"{unique_name}.envelopes.parts")
+    tombstone = next(i for i, r in enumerate(records) if r["value"] is None)
+    produce(envelopes, records[:tombstone], unwrapped=False)
+    land_and_refine(warehouse, envelopes, connector="mongodb")
+    produce(envelopes, [records[tombstone]], unwrapped=False)  # a batch of one tombstone
+    land_and_refine(warehouse, envelopes, connector="mongodb")
+    produce(envelopes, records[tombstone + 1 :], unwrapped=False)
     expected = expected_unwrapped_documents(collection)
     for _ in range(2):  # a rerun changes nothing
         land_and_refine(warehouse, told_by_key)
         land_and_refine(warehouse, declared, connector="mongodb")
-        land_and_refine(warehouse, adopting)
+        land_and_refine(warehouse, envelopes, connector="mongodb")
         assert refined_documents(spark, refined_table_location(warehouse, told_by_key)) == expected
         assert refined_documents(spark, refined_table_location(warehouse, declared)) == {
             key: document for key, document in expected.items() if key == "1"
         }
-        assert refined_documents(spark, refined_table_location(warehouse, adopting)) == expected
+        assert refined_documents(spark, refined_table_location(warehouse, envelopes)) == expected
     assert not is_delta_table(spark, quarantine_location(warehouse))
-    produce(adopting, records[-1:], unwrapped=False)
-    with pytest.raises(CdcError, match="envelopes"):
-        land_and_refine(warehouse, adopting)
-    assert refined_documents(spark, refined_table_location(warehouse, adopting)) == expected
+    committed = spark.read.format("delta").load(refined_table_location(warehouse, told_by_key))
+    assert committed.where("_cdc_committed_at < current_timestamp() - INTERVAL 1 HOUR").isEmpty()
+    assert committed.where("_cdc_committed_at IS NULL").isEmpty()
+    for topic, batch, unwrapped in ((told_by_key, records[-1:], False), (envelopes, rows[-1:], True)):
+        produce(topic, batch, unwrapped)
+        with pytest.raises(CdcError, match="refine each form from a topic of its own"):
+            land_and_refine(warehouse, topic)
+        assert refined_documents(spark, refined_table_location(warehouse, topic)) == expected
