@@ -47,6 +47,7 @@ from refine.unwrapped_documents import (
 )
 
 _KNOWN = 16  # wrapper schemas remembered per raw table and column
+_BOTH_FORMS = "holds both the MongoDB connector's envelopes and ExtractNewDocumentState's rows"
 UNWRAPPED_ROW = (
     "value is a JSON object but no Debezium envelope: rows flattened by ExtractNewRecordState are refined "
     "with their {schema, payload} wrapper (schemas.enable=true)"
@@ -157,9 +158,7 @@ class RefineBatch:
         if bare_mongo or (schemas and is_mongo(schemas[-1])):
             refuse_envelopes_after_unwrapped(spark, self.refined)
             if bare_mongo and has_unwrapped_documents(records):
-                refuse_mixed_forms(
-                    self.refined, "holds both the MongoDB connector's envelopes and ExtractNewDocumentState's rows"
-                )
+                refuse_mixed_forms(self.refined, _BOTH_FORMS)
             return self._refine_mongo(spark, records)
         schemas = schemas or [known for known in [remembered] if known]
         if not schemas:  # tombstones (their deletes came before them), and values that are no envelope
@@ -183,9 +182,7 @@ class RefineBatch:
         if connector is Connector.POSTGRES or not (bare_rows or any(map(is_flattened, schemas))):
             return False
         if any(map(is_mongo, schemas)):
-            refuse_mixed_forms(
-                self.refined, "holds both the MongoDB connector's envelopes and ExtractNewDocumentState's rows"
-            )
+            refuse_mixed_forms(self.refined, _BOTH_FORMS)
         if is_marked_unwrapped(spark, self.refined):
             return True
         if connector is Connector.MONGODB:  # rows, not a batch of tombstones alone
