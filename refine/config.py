@@ -23,7 +23,14 @@ ColumnType = Annotated[str, AfterValidator(_readable_type)]
 
 
 class Connector(str, Enum):
-    """The Debezium connector that wrote a topic, which decides how rows flattened by a transform are read."""
+    """The Debezium connector that wrote a topic, which decides how rows flattened by a transform are read.
+
+    Example::
+
+        from cdc import Connector, RefineJobConfig
+
+        RefineJobConfig(table="demo.shop.parts", warehouse="/lake", connector=Connector.MONGODB)
+    """
 
     AUTO = "auto"  # told by the records (see RefineJobConfig.connector)
     POSTGRES = "postgres"  # flattened rows are a table's rows (ExtractNewRecordState)
