@@ -1,7 +1,12 @@
 package cdc.jvm;
 
+import java.io.ByteArrayOutputStream;
+import java.io.OutputStream;
+import java.io.PrintStream;
+import java.nio.charset.StandardCharsets;
 import org.apache.hadoop.util.ShutdownHookManager;
 import org.apache.logging.log4j.LogManager;
+import org.apache.logging.log4j.Logger;
 import org.apache.logging.log4j.core.LoggerContext;
 import org.apache.logging.log4j.core.config.Configuration;
 import org.apache.logging.log4j.core.config.LoggerConfig;
@@ -15,6 +20,9 @@ import org.apache.logging.log4j.core.config.LoggerConfig;
  * and each component of the batch logs its cut-short work at ERROR ("Job cancelled because
  * SparkContext was shut down", aborted writes). The batch is replayed by the next run; those lines
  * still reach the log file. Runs before Spark's own hooks (priority 40 in Hadoop's manager).
+ *
+ * What the JVM then prints to its standard error without a logger (a Scala Future rejected by a
+ * thread pool shutting down prints its stack trace there) goes to the log file too, line by line.
  */
 public final class QuietShutdown implements Runnable {
   public static final int PRIORITY = 100;
@@ -37,5 +45,42 @@ public final class QuietShutdown implements Runnable {
       logger.removeAppender("console");
     }
     context.updateLoggers();
+    if (!(System.err instanceof LoggedLines)) {
+      System.err.flush();
+      System.setErr(new LoggedLines(LogManager.getLogger("stderr")));
+    }
+  }
+
+  /** A stream whose lines go to a logger at WARN (the log file only, once the console is off). */
+  private static final class LoggedLines extends PrintStream {
+    LoggedLines(Logger logger) {
+      super(new LineLogger(logger), true, StandardCharsets.UTF_8);
+    }
+  }
+
+  private static final class LineLogger extends OutputStream {
+    private final Logger logger;
+    private final ByteArrayOutputStream line = new ByteArrayOutputStream();
+
+    LineLogger(Logger logger) {
+      this.logger = logger;
+    }
+
+    @Override
+    public synchronized void write(int b) {
+      if (b == '\n') {
+        flush();
+      } else {
+        line.write(b);
+      }
+    }
+
+    @Override
+    public synchronized void flush() {
+      if (line.size() > 0) {
+        logger.warn(line.toString(StandardCharsets.UTF_8));
+        line.reset();
+      }
+    }
   }
 }

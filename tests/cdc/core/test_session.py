@@ -1,3 +1,5 @@
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -127,3 +129,26 @@ def test_timestamps_are_written_as_int64_micros_and_read_alike_beside_int96_file
             Row(id=2, t="0001-01-01 00:00:00", n="2026-11-25 10:00:00.123456"),
         ],
     )
+
+
+def test_a_stopping_jobs_jvm_sends_what_it_prints_to_stderr_to_the_log_file_only(tmp_path):
+    # A Scala Future rejected by a thread pool shutting down prints its stack trace on the JVM's stderr,
+    # without a logger: after a SIGTERM, that too must reach the log file and not the terminal.
+    script = f"""
+from pathlib import Path
+from cdc import SparkConfig, build_spark_session
+from cdc.core import session
+from cdc.core.functions import quiet_console_logs
+spark = build_spark_session(SparkConfig(log_dir=Path({str(tmp_path)!r})))
+spark._jvm.java.lang.System.err.println("before-the-stop")
+quiet_console_logs()
+spark._jvm.java.lang.System.err.println("java.util.concurrent.RejectedExecutionException: after-the-stop")
+spark._jvm.java.lang.System.err.flush()
+print(session.log_file, flush=True)
+spark.stop()
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "before-the-stop" in result.stderr
+    assert "after-the-stop" not in result.stderr
+    assert "RejectedExecutionException: after-the-stop" in Path(result.stdout.strip()).read_text()
