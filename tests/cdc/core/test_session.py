@@ -15,6 +15,7 @@ def test_conf_wires_delta_and_utc():
     assert conf["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension"
     assert conf["spark.sql.catalog.spark_catalog"] == "org.apache.spark.sql.delta.catalog.DeltaCatalog"
     assert conf["spark.sql.session.timeZone"] == "UTC"
+    assert conf["spark.python.sql.dataFrameDebugging.enabled"] == "false"  # a Python stack walk per Column
     assert "spark.jars" not in conf
 
 
