@@ -73,7 +73,7 @@ def random_key_changes(seed: int, steps: int, stored: int = 0) -> tuple[list[tup
     return changes, notes
 
 
-@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("refined_before", [0, 6])
 def test_key_change_chains_take_the_first_keys_values_like_a_reference_model(spark, seed, refined_before):
     changes, notes = random_key_changes(seed, 40, refined_before)
