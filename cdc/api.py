@@ -26,12 +26,14 @@ from typing import Any
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
+from cdc.core.catalog import folder_under, registered_location
 from cdc.core.config import KafkaConnection, Settings, SparkConfig, load_settings, validate
-from cdc.core.errors import ConfigError
+from cdc.core.errors import ConfigError, TableError
 from cdc.core.object_store import load_s3_connection, object_store_spark_config
 from cdc.core.session import build_spark_session, job_spark_config
 from cdc.core.source import load_secrets_file
 from cdc.core.storage import normalize_location
+from cdc.core.tables import is_delta_table, raw_table_location
 from cdc.maintenance import OptimizeResult, VacuumResult, optimize_table, resolve_table, vacuum_table
 from cdc.pipeline.config import Pipeline
 from cdc.pipeline.load import load_pipeline
@@ -171,7 +173,8 @@ class Lakehouse:
         stop: threading.Event | None = None,
     ) -> int | dict[str, int]:
         """Decode a raw table and MERGE it into its refined table (``cdc refine``): the raw table of topic
-        ``table``, or every refined table of a ``pipeline`` with its business tables.
+        ``table`` (or of the refined table whose catalog name it is), or every refined table of a ``pipeline``
+        with its business tables.
 
         ``columns`` (name -> Spark type) and ``key`` describe a topic written without schemas, or
         override decoded types. ``connector`` (``auto``, ``postgres``, ``mongodb``): the connector that
@@ -208,6 +211,7 @@ class Lakehouse:
         assert table is not None  # one of the two, checked above
         job = self._refine_config(table, columns, key, trigger, fail_on_quarantine, connector)
         spark = self.spark(refines_continuously=continuous)
+        job = job.model_copy(update={"table": self._topic(spark, table)})
         if rebuild:
             rebuild_refined_table(spark, job, say=self.say)
         return run_refine_job(spark, job, say=self.say, stop=stop)
@@ -220,9 +224,10 @@ class Lakehouse:
         key: Sequence[str] | None = None,
         connector: str = "auto",
     ) -> list[RebuiltTable]:
-        """Make the refined table of topic ``table`` (with its history and child tables) again from its
-        raw table's current contents, each replaced in one commit; the old version stays for time travel.
-        A refine afterwards goes on from where the rebuild stopped. Stop the table's running refine first.
+        """Make the refined table of topic ``table`` (or the one of this catalog name), with its history and
+        child tables, again from its raw table's current contents, each replaced in one commit; the old
+        version stays for time travel. A refine afterwards goes on from where the rebuild stopped. Stop the
+        table's running refine first.
 
         Example::
 
@@ -230,7 +235,9 @@ class Lakehouse:
                 print(rebuilt.location, rebuilt.version_before, "->", rebuilt.version_after)
         """
         config = self._refine_config(table, columns, key, _trigger(False, 2.0), connector=connector)
-        return rebuild_refined_table(self.spark(), config, say=self.say)
+        spark = self.spark()
+        config = config.model_copy(update={"table": self._topic(spark, table)})
+        return rebuild_refined_table(spark, config, say=self.say)
 
     def sync(
         self,
@@ -297,13 +304,32 @@ class Lakehouse:
         return write_status_page(self.status(), Path(output), _pipeline(pipeline) if pipeline is not None else None)
 
     def refined_table(self, topic: str) -> DeltaTable:
-        """The refined table of ``topic``, as Delta's own :class:`~delta.tables.DeltaTable`.
+        """The refined table of ``topic`` (or by its catalog name), as Delta's own :class:`~delta.tables.DeltaTable`.
 
         Example::
 
             lake.refined_table("shop.public.customers").toDF().where("id = 7").show()
         """
-        return DeltaTable.forPath(self.spark(), refined_table_location(self.warehouse, topic))
+        spark = self.spark()
+        return DeltaTable.forPath(spark, refined_table_location(self.warehouse, self._topic(spark, topic)))
+
+    def _topic(self, spark: SparkSession, table: str) -> str:
+        """The topic ``table`` names: a topic with a raw table, else the catalog name of its refined table
+        (``refined.shop_public_customers``). Anything else stays as given, for the job to say what is missing."""
+        if is_delta_table(spark, raw_table_location(self.warehouse, table)):
+            return table
+        location = registered_location(spark, table)
+        if location is None:
+            return table
+        topic = folder_under(location, f"{self.warehouse}/refined")
+        if topic is None or not is_delta_table(spark, raw_table_location(self.warehouse, topic)):
+            raise TableError(
+                f"the catalog name {table} is the table at {location}, not the refined table of a topic landed "
+                "in this warehouse (a pipeline's tables are refined with --pipeline): give the topic",
+                table=table,
+                warehouse=self.warehouse,
+            )
+        return topic
 
     def optimize(self, table: str, *, zorder_by: Sequence[str] = ()) -> OptimizeResult:
         """Compact a Delta table's small files, optionally Z-ordered (``cdc optimize``). ``table``: a path

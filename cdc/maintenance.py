@@ -13,9 +13,9 @@ import re
 from dataclasses import dataclass
 
 from delta.tables import DeltaTable
-from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
 
+from cdc.core.catalog import registered_location
 from cdc.core.errors import ConfigError, TableError
 from cdc.core.functions import captured_console
 from cdc.core.shared_tables import retrying_conflicts
@@ -35,11 +35,9 @@ def resolve_table(spark: SparkSession, table: str, warehouse: str) -> str:
     for location in (normalize_location(table), f"{warehouse}/{table.strip('/')}"):
         if is_delta_table(spark, location):
             return location
-    try:
-        if spark.catalog.tableExists(table):
-            return spark.sql(f"DESCRIBE DETAIL {table}").select("location").collect()[0][0]
-    except AnalysisException:  # not a table name either (a path)
-        pass
+    registered = registered_location(spark, table)
+    if registered is not None:
+        return registered
     raise TableError(
         "no Delta table at this path, under the warehouse or by this name", table=table, warehouse=warehouse
     )

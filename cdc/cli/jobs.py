@@ -93,7 +93,11 @@ def _add_refine(commands: Commands, options: Options) -> None:
         [options.warehouse],
     )
     refined = refining.add_mutually_exclusive_group(required=True)
-    refined.add_argument("--table", metavar="TOPIC", help="the raw table to refine, named by its topic")
+    refined.add_argument(
+        "--table",
+        metavar="TOPIC",
+        help="the raw table to refine, named by its topic (or its refined table's catalog name)",
+    )
     refined.add_argument("--pipeline", type=Path, metavar="FILE", help="every refined table of a pipeline file")
     refining.add_argument(
         "--reinfer-schema",

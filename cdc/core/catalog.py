@@ -31,6 +31,7 @@ from pyspark.sql import SparkSession
 
 from cdc.core.config import CatalogConfig
 from cdc.core.errors import TableError
+from cdc.core.storage import normalize_location
 
 LAYERS = ("raw", "refined", "business")
 _SCHEMA_SETTING = "spark.cdc.catalog.schema.{layer}"
@@ -131,6 +132,24 @@ def register_table(spark: SparkSession, location: str) -> str | None:
         )
     _REGISTERED.add(location)
     return qualified
+
+
+def registered_location(spark: SparkSession, name: str) -> str | None:
+    """The location of the table the session's catalog holds as ``name`` (``refined.customers``); None
+    when it holds no table by that name (or ``name`` is no table name at all: a path)."""
+    try:
+        if spark.catalog.tableExists(name):
+            return _location_of(spark, name)
+    except AnalysisException:  # not a table name
+        pass
+    return None
+
+
+def folder_under(location: str, parent: str) -> str | None:
+    """The folder name of ``location`` (as the catalog or a job writes it) when it lies right under
+    ``parent``, else None."""
+    folder, _, name = _same_location(location).rpartition("/")
+    return name if folder == _same_location(normalize_location(parent)) else None
 
 
 def _location_of(spark: SparkSession, name: str) -> str:

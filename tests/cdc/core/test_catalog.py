@@ -79,6 +79,20 @@ out["items"] = spark.sql("SELECT id, email FROM silver.train_public_items ORDER 
 out["counts"] = spark.table("business.counts").collect()[0].n
 out["raw"] = spark.table("raw.demo_shop_customers").columns
 out["resolved"] = resolve_table(spark, "silver.customers", warehouse)
+
+from cdc import Lakehouse
+from cdc.core.errors import TableError
+lake = Lakehouse(warehouse, spark=spark, say=lambda line: None)
+ids = lambda table: sorted(row.id for row in table.toDF().select("id").collect())
+out["by_name"] = ids(lake.refined_table("silver.train_public_items"))
+out["rebuilt"] = [table.location for table in lake.rebuild("silver.train_public_items")]
+out["after_rebuild"] = ids(lake.refined_table("train.public.items"))
+out["refined_again"] = lake.refine("silver.train_public_items")
+for name in ("business.counts", "silver.customers"):  # not a topic's refined table: one says which
+    try:
+        lake.rebuild(name)
+    except TableError as error:
+        out.setdefault("refused", []).append(str(error))
 print(json.dumps(out))
 """
 
@@ -109,6 +123,14 @@ def test_a_table_a_job_writes_is_read_by_name_from_a_new_session_in_another_proc
     assert read["counts"] == 2
     assert "value" in read["raw"]
     assert read["resolved"].rstrip("/").endswith(f"{tmp_path}/warehouse/refined/Customers")
+    # The commands that take a topic take its refined table's catalog name too.
+    assert read["by_name"] == read["after_rebuild"] == list(range(1, 6))
+    assert read["rebuilt"][0] == f"{tmp_path}/warehouse/refined/train.public.items"
+    assert isinstance(read["refined_again"], int)  # refined by the name too
+    for refused, location in zip(read["refused"], ("business/counts", "refined/Customers"), strict=True):
+        assert refused.startswith("the catalog name ")
+        assert "not the refined table of a topic landed" in refused
+        assert location in refused
 
 
 @pytest.mark.parametrize(
