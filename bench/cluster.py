@@ -2,13 +2,14 @@
 
     .venv/bin/python bench/cluster.py [--messages 500000] [--size 1000] [--changes 300000] [--rounds 1]
 
-Brings the local stack up with its Spark cluster (or uses the running ones), produces the messages once
-to a new topic of 2 partitions and writes a raw table of Debezium changes once (as bench/refine_merge.py
-does), then runs `cdc raw --available-now` and `cdc refine --available-now` as the user would, each in a
-`cdc` process of its own, with the session's master `local[2]` and then the cluster's master. The cores
-are the same (2), so the cluster's figures show its overhead: executors in JVMs of their own, the
-driver's jars fetched by each, tasks and results sent over the network. Prints each run's wall time
-(the process's whole life, Spark's start included), rows/s and the cluster / local ratio of the times.
+Brings the local stack up with its Spark cluster (down at the end, unless all of it was running),
+produces the messages once to a new topic of 2 partitions and writes a raw table of Debezium changes
+once (as bench/refine_merge.py does), then runs `cdc raw --available-now` and `cdc refine
+--available-now` as the user would, each in a `cdc` process of its own, with the session's master
+`local[2]` and then the cluster's master. The cores are the same (2), so the cluster's figures show its
+overhead: executors in JVMs of their own, the driver's jars fetched by each, tasks and results sent over
+the network. Prints each run's wall time (the process's whole life, Spark's start included), rows/s and
+the cluster / local ratio of the times.
 Prints figures; asserts nothing.
 """
 
@@ -32,7 +33,7 @@ from raw_landing import produce
 from refine_merge import TOPIC as REFINE_TOPIC
 from refine_merge import append_raw_changes
 
-from cdc.core.config import load_settings
+from cdc.core.config import Settings, load_settings
 from cdc.core.session import build_spark_session
 from cdc.core.tables import raw_table_location
 from cdc.raw.table import create_raw_table
@@ -69,10 +70,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="runs of each master, alternating (default 1)")
     args = parser.parse_args()
 
-    from cdc.stack.local import LocalStack
+    from cdc.stack.local import stack_for_a_run
 
     settings = load_settings({"stack": {"spark_cluster": {"enabled": True}}})
-    LocalStack(settings.stack).up()
+    with stack_for_a_run(settings.stack):
+        measure(args, settings)
+
+
+def measure(args: argparse.Namespace, settings: Settings) -> None:
+    """Land and refine on each master, and print the times."""
     bootstrap = settings.stack.kafka.bootstrap_servers
     masters = {"local[2]": "local[2]", "cluster (2 workers x 1 core)": settings.stack.spark_cluster.master_url}
 

@@ -39,7 +39,7 @@ from cdc.core.config import Settings, load_settings
 from cdc.core.session import build_spark_session
 from cdc.core.source import KafkaTopics
 from cdc.core.tables import raw_table_location
-from cdc.stack.local import LocalStack
+from cdc.stack.local import stack_for_a_run
 from connectors import definitions
 from connectors.client import ConnectClient
 from connectors.definitions import ConnectorDefinition
@@ -105,14 +105,8 @@ def main() -> None:
     args = parser.parse_args()
 
     settings = load_settings()
-    stack = LocalStack(settings.stack)
-    started = not all(component.up for component in stack.status())
-    stack.up()
-    try:
+    with stack_for_a_run(settings.stack):
         measure(args, settings)
-    finally:
-        if started:  # a stack that was running before is left running
-            stack.down()
 
 
 def measure(args: argparse.Namespace, settings: Settings) -> None:

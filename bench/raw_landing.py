@@ -2,8 +2,8 @@
 
     .venv/bin/python bench/raw_landing.py [--messages 1000000] [--size 1000] [--partitions 4] [--collector g1]
 
-Brings the local stack up (or uses the running one), produces the messages once to a new topic,
-then lands that topic twice with each variant in a worker process of its own, with the same Spark
+Brings the local stack up (down at the end, unless it was running), produces the messages once to a
+new topic, then lands that topic twice with each variant in a worker process of its own, with the same Spark
 settings but for the JVM's garbage collector (each variant's own, unless `--collector` names one):
 cold (the first landing of a fresh JVM, as a scheduled `--available-now` run) and warm (the second,
 as a long-running job after the JIT compiled its hot paths). Prints rows/s of each
@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cdc.core.config import load_settings
+from cdc.core.config import Settings, load_settings
 from cdc.core.session import build_spark_session, job_spark_config
 
 VARIANTS = ("cdc raw", "plain stream")
@@ -224,10 +224,15 @@ def main() -> None:
         worker(args.worker, args.topic, args.bootstrap, args.warehouse)
         return
 
-    from cdc.stack.local import LocalStack
+    from cdc.stack.local import stack_for_a_run
 
     settings = load_settings()
-    LocalStack(settings.stack).up()
+    with stack_for_a_run(settings.stack):
+        measure(args, settings)
+
+
+def measure(args: argparse.Namespace, settings: Settings) -> None:
+    """Produce the topic, land it with each variant, and print the figures."""
     bootstrap = settings.stack.kafka.bootstrap_servers
     topic = f"bench-raw-{uuid.uuid4().hex[:8]}"
     spark = build_spark_session(settings.spark)

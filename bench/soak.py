@@ -42,7 +42,7 @@ import psycopg
 from cdc.core.config import load_settings
 from cdc.core.errors import CdcError
 from cdc.core.session import build_spark_session
-from cdc.stack.local import LocalStack
+from cdc.stack.local import LocalStack, stack_for_a_run
 from cdc.stack.process import port_open
 from cdc.stack.random_workload import SCHEMA, RandomTables, RandomWorkload, compare, wait_for_marks
 from connectors import definitions
@@ -114,14 +114,8 @@ def main() -> int:
     seed = args.seed if args.seed is not None else random.randrange(2**32)
     print(f"soak: seed {seed}", flush=True)
     settings = load_settings()
-    stack = LocalStack(settings.stack)
-    started = not all(component.up for component in stack.status())
-    stack.up()
-    try:
+    with stack_for_a_run(settings.stack) as stack:
         return soak(args, settings, stack, seed)
-    finally:
-        if started:  # a stack that was running before is left running
-            stack.down()
 
 
 def soak(args: argparse.Namespace, settings, stack: LocalStack, seed: int) -> int:

@@ -3,6 +3,9 @@ and, when enabled, a standalone Spark cluster (cdc/stack/spark_cluster.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from cdc.core.config import StackConfig
 from cdc.stack.base import ComponentStatus
 from cdc.stack.component import Component
@@ -47,3 +50,23 @@ class LocalStack:
             if component not in self._started() and component.process.pid() is not None
         ]
         return [component.status() for component in shown]
+
+
+@contextmanager
+def stack_for_a_run(config: StackConfig) -> Iterator[LocalStack]:
+    """The local stack up for the block (a bench, a script); stopped afterwards, unless all of it was
+    running before, which is left running.
+
+    Example::
+
+        with stack_for_a_run(load_settings().stack) as stack:
+            print(stack.config.kafka.bootstrap_servers)
+    """
+    stack = LocalStack(config)
+    was_running = all(component.up for component in stack.status())
+    stack.up()
+    try:
+        yield stack
+    finally:
+        if not was_running:
+            stack.down()

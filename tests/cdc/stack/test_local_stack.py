@@ -10,6 +10,7 @@ from cdc.cli import main
 from cdc.core.config import KafkaConfig, StackConfig
 from cdc.core.errors import StackError
 from cdc.stack.kafka import KafkaServer
+from cdc.stack.local import stack_for_a_run
 
 pytestmark = pytest.mark.integration
 
@@ -65,6 +66,14 @@ def test_each_component_logs_to_its_own_file(stack, stack_config):
     assert "Kafka Server started" in (logs / "kafka.log").read_text()
     assert "Added plugin 'io.debezium.connector.postgresql.PostgresConnector'" in (logs / "connect.log").read_text()
     assert "database system is ready to accept connections" in (logs / "postgres.log").read_text()
+
+
+def test_a_run_on_the_stack_leaves_a_stack_that_was_running_before_running(stack, stack_config):
+    before = {status.name: status.pid for status in stack.status()}
+    with stack_for_a_run(stack_config) as borrowed:
+        assert {status.name: status.pid for status in borrowed.status()} == before
+    assert {status.name: status.pid for status in stack.status()} == before
+    assert all(status.up for status in stack.status())
 
 
 def test_a_taken_port_is_named_and_nothing_starts(tmp_path):
