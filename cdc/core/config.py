@@ -188,13 +188,14 @@ class SparkConfig(_Strict):
     log_dir: Path | None = Field(
         default=Path(".cdc/logs"),
         description=(
-            "With a local master: the folder of the log files, one per process that starts a JVM, holding the "
-            "JVM's warnings (and errors) that the terminal does not show. None: Spark's own logging to the terminal."
+            "The folder of the log files, one per process that starts a driver JVM (on any master: the driver runs "
+            "in this process), holding the JVM's warnings (and errors) that the terminal does not show. None: "
+            "Spark's own logging to the terminal."
         ),
     )
     console_log_level: ConsoleLogLevel = Field(
         default=ConsoleLogLevel.ERROR,
-        description="With a local master and a log_dir: the lowest level of JVM log lines shown on the terminal.",
+        description="With a log_dir: the lowest level of the driver JVM's log lines shown on the terminal.",
     )
 
     catalog: CatalogConfig = Field(

@@ -73,15 +73,15 @@ def spark_conf(config: SparkConfig) -> dict[str, str]:
         conf["spark.jars"] = ",".join(jar_paths)
     conf |= catalog_conf(config.catalog, metastore_dir(config))
     conf |= config.conf
-    if config.is_local:
-        archive_options = _class_archive_options(config, jar_paths) if config.class_archive else []
-        collector = [config.garbage_collector.jvm_option] if config.garbage_collector else []
-        logging_options = _log_options(config) + derby_log_option(config.catalog, metastore_dir(config))
-        if archive_options or collector or logging_options:
-            # Before the user's own options: a later JVM option wins over an earlier one.
-            user_options = config.conf.get("spark.driver.extraJavaOptions", "")
-            options = [*logging_options, *archive_options, *collector, user_options]
-            conf["spark.driver.extraJavaOptions"] = " ".join(options).strip()
+    # The class archive and the collector are tuned for a driver that also runs the tasks.
+    archive_options = _class_archive_options(config, jar_paths) if config.is_local and config.class_archive else []
+    collector = [config.garbage_collector.jvm_option] if config.is_local and config.garbage_collector else []
+    logging_options = _log_options(config) + derby_log_option(config.catalog, metastore_dir(config))
+    if archive_options or collector or logging_options:
+        # Before the user's own options: a later JVM option wins over an earlier one.
+        user_options = config.conf.get("spark.driver.extraJavaOptions", "")
+        options = [*logging_options, *archive_options, *collector, user_options]
+        conf["spark.driver.extraJavaOptions"] = " ".join(options).strip()
     return conf
 
 
@@ -129,8 +129,9 @@ _log_files: dict[Path, Path] = {}
 
 
 def _log_options(config: SparkConfig) -> list[str]:
-    """The driver JVM's options that route its logs (a local master with a ``log_dir`` only)."""
-    if not config.is_local or config.log_dir is None:
+    """The driver JVM's options that route its logs (with a ``log_dir``): on any master, as the driver
+    runs in this process's JVM (client mode); the executors keep the cluster's own logging."""
+    if config.log_dir is None:
         return []
     log_dir = config.log_dir.resolve()
     file = _log_files.setdefault(log_dir, log_dir / f"cdc-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log")

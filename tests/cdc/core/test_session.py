@@ -40,7 +40,7 @@ def test_a_chosen_garbage_collector_comes_before_the_users_jvm_options_and_only_
     assert spark_conf(cluster)["spark.driver.extraJavaOptions"] == "-XX:TieredStopAtLevel=1"
 
 
-def test_a_local_driver_logs_to_its_file_and_shows_the_terminal_its_errors_only(tmp_path, monkeypatch):
+def test_the_driver_logs_to_its_file_and_shows_the_terminal_its_errors_only(tmp_path, monkeypatch):
     # As in a process whose JVM started earlier with another log folder (the test session's own).
     monkeypatch.setattr("cdc.core.session.log_file", tmp_path / "earlier" / "cdc-1.log")
     config = SparkConfig(jars=ProvidedJars(), class_archive=False, log_dir=tmp_path / "logs")
@@ -54,8 +54,10 @@ def test_a_local_driver_logs_to_its_file_and_shows_the_terminal_its_errors_only(
         "-Dcdc.log.console=info",
         "-Dcdc.log.level=info",
     ]
+    # The driver runs in this process's JVM on a cluster's master too (client mode): its logs are routed
+    # alike (the executors keep the cluster's own logging).
     cluster = config.model_copy(update={"master": "spark://cluster:7077"})
-    assert "spark.driver.extraJavaOptions" not in spark_conf(cluster)  # the cluster's logging stays
+    assert spark_conf(cluster)["spark.driver.extraJavaOptions"].split()[:4] == options[:4]
 
 
 def test_jobs_run_on_the_parallel_collector_unless_they_refine_continuously_or_one_is_chosen():
