@@ -136,10 +136,10 @@ def register_table(spark: SparkSession, location: str) -> str | None:
 
 def registered_location(spark: SparkSession, name: str) -> str | None:
     """The location of the table the session's catalog holds as ``name`` (``refined.customers``); None
-    when it holds no table by that name (or ``name`` is no table name at all: a path)."""
+    when it holds no table by that name (or ``name`` is no table name at all: a path), or a view."""
     try:
         if spark.catalog.tableExists(name):
-            return _location_of(spark, name)
+            return _location_of(spark, name) or None
     except AnalysisException:  # not a table name
         pass
     return None
