@@ -2,9 +2,9 @@
 
     .venv/bin/python bench/raw_landing.py [--messages 1000000] [--size 1000] [--partitions 4] [--collector g1]
 
-Brings the local stack up (down at the end, unless it was running), produces the messages once to a
-new topic, then lands that topic twice with each variant in a worker process of its own, with the same Spark
-settings but for the JVM's garbage collector (each variant's own, unless `--collector` names one):
+Brings the local stack up (down at the end, unless all of it was running), produces the messages once
+to a new topic, then lands that topic twice with each variant in a worker process of its own, with the
+same Spark settings but for the JVM's garbage collector (each variant's own, unless `--collector` names one):
 cold (the first landing of a fresh JVM, as a scheduled `--available-now` run) and warm (the second,
 as a long-running job after the JIT compiled its hot paths). Prints rows/s of each
 landing (Spark start-up excluded), the CPU seconds it took (which, unlike wall time, barely move
