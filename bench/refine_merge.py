@@ -38,6 +38,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -212,7 +213,8 @@ def envelopes(changes: DataFrame) -> DataFrame:
         )
     )
     value = F.concat(F.lit('{"schema":' + json.dumps(VALUE_SCHEMA) + ',"payload":'), payload, F.lit("}"))
-    key = F.concat(F.lit('{"schema":' + json.dumps(KEY_SCHEMA) + ',"payload":{"id":'), F.col("after.id"), F.lit("}}"))
+    key_id = F.coalesce(F.col("after.id"), F.col("before.id"))
+    key = F.concat(F.lit('{"schema":' + json.dumps(KEY_SCHEMA) + ',"payload":{"id":'), key_id, F.lit("}}"))
     return changes.select(
         key.alias("key"),
         value.alias("value"),
@@ -224,24 +226,45 @@ def envelopes(changes: DataFrame) -> DataFrame:
     )
 
 
+@dataclass(frozen=True)
+class Workload:
+    """Which changes the raw table gets."""
+
+    updated: str = "uniform"  # the rows updates change: of all ("uniform") or of the newest 5% ("recent")
+    deletes: float = 0.0  # the fraction of updates that are deletes instead (``before`` holding the key)
+
+
 def append_raw_changes(
-    spark: SparkSession, location: str, size: int, first: int, count: int, updated: str = "uniform"
+    spark: SparkSession,
+    location: str,
+    size: int,
+    first: int,
+    count: int,
+    workload: Workload,
 ) -> None:
     """Append ``count`` changes (from change number ``first``) to the raw table as Kafka records:
-    updates of random existing rows (of all, or of the newest 5% when ``updated`` is "recent"), and
-    inserts of new ids for ~10%."""
-    hot = size if updated == "uniform" else size // 20  # the rows updates pick from: the last ones
+    updates of random existing rows, inserts of new ids for ~10%, and deletes (see :class:`Workload`)."""
+    hot = size if workload.updated == "uniform" else size // 20  # the rows updates pick from: the last ones
     seq = spark.range(first, first + count)
-    changes = seq.selectExpr(
-        f"{size - hot} + pmod(xxhash64(id, 17), {hot + hot // 9}) AS row_id",
-        "id AS seq",
-    ).selectExpr(
-        f"CASE WHEN row_id < {size} THEN 'u' ELSE 'c' END AS op",
-        f"{row_image('row_id', 'seq + 1')} AS after",
-        "CAST(NULL AS STRUCT<id: BIGINT>) AS before",
-        "1000000 + seq * 8 AS source_lsn",
-        "seq AS kafka_offset",
-        f"timestamp_micros({BASE_MICROS} + (seq + 1) * 1000) AS source_committed_at",
+    changes = (
+        seq.selectExpr(
+            f"{size - hot} + pmod(xxhash64(id, 17), {hot + hot // 9}) AS row_id",
+            "id AS seq",
+        )
+        .selectExpr(
+            f"CASE WHEN row_id >= {size} THEN 'c' "
+            f"WHEN pmod(xxhash64(seq, 29), 10000) < {int(workload.deletes * 10000)} THEN 'd' ELSE 'u' END AS op",
+            "row_id",
+            "seq",
+        )
+        .selectExpr(
+            "op",
+            f"CASE WHEN op = 'd' THEN NULL ELSE {row_image('row_id', 'seq + 1')} END AS after",
+            "CASE WHEN op = 'd' THEN named_struct('id', row_id) END AS before",
+            "1000000 + seq * 8 AS source_lsn",
+            "seq AS kafka_offset",
+            f"timestamp_micros({BASE_MICROS} + (seq + 1) * 1000) AS source_committed_at",
+        )
     )
     records = envelopes(changes).select(
         F.encode("key", "UTF-8").alias("key"),
@@ -272,12 +295,12 @@ def last_merge_ms(spark: SparkSession, location: str) -> float:
     return float(history.operationMetrics["executionTimeMs"])
 
 
-def decoded_batch(spark: SparkSession, warehouse: str, size: int, first: int, count: int, updated: str) -> str:
+def decoded_batch(spark: SparkSession, warehouse: str, size: int, first: int, count: int, workload: Workload) -> str:
     """Location of a Delta table holding ``count`` changes (from change number ``first``) as refined
     rows: their last change per key, decoded as refine decodes them."""
     scratch, location = f"{warehouse}/decoded_raw_{first}", f"{warehouse}/decoded_{first}"
     create_raw_table(spark, scratch, TOPIC)
-    append_raw_changes(spark, scratch, size, first, count, updated)
+    append_raw_changes(spark, scratch, size, first, count, workload)
     changes = parse_changes(
         spark.read.format("delta").load(scratch),
         ConnectSchema.model_validate(KEY_SCHEMA),
@@ -289,21 +312,29 @@ def decoded_batch(spark: SparkSession, warehouse: str, size: int, first: int, co
 
 
 def delta_merge_alone(spark: SparkSession, location: str, decoded: str) -> float:
-    """Seconds of Delta's own MERGE of the decoded rows at ``decoded`` into the table at ``location``."""
+    """Seconds of Delta's own MERGE of the decoded rows at ``decoded`` into the table at ``location``
+    (deletes delete)."""
     started = time.monotonic()
     source = spark.read.format("delta").load(decoded)
     target = DeltaTable.forPath(spark, location).alias("t")
-    target.merge(source.alias("s"), "t.id = s.id").whenMatchedUpdateAll().whenNotMatchedInsertAll().execute()
+    is_delete = F.col(f"s.{OP}") == "d"
+    (
+        target.merge(source.alias("s"), "t.id = s.id")
+        .whenMatchedDelete(is_delete)
+        .whenMatchedUpdateAll()
+        .whenNotMatchedInsertAll(~is_delete)
+        .execute()
+    )
     return time.monotonic() - started
 
 
 def naive_apply(
-    spark: SparkSession, warehouse: str, location: str, size: int, first: int, count: int, updated: str
+    spark: SparkSession, warehouse: str, location: str, size: int, first: int, count: int, workload: Workload
 ) -> float:
     """The naive way: the batch's last change per key, full-outer-joined with the whole table, overwritten."""
     scratch = f"{warehouse}/naive_raw_{first}"
     create_raw_table(spark, scratch, TOPIC)
-    append_raw_changes(spark, scratch, size, first, count, updated)
+    append_raw_changes(spark, scratch, size, first, count, workload)
     started = time.monotonic()
     raw = spark.read.format("delta").load(scratch)
     schema = ConnectSchema.model_validate(VALUE_SCHEMA)
@@ -324,7 +355,7 @@ def bench_size(
     changes: int,
     batch: int,
     rounds: int,
-    updated: str,
+    workload: Workload,
     rows_per_file: int | None,
     features: TableFeatures,
 ) -> dict[str, float]:
@@ -336,11 +367,11 @@ def bench_size(
         refined_snapshot(spark, refined, size, rows_per_file)
         print(f"  {size:,}-row refined table written in {time.monotonic() - started:.0f} s", flush=True)
         create_raw_table(spark, raw, TOPIC)
-        append_raw_changes(spark, raw, size, 0, changes, updated)
+        append_raw_changes(spark, raw, size, 0, changes, workload)
         seconds = refine(spark, warehouse, features)
         result = {"changes_per_s": changes / seconds}
         print(f"  refine of {changes:,} changes: {seconds:.1f} s, {result['changes_per_s']:,.0f} changes/s", flush=True)
-        decoded = decoded_batch(spark, warehouse, size, changes, changes, updated)
+        decoded = decoded_batch(spark, warehouse, size, changes, changes, workload)
         result["delta_merge_per_s"] = changes / delta_merge_alone(spark, refined, decoded)
         print(
             f"  Delta's MERGE alone of {changes:,} changes decoded beforehand: "
@@ -350,12 +381,12 @@ def bench_size(
         runs, merges, naive = [], [], []
         first = 2 * changes
         for _ in range(rounds):
-            append_raw_changes(spark, raw, size, first, batch, updated)
+            append_raw_changes(spark, raw, size, first, batch, workload)
             first += batch
             runs.append(refine(spark, warehouse, features))
             merges.append(last_merge_ms(spark, refined) / 1000)
         for _ in range(rounds):
-            naive.append(naive_apply(spark, warehouse, refined, size, first, batch, updated))
+            naive.append(naive_apply(spark, warehouse, refined, size, first, batch, workload))
             first += batch
         result |= {
             "run_s": statistics.median(runs),
@@ -383,6 +414,9 @@ def main() -> None:
         help="which rows updates change: random rows of the whole table, or of its newest 5%%",
     )
     parser.add_argument(
+        "--deletes", type=float, default=0.0, help="the fraction of updates that are deletes instead (0 to 1)"
+    )
+    parser.add_argument(
         "--features",
         default=",".join(FEATURES),
         help="the refined table's Delta features, one run per variant: plain, cdf, dv, cdf+dv (comma-separated)",
@@ -397,6 +431,7 @@ def main() -> None:
         help="measure from a cold JVM (default: a small unreported round first)",
     )
     args = parser.parse_args()
+    workload = Workload(args.updates, args.deletes)
     variants = args.features.split(",")
     if unknown := [name for name in variants if name not in FEATURES]:
         parser.error(f"--features: unknown {', '.join(unknown)} (choose among {', '.join(FEATURES)})")
@@ -412,7 +447,7 @@ def main() -> None:
             min(args.changes, WARMUP_SIZE),
             args.batch,
             1,
-            args.updates,
+            workload,
             args.rows_per_file,
             FEATURES[variants[0]],
         )
@@ -421,7 +456,7 @@ def main() -> None:
         for variant in variants:
             print(f"refined table of {size:,} rows, features {variant}", flush=True)
             results[size, variant] = bench_size(
-                spark, size, args.changes, args.batch, args.rounds, args.updates, args.rows_per_file, FEATURES[variant]
+                spark, size, args.changes, args.batch, args.rounds, workload, args.rows_per_file, FEATURES[variant]
             )
     print(
         f"\n{'table rows':>12} {'features':>8} {'changes/s':>10} {'Delta MERGE alone/s':>20} {'ratio':>6} "

@@ -16,19 +16,19 @@ across the snapshot's LSN comes after it with lower LSNs).
 Why a side table and not soft-deleted rows in the refined table: readers of the refined table see
 exactly the source table, with no filter to remember and no view to maintain.
 
-A batch with deletes MERGEs the side table first (a delete records the key or moves it to a later
-delete; a later change of a deleted key in the batch removes it). A batch without deletes leaves
-it alone: a key recreated then keeps its entry, which is harmless, as the entry only drops changes
-at or before its delete, and the recreated row's position is after it. Then changes older than
-their key's delete are dropped before the refined MERGE. Both steps are idempotent, so a crash
-between them is repaired by the batch's replay.
+A batch with deletes appends them to the side table first; then changes at or before their key's
+latest recorded delete are dropped before the refined MERGE. The side table is append-only: a key
+deleted twice has two entries, and a recreated key keeps its entry, which is harmless, as an entry
+only drops changes at or before its delete and the recreated row's position is after it. An append
+is one write, where a MERGE into the side table would cost a join and a rewrite on every batch with
+deletes. A batch replayed after a crash appends its deletes again:
+the same entries twice, which drop the same changes, so both steps stay idempotent.
 """
 
 from __future__ import annotations
 
 from functools import reduce
 
-from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
@@ -72,22 +72,12 @@ def _strictly_after(newer: str, older: str) -> Column:
     )
 
 
-def record_deletes(spark: SparkSession, location: str, rows: DataFrame, key_columns: list[str]) -> None:
-    """MERGE a batch's refined rows into the side table: deletes record their key (or move it to a
-    later delete); a later create or update of a deleted key removes it."""
+def record_deletes(spark: SparkSession, location: str, rows: DataFrame) -> None:
+    """Append the deletes among a batch's refined ``rows`` (the last change per key) to the side table."""
     ensure_refined_table(
         spark, location, StructType([StructField(f.name, f.dataType) for f in rows.schema]), kind=DELETED_KIND
     )
-    is_delete = F.col(f"s.{OP}") == Op.DELETE.value
-    (
-        DeltaTable.forPath(spark, location)
-        .alias("t")
-        .merge(rows.alias("s"), " AND ".join(f"t.`{key}` = s.`{key}`" for key in key_columns))
-        .whenMatchedDelete(~is_delete & _strictly_after("s", "t"))
-        .whenMatchedUpdateAll(is_delete & _strictly_after("s", "t"))
-        .whenNotMatchedInsertAll(is_delete)
-        .execute()
-    )
+    rows.where(F.col(OP) == Op.DELETE.value).write.format("delta").mode("append").save(location)
 
 
 def record_truncate(spark: SparkSession, location: str, truncated_at: tuple[int, int]) -> None:
@@ -127,7 +117,7 @@ def record_snapshot_removals(
             for f in rows.schema
         ]
     )
-    record_deletes(spark, location, removed, key_columns)
+    record_deletes(spark, location, removed)
 
 
 def _truncated_at(spark: SparkSession, location: str) -> tuple[int, int] | None:

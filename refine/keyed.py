@@ -102,7 +102,7 @@ def _write_rows(
     MERGE those that bring back no deleted row, and refresh the child tables of their keys."""
     truncated_at = facts.truncated_at
     if facts.deletes:
-        record_deletes(spark, tables.deleted, rows, key_columns)
+        record_deletes(spark, tables.deleted, rows)
     if truncated_at is not None:
         record_truncate(spark, tables.deleted, truncated_at)
     snapshot_at = None if facts.snapshot_from is None else facts.snapshot_from.position
