@@ -55,11 +55,42 @@ TEST_STACK_PORTS = {
 }
 
 
+# The modules that take longest (minutes each), longest first. They are collected first, so that
+# pytest-xdist (one module per worker at a time) starts them at once and the suite ends on short ones,
+# not with one worker running a long module while the other waits.
+LONGEST_MODULES = [
+    "refine/test_mongo_connector.py",
+    "refine/test_rekey.py",
+    "refine/test_refine_job.py",
+    "refine/test_rebuild.py",
+    "cdc/pipeline/test_run.py",
+    "refine/test_type_matrix.py",
+    "refine/test_random_workload.py",
+    "cdc/stack/test_spark_cluster.py",
+    "cdc/core/test_object_store.py",
+    "refine/test_bad_records.py",
+    "refine/test_mongo.py",
+    "cdc/core/test_catalog.py",
+]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    tests = Path(__file__).parent
+
+    def rank(item: pytest.Item) -> int:
+        module = item.path.relative_to(tests).as_posix() if item.path.is_relative_to(tests) else ""
+        return LONGEST_MODULES.index(module) if module in LONGEST_MODULES else len(LONGEST_MODULES)
+
+    items.sort(key=rank)  # stable: the other modules keep their order
+
+
 @pytest.fixture(scope="session")
 def spark():
-    from cdc.core.session import build_spark_session
+    from cdc.core.session import build_spark_session, job_spark_config
 
-    session = build_spark_session(SparkConfig(app_name="cdc-tests", shuffle_partitions=2, driver_memory="2g"))
+    # As a `cdc` job that runs and ends (the parallel collector: less CPU than G1 on two cores).
+    config = SparkConfig(app_name="cdc-tests", shuffle_partitions=2, driver_memory="2g")
+    session = build_spark_session(job_spark_config(config, refines_continuously=False))
     yield session
     session.stop()
 

@@ -317,7 +317,7 @@ def test_random_writes_refine_to_the_model_documents(
     topic = kafka.create_topic(records[0]["topic"])
     warehouse = str(tmp_path)
     rng = random.Random(seed)
-    cuts = [*sorted(rng.sample(range(1, len(records)), 2)), len(records)]  # batches of random sizes
+    cuts = [rng.randrange(1, len(records)), len(records)]  # two batches of random sizes
     start = 0
     for cut in cuts:
         kafka.produce(topic, [kafka_record(r, schemas) for r in records[start:cut]])
@@ -402,7 +402,7 @@ def test_exploded_arrays_follow_the_documents_through_type_drift(
     warehouse = str(tmp_path)
     rng = random.Random(seed)
     start = 0
-    for cut in [*sorted(rng.sample(range(1, len(records)), 2)), len(records)]:
+    for cut in [rng.randrange(1, len(records)), len(records)]:  # two batches of random sizes
         kafka.produce(topic, [kafka_record(r, schemas) for r in records[start:cut]])
         start = cut
         land_and_refine(warehouse, topic, explode=["items", "tags"])

@@ -20,7 +20,7 @@ from cdc.stack.random_workload import RandomTables, RandomWorkload, compare, wai
 
 pytestmark = pytest.mark.integration
 
-TRANSACTIONS = int(os.environ.get("CDC_RANDOM_TRANSACTIONS", "30"))
+TRANSACTIONS = int(os.environ.get("CDC_RANDOM_TRANSACTIONS", "24"))
 
 
 @pytest.mark.timeout(2400)  # about ten refine runs: a few minutes alone, far longer on a shared, loaded machine

@@ -3,6 +3,7 @@ real Debezium connector to the refined table."""
 
 import json
 import random
+import re
 
 import psycopg
 import pytest
@@ -73,15 +74,33 @@ def random_key_changes(seed: int, steps: int, stored: int = 0) -> tuple[list[tup
     return changes, notes
 
 
-@pytest.mark.parametrize("seed", range(3))
+def shifted(change: tuple, base: int) -> tuple:
+    """A change of :func:`random_key_changes` with its keys, position and offset moved up by ``base``."""
+    op, (key,), after, lsn, offset, partition, headers = change
+    headers = [(name, json.dumps({"id": json.loads(value)["id"] + base}).encode()) for name, value in headers]
+    after = None if after is None else (after[0] + base, after[1], after[2] + base)
+    return (op, (key + base,), after, None if lsn is None else lsn + base, offset + base, partition, headers)
+
+
 @pytest.mark.parametrize("refined_before", [0, 6])
-def test_key_change_chains_take_the_first_keys_values_like_a_reference_model(spark, seed, refined_before):
-    changes, notes = random_key_changes(seed, 40, refined_before)
-    stored = spark.createDataFrame(
-        [((key,), -1, key, (key, f"stored note {key}", 0)) for key in range(1, refined_before + 1)],
+def test_key_change_chains_take_the_first_keys_values_like_a_reference_model(spark, refined_before):
+    """Three random runs in one batch, each on keys, positions and offsets of its own (1000 apart):
+    chains of different keys are independent, and must stay so."""
+    changes, notes, stored = [], {}, []
+    for seed in range(3):
+        run, run_notes = random_key_changes(seed, 40, refined_before)
+        base = 1000 * seed
+        changes += [shifted(change, base) for change in run]
+        notes |= {offset + base: note for offset, note in run_notes.items()}
+        stored += [
+            ((key + base,), -1, key + base, (key + base, f"stored note {key}", 0))
+            for key in range(1, refined_before + 1)
+        ]
+    states = spark.createDataFrame(
+        stored,
         "key struct<id:bigint>, state_lsn bigint, state_offset bigint, image struct<id:bigint, note:string, n:int>",
     )
-    filled = fill_from_old_keys(spark.createDataFrame(changes, CHANGES), KEY_SCHEMA, stored)
+    filled = fill_from_old_keys(spark.createDataFrame(changes, CHANGES), KEY_SCHEMA, states)
     assertDataFrameEqual(filled.where("after IS NOT NULL").select("kafka_offset", "after.note"), sorted(notes.items()))
 
 
@@ -415,15 +434,25 @@ CHAINS = {
 }
 
 
+def with_keys_from(statement: str, base: int) -> str:
+    """A statement of :data:`CHAINS` with its primary keys moved up by ``base``."""
+    return re.sub(r"\b(id = |VALUES \()(\d+)", lambda m: f"{m.group(1)}{int(m.group(2)) + base}", statement)
+
+
 @pytest.mark.integration
-@pytest.mark.parametrize("batches", list(CHAINS.values()), ids=list(CHAINS))
 def test_chained_key_changes_keep_the_toasted_values(
-    spark, kafka, stack_config, postgres_connector, tmp_path, unique_name, land_and_refine, refined_table, batches
+    spark, kafka, stack_config, postgres_connector, tmp_path, unique_name, land_and_refine, refined_table
 ):
-    """Each batch's statements, refined together (with history): a key change's create takes its
-    TOASTed values from the old key's state even when that state is itself a key change's create."""
+    """Every chain of :data:`CHAINS` on keys of its own (10 apart) in one table, its first batch's
+    statements refined together with the others' first batches, then the second batches (with history):
+    a key change's create takes its TOASTed values from the old key's state even when that state is
+    itself a key change's create."""
     dsn, warehouse, table = stack_config.postgres.dsn(), str(tmp_path), f"rekey_{unique_name}"
     topic = f"{postgres_connector.topic_prefix}.shop.{table}"
+    batches: list[list[str]] = [[], []]
+    for number, chain in enumerate(CHAINS.values()):
+        for batch, statements in zip(batches, chain, strict=False):
+            batch.extend(with_keys_from(statement, 10 * number) for statement in statements)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f"CREATE TABLE shop.{table} (id int PRIMARY KEY, n int, notes text)")
         conn.execute(f"ALTER TABLE shop.{table} ALTER COLUMN notes SET STORAGE EXTERNAL")
