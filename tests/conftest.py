@@ -56,21 +56,25 @@ TEST_STACK_PORTS = {
 
 
 # The modules that take longest (minutes each), longest first. They are collected first, so that
-# pytest-xdist (one module per worker at a time) starts them at once and the suite ends on short ones,
-# not with one worker running a long module while the other waits.
+# pytest-xdist (one module per worker at a time; `./dev test` keeps this order: --no-loadscope-reorder) starts them
+# at once and the suite ends on short ones, not with one worker running a long module while the other waits.
 LONGEST_MODULES = [
     "refine/test_mongo_connector.py",
-    "refine/test_rekey.py",
     "refine/test_refine_job.py",
     "refine/test_rebuild.py",
-    "cdc/pipeline/test_run.py",
-    "refine/test_type_matrix.py",
-    "refine/test_random_workload.py",
+    "refine/test_rekey.py",
     "cdc/stack/test_spark_cluster.py",
+    "cdc/pipeline/test_run.py",
+    "refine/test_random_workload.py",
     "cdc/core/test_object_store.py",
+    "refine/test_type_matrix.py",
     "refine/test_bad_records.py",
     "refine/test_mongo.py",
+    "cdc/demo/test_shop.py",
     "cdc/core/test_catalog.py",
+    "cdc/test_api.py",
+    "examples/test_notebook.py",
+    "cdc/demo/test_games.py",
 ]
 
 
