@@ -21,8 +21,8 @@ latest recorded delete are dropped before the refined MERGE. The side table is a
 deleted twice has two entries, and a recreated key keeps its entry, which is harmless, as an entry
 only drops changes at or before its delete and the recreated row's position is after it. An append
 is one write, where a MERGE into the side table would cost a join and a rewrite on every batch with
-deletes. A batch replayed after a crash appends its deletes again:
-the same entries twice, which drop the same changes, so both steps stay idempotent.
+deletes. A batch replayed after a crash appends its deletes again: the same entries twice, which
+drop the same changes, so both steps stay idempotent.
 """
 
 from __future__ import annotations
