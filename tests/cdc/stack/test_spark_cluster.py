@@ -7,6 +7,7 @@ through the driver's disk; the tables are read back with delta-rs from the S3 se
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -117,25 +118,53 @@ _RUNNING = re.compile(r"Running task \S+ in stage \S+ \(TID (\d+)\)")
 _ENDED = re.compile(r"(?:Finished task|Exception in task|Executor killed task) \S+ in stage \S+ \(TID (\d+)\)")
 
 
-def tasks_running(stderr: str) -> set[int]:
-    """The task ids an executor's log shows started and not ended."""
-    return {int(tid) for tid in _RUNNING.findall(stderr)} - {int(tid) for tid in _ENDED.findall(stderr)}
+class ExecutorLog:
+    """An executor's log (its ``stderr``), read from where the last read ended: the tasks it shows started
+    and not ended."""
+
+    def __init__(self, pid: int) -> None:
+        self.path = Path(os.readlink(f"/proc/{pid}/cwd")) / "stderr"
+        self.offset, self.pending = 0, ""
+        self.started: set[int] = set()
+        self.ended: set[int] = set()
+
+    def tasks_running(self) -> set[int]:
+        with self.path.open("rb") as log:
+            log.seek(self.offset)
+            added = log.read()
+        self.offset += len(added)
+        lines = (self.pending + added.decode(errors="replace")).split("\n")
+        self.pending = lines.pop()  # a line still being written
+        text = "\n".join(lines)
+        self.started |= {int(tid) for tid in _RUNNING.findall(text)}
+        self.ended |= {int(tid) for tid in _ENDED.findall(text)}
+        return self.started - self.ended
 
 
 def kill_an_executor_mid_task(workers: list[SparkWorker], job: subprocess.Popen, timeout_s: float = 300) -> int:
-    """SIGKILL the first executor seen running a task of ``job``'s application; return that task's id."""
+    """SIGKILL the first executor seen running a task of ``job``'s application; return that task's id.
+
+    Executors are looked for every half second (a scan of /proc), their logs read every 10 ms (a task
+    may take less than 0.1 s): the loop takes little CPU from the job it waits for on two cores."""
     deadline = time.monotonic() + timeout_s
+    logs: dict[int, ExecutorLog] = {}
+    next_scan = 0.0
     while time.monotonic() < deadline:
         assert job.poll() is None, "the job ended before an executor could be killed mid-task"
-        for worker in workers:
-            for pid in worker.executor_pids():
-                try:
-                    stderr = (Path(os.readlink(f"/proc/{pid}/cwd")) / "stderr").read_text(errors="replace")
-                except OSError:
-                    continue  # it just ended
-                if running := tasks_running(stderr):
-                    os.kill(pid, signal.SIGKILL)
-                    return min(running)
+        if time.monotonic() >= next_scan:
+            for pid in {pid for worker in workers for pid in worker.executor_pids()} - logs.keys():
+                with contextlib.suppress(OSError):  # it just ended
+                    logs[pid] = ExecutorLog(pid)
+            next_scan = time.monotonic() + 0.5
+        for pid, log in list(logs.items()):
+            try:
+                running = log.tasks_running()
+            except OSError:
+                del logs[pid]  # it ended
+                continue
+            if running:
+                os.kill(pid, signal.SIGKILL)
+                return min(running)
         time.sleep(0.01)
     raise AssertionError("no executor ran a task of the job within the timeout")
 
