@@ -93,7 +93,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 # (whole-stage code generation, then the JIT) and planning it again stage by stage (adaptive execution) cost
 # more than running it: six integration modules on two workers took ~6% less time without both (1195 s
 # against 1281 s, one run each). Results do not depend on either; the `cdc` processes the tests start (the
-# CLI, demo, cluster and S3 tests) run with Spark's defaults, as users' jobs do. CDC_TEST_SPARK_CONF (JSON)
+# CLI, cluster, catalog and S3 tests) run with Spark's defaults, as users' jobs do. CDC_TEST_SPARK_CONF (JSON)
 # overrides these, e.g. '{"spark.sql.adaptive.enabled": "true", "spark.sql.codegen.wholeStage": "true"}'.
 IN_PROCESS_SPARK_CONF = {"spark.sql.codegen.wholeStage": "false", "spark.sql.adaptive.enabled": "false"}
 

@@ -29,6 +29,8 @@ def test_the_notebook_example_refines_a_topic_equal_to_postgres(
         "CDC_WAREHOUSE": str(tmp_path),
         "CDC_SPARK__DRIVER_MEMORY": "1g",
         "CDC_SPARK__SHUFFLE_PARTITIONS": "2",
+        # A session of a minute or two: the C1 compiler alone (C2 compiles for long runs, on the cores it needs).
+        "CDC_SPARK__CONF": '{"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}',
         "EXAMPLE_TOPIC": topic,
     }
 

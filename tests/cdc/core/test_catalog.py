@@ -24,7 +24,15 @@ from cdc.core.session import build_spark_session
 folder = Path(sys.argv[1])
 catalog = CatalogConfig(enabled=True, metastore_dir=folder / "metastore", refined_schema="silver")
 spark = build_spark_session(
-    SparkConfig(app_name="catalog-test", shuffle_partitions=1, driver_memory="1g", log_dir=None, catalog=catalog)
+    SparkConfig(
+        app_name="catalog-test",
+        shuffle_partitions=1,
+        driver_memory="1g",
+        log_dir=None,
+        catalog=catalog,
+        # A session of a few minutes: the C1 compiler alone (C2 compiles for long runs, on the cores it needs).
+        conf={"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"},
+    )
 )
 warehouse = str(folder / "warehouse")
 out = {}
