@@ -14,7 +14,6 @@ nothing is skipped.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -89,26 +88,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=rank)  # stable: the other modules keep their order
 
 
-# The in-process session plans thousands of queries over a few rows each, where compiling each plan to Java
-# (whole-stage code generation, then the JIT) and planning it again stage by stage (adaptive execution) cost
-# more than running it: six integration modules on two workers took ~6% less time without both (1195 s
-# against 1281 s, one run each). Results do not depend on either; the `cdc` processes the tests start (the
-# CLI, cluster, catalog and S3 tests) run with Spark's defaults, as users' jobs do. CDC_TEST_SPARK_CONF (JSON)
-# overrides these, e.g. '{"spark.sql.adaptive.enabled": "true", "spark.sql.codegen.wholeStage": "true"}'.
-IN_PROCESS_SPARK_CONF = {"spark.sql.codegen.wholeStage": "false", "spark.sql.adaptive.enabled": "false"}
-
-
 @pytest.fixture(scope="session")
 def spark():
     from cdc.core.session import build_spark_session, job_spark_config
 
     # As a `cdc` job that runs and ends (the parallel collector: less CPU than G1 on two cores).
-    config = SparkConfig(
-        app_name="cdc-tests",
-        shuffle_partitions=2,
-        driver_memory="2g",
-        conf=IN_PROCESS_SPARK_CONF | json.loads(os.environ.get("CDC_TEST_SPARK_CONF", "{}")),
-    )
+    config = SparkConfig(app_name="cdc-tests", shuffle_partitions=2, driver_memory="2g")
     session = build_spark_session(job_spark_config(config, refines_continuously=False))
     yield session
     session.stop()
