@@ -72,17 +72,23 @@ def _strictly_after(newer: str, older: str) -> Column:
     )
 
 
-def record_deletes(spark: SparkSession, location: str, rows: DataFrame) -> None:
-    """Append the deletes among a batch's refined ``rows`` (the last change per key) to the side table."""
+def _ensure_side_table(spark: SparkSession, location: str, rows: DataFrame) -> None:
     ensure_refined_table(
         spark, location, StructType([StructField(f.name, f.dataType) for f in rows.schema]), kind=DELETED_KIND
     )
+
+
+def record_deletes(spark: SparkSession, location: str, rows: DataFrame) -> None:
+    """Append the deletes among a batch's refined ``rows`` (the last change per key) to the side table."""
+    _ensure_side_table(spark, location, rows)
     rows.where(F.col(OP) == Op.DELETE.value).write.format("delta").mode("append").save(location)
 
 
-def record_truncate(spark: SparkSession, location: str, truncated_at: tuple[int, int]) -> None:
-    """Keep the position of the table's last truncate (a property of the side table): every row
-    older than it is deleted, and no change older than it may come back."""
+def record_truncate(spark: SparkSession, location: str, rows: DataFrame, truncated_at: tuple[int, int]) -> None:
+    """Keep the position of the table's last truncate (a property of the side table, created with the
+    columns of the batch's refined ``rows`` if this is its first entry): every row older than it is
+    deleted, and no change older than it may come back."""
+    _ensure_side_table(spark, location, rows)
     if (last := _truncated_at(spark, location)) is None or truncated_at > last:
         spark.sql(
             f"ALTER TABLE delta.`{location}` SET TBLPROPERTIES "

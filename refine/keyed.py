@@ -104,7 +104,7 @@ def _write_rows(
     if facts.deletes:
         record_deletes(spark, tables.deleted, rows)
     if truncated_at is not None:
-        record_truncate(spark, tables.deleted, truncated_at)
+        record_truncate(spark, tables.deleted, rows, truncated_at)
     snapshot_at = None if facts.snapshot_from is None else facts.snapshot_from.position
     if snapshot_at is not None:
         record_snapshot_removals(spark, tables.deleted, tables.refined, rows, key_columns, snapshot_at)

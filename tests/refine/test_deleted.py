@@ -4,6 +4,7 @@ import psycopg
 import pytest
 from pyspark.testing import assertDataFrameEqual
 
+from cdc.stack.postgres import add_to_publication
 from cdc.stack.workload import run_workload
 
 pytestmark = pytest.mark.integration
@@ -49,3 +50,26 @@ def test_replayed_records_never_undo_a_truncate(
     kafka.produce_again(topic, records[:-2])  # the records before the truncate
     land_and_refine(warehouse, topic)
     assertDataFrameEqual(refined_table(warehouse, topic), postgres_table("orders"))
+
+
+def test_a_truncate_in_a_tables_first_batch_with_no_delete(
+    spark, kafka, stack_config, postgres_connector, tmp_path, unique_name, land_and_refine, refined_table
+):
+    dsn, warehouse, table = stack_config.postgres.dsn(), str(tmp_path), f"t{unique_name}"
+    topic = f"{postgres_connector.topic_prefix}.shop.{table}"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE shop.{table} (id int PRIMARY KEY, note text)")
+        add_to_publication(conn, postgres_connector.name, f"shop.{table}")
+        conn.execute(f"INSERT INTO shop.{table} VALUES (1, 'before'), (2, 'before')")
+        conn.execute(f"TRUNCATE shop.{table}")
+        conn.execute(f"INSERT INTO shop.{table} VALUES (2, 'after'), (3, 'after')")
+    try:
+        kafka.wait_for_last_value(topic, lambda value: value is not None and b'"id":3' in value)
+        for _ in range(2):  # a rerun changes nothing
+            land_and_refine(warehouse, topic, history=True)
+            current = spark.read.format("delta").load(f"{warehouse}/refined/{topic}__history").where("_cdc_is_current")
+            assertDataFrameEqual(refined_table(warehouse, topic).select("id", "note"), [(2, "after"), (3, "after")])
+            assertDataFrameEqual(current.select("id", "note"), [(2, "after"), (3, "after")])
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE shop.{table}")
