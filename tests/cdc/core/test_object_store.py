@@ -124,19 +124,18 @@ def test_two_refines_and_an_optimize_at_once_on_the_s3_warehouse(
     warehouse, env, _ = s3_warehouse
     prefix = f"{postgres_connector.topic_prefix}.shop"
     orders, customers = f"{prefix}.orders", f"{prefix}.customers"
-    pattern = rf"{prefix.replace('.', '[.]')}[.](orders|customers)"
-    # Two workloads landed in batches of a few records: raw orders has several files for `cdc optimize`.
-    land = ["raw", "--pattern", pattern, "--max-offsets-per-trigger", "20", "--available-now"]
+    land = ["raw", "--pattern", rf"{prefix.replace('.', '[.]')}[.](orders|customers)", "--available-now"]
     logs = tmp_path / "logs"
-    seen = 0
+    # Two landings of two workloads: raw orders has several files for `cdc optimize` to compact.
+    landed = 0
     for seed in (72, 73):
         run_workload(stack_config.postgres.dsn(), customers=3, seed=seed)
         deadline = time.monotonic() + 60
-        while not ((records := kafka.records(orders)) and len(records) > seen and records[-1][4] is None):
+        while not ((records := kafka.records(orders)) and len(records) > landed and records[-1][4] is None):
             assert time.monotonic() < deadline, "the workload's changes did not reach Kafka"
             time.sleep(0.5)
-        seen = len(records)
-    run_cdc(land, env, kafka, logs)
+        landed = len(records)
+        run_cdc(land, env, kafka, logs)
     raw_orders = read_s3_table(f"{warehouse}/raw/{orders}")
 
     jobs = [
