@@ -24,6 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from refine_merge import FEATURES, TOPIC, append_raw_changes, refine, refined_snapshot
+from targets import FIRST_BATCH
 
 from cdc.core.config import load_settings
 from cdc.core.session import build_spark_session, job_spark_config
@@ -87,6 +88,8 @@ def main() -> None:
             f"{statistics.median(to_commit):.1f} s, process ended after {statistics.median(to_exit):.1f} s "
             f"(medians of {args.rounds})"
         )
+        measured = f"{args.changes:,} changes into {args.size:,} rows, median of {args.rounds}"
+        print(FIRST_BATCH.verdict(statistics.median(to_commit), measured))
 
 
 if __name__ == "__main__":

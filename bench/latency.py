@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg
 from pyspark.sql import functions as F
+from targets import COMMIT_TO_REFINED_P95
 
 from cdc.core.config import Settings, load_settings
 from cdc.core.session import build_spark_session
@@ -232,6 +233,13 @@ def measure(args: argparse.Namespace, settings: Settings) -> None:
                     f"p50 {statistics.median(measured):6.2f} s, "
                     f"p95 {percentile(measured, 0.95):6.2f} s, max {max(measured):6.2f} s"
                 )
+    for label, ids in (
+        (f"all {total} commits", range(1, total + 1)),
+        (f"the {args.commits} steady commits", range(args.warmup + 1, total + 1)),
+    ):
+        measured = [at_refined[row_id] - committed[row_id] for row_id in ids if row_id in at_refined]
+        if measured:
+            print(COMMIT_TO_REFINED_P95.verdict(percentile(measured, 0.95), f"{args.jobs}, {label}"))
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
             f"SELECT pg_drop_replication_slot('{name}') WHERE EXISTS "

@@ -30,6 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from targets import RAW_AGAINST_PLAIN_STREAM, RAW_RATE
+
 from cdc.core.config import Settings, load_settings
 from cdc.core.session import build_spark_session, job_spark_config
 
@@ -281,6 +283,10 @@ def measure(args: argparse.Namespace, settings: Settings) -> None:
         for suffix in {label.removeprefix(VARIANTS[0]) for label in workers if label.startswith(VARIANTS[0])}:
             ratio = best[VARIANTS[0] + suffix][f"{run}_rows_per_s"] / best[VARIANTS[1] + suffix][f"{run}_rows_per_s"]
             print(f"{run}: cdc raw / plain stream{suffix}: {ratio:.2f}")
+            measured = f"{run}, best of {args.rounds}{suffix}"
+            print(RAW_AGAINST_PLAIN_STREAM.verdict(ratio, measured))
+            rate = best[VARIANTS[0] + suffix][f"{run}_rows_per_s"]
+            print(RAW_RATE.verdict(rate, f"{measured}, {args.messages:,} messages of ~{args.size} B"))
     for label, runs in results.items():
         peak = max(result["peak_rss_mib"] for result in runs)
         print(f"peak RSS {label}: {peak:,.0f} MiB (Python and its JVM, both landings)")

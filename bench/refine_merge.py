@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from targets import REFINE_AGAINST_DELTA_MERGE, WARM_SMALL_BATCH
 
 from cdc.core.config import load_settings
 from cdc.core.session import build_spark_session, job_spark_config
@@ -468,6 +469,12 @@ def main() -> None:
             f"{result['changes_per_s'] / result['delta_merge_per_s']:>6.2f} {result['run_s']:>12.1f} "
             f"{result['merge_s']:>8.1f} {result['naive_s']:>8.1f}"
         )
+    for (size, variant), result in results.items():
+        ratio = result["changes_per_s"] / result["delta_merge_per_s"]
+        print(REFINE_AGAINST_DELTA_MERGE.verdict(ratio, f"{size:,} rows, {variant}, {args.changes:,} changes"))
+        if args.batch <= 100:
+            measured = f"{size:,} rows, {variant}, batches of {args.batch}, median of {args.rounds}"
+            print(WARM_SMALL_BATCH.verdict(result["run_s"], measured))
     sizes = sorted({size for size, _ in results})
     if len(sizes) > 1:
         small, large = sizes[0], sizes[-1]
