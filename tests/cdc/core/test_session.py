@@ -155,3 +155,29 @@ spark.stop()
     assert "before-the-stop" in result.stderr
     assert "after-the-stop" not in result.stderr
     assert "RejectedExecutionException: after-the-stop" in Path(result.stdout.strip()).read_text()
+
+
+def _jobs_of_an_append(spark, location: str, group: str) -> int:
+    spark.sparkContext.setJobGroup(group, group)
+    try:
+        spark.range(1).write.format("delta").mode("append").save(location)
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+    return len(spark.sparkContext.statusTracker().getJobIdsForGroup(group))
+
+
+def test_a_commit_costs_the_same_jobs_in_a_jvm_outside_utc(spark, tmp_path):
+    """Delta 4.0 re-reads a table's file list after each commit where the JVM's zone is not UTC, unless
+    the session turns that check off."""
+    location = str(tmp_path / "table")
+    spark.range(1).write.format("delta").save(location)
+    _jobs_of_an_append(spark, location, f"warm-{tmp_path.name}")
+    in_utc = _jobs_of_an_append(spark, location, f"utc-{tmp_path.name}")
+    zones = spark.sparkContext._jvm.java.util.TimeZone
+    default = zones.getDefault()
+    zones.setDefault(zones.getTimeZone("Europe/Berlin"))
+    try:
+        in_berlin = _jobs_of_an_append(spark, location, f"berlin-{tmp_path.name}")
+    finally:
+        zones.setDefault(default)
+    assert in_berlin == in_utc
