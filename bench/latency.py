@@ -219,27 +219,27 @@ def measure(args: argparse.Namespace, settings: Settings) -> None:
         (f"commits {start}-{min(start + 59, total)}", range(start, min(start + 60, total + 1)))
         for start in range(1, total + 1, 60)
     ]
+    whole, steady = f"all {total} commits", f"next {args.commits} commits (steady)"
+    p95: dict[str, float] = {}  # commit-to-visible, by label
     for label, ids in [
         *blocks,
-        (f"all {total} commits", range(1, total + 1)),
+        (whole, range(1, total + 1)),
         (f"first {args.warmup} commits (warm-up)", range(1, args.warmup + 1)),
-        (f"next {args.commits} commits (steady)", range(args.warmup + 1, total + 1)),
+        (steady, range(args.warmup + 1, total + 1)),
     ]:
         for segment, (start, end) in segments.items():
             measured = [end[row_id] - start[row_id] for row_id in ids if row_id in start and row_id in end]
             if measured:
+                if segment == "latency":
+                    p95[label] = percentile(measured, 0.95)
                 print(
                     f"{label if segment == 'latency' else '':<34} {segment:<36} "
                     f"p50 {statistics.median(measured):6.2f} s, "
                     f"p95 {percentile(measured, 0.95):6.2f} s, max {max(measured):6.2f} s"
                 )
-    for label, ids in (
-        (f"all {total} commits", range(1, total + 1)),
-        (f"the {args.commits} steady commits", range(args.warmup + 1, total + 1)),
-    ):
-        measured = [at_refined[row_id] - committed[row_id] for row_id in ids if row_id in at_refined]
-        if measured:
-            print(COMMIT_TO_REFINED_P95.verdict(percentile(measured, 0.95), f"{args.jobs}, {label}"))
+    for label in (whole, steady):
+        if label in p95:
+            print(COMMIT_TO_REFINED_P95.verdict(p95[label], f"{args.jobs}, {label}"))
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
             f"SELECT pg_drop_replication_slot('{name}') WHERE EXISTS "
