@@ -32,7 +32,7 @@ def run_demo(settings: Settings, example: str, output_dir: Path, say: Say = prin
             "the example pipeline is missing: run the demo from a checkout of the project", file=str(file)
         )
     pipeline = load_pipeline(file)  # checked before anything starts
-    say("starting the local stack (Postgres, Kafka, Kafka Connect with Debezium) ...")
+    say("starting the local stack (Postgres, Kafka, Kafka Connect with Debezium, S3Proxy) ...")
     for component in LocalStack(settings.stack).up():
         say(f"  {component.name:<9} up on {component.address}")
     demo = shop_demo if example == "shop" else games_demo
