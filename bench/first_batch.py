@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from pyspark.sql import SparkSession
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from refine_merge import FEATURES, TOPIC, append_raw_changes, refine, refined_snapshot
@@ -34,7 +36,7 @@ from refine.config import refined_table_location
 from refine.merge import declare_features
 
 
-def last_commit_s(spark, location: str) -> float:
+def last_commit_s(spark: SparkSession, location: str) -> float:
     """The refined table's newest commit time, seconds since the epoch."""
     [row] = spark.sql(f"DESCRIBE HISTORY delta.`{location}` LIMIT 1").select("timestamp").collect()
     return row.timestamp.timestamp()
@@ -53,11 +55,11 @@ def main() -> None:
         declare_features(refined, features)
         refined_snapshot(spark, refined, args.size, None)
         create_raw_table(spark, raw, TOPIC)
-        append_raw_changes(spark, raw, args.size, 0, 1000, "uniform")
+        append_raw_changes(spark, raw, args.size, 0, 1000)
         refine(spark, warehouse, features)  # the table's first refinement, in this process
         first, to_commit, to_exit = 1000, [], []
         for round_ in range(args.rounds):
-            append_raw_changes(spark, raw, args.size, first, args.changes, "uniform")
+            append_raw_changes(spark, raw, args.size, first, args.changes)
             first += args.changes
             started = time.time()
             subprocess.run(

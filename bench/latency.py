@@ -33,6 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg
+from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from targets import COMMIT_TO_REFINED_P95
 
@@ -70,7 +71,7 @@ def stop_job(process: subprocess.Popen) -> None:
             os.killpg(process.pid, signal.SIGKILL)
 
 
-def wait_for_row(spark, location: str, row_id: int, timeout_s: float, column: str = "id") -> None:
+def wait_for_row(spark: SparkSession, location: str, row_id: int, timeout_s: float, column: str = "id") -> None:
     """Poll until the table has a row whose ``column`` is ``row_id``."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -159,7 +160,7 @@ def measure(args: argparse.Namespace, settings: Settings) -> None:
             # The latencies are read from the refined table's Change Data Feed, off by default: on from
             # here (a job's MERGE meeting this commit runs again), as on a table a business table reads.
             spark.sql(f"ALTER TABLE delta.`{refined}` SET TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')")
-            feed_from = spark.sql(f"DESCRIBE HISTORY delta.`{refined}` LIMIT 1").head().version
+            feed_from = spark.sql(f"DESCRIBE HISTORY delta.`{refined}` LIMIT 1").collect()[0].version
             committed: dict[int, float] = {}
             with psycopg.connect(dsn, autocommit=True) as conn:
                 for row_id in range(1, args.warmup + args.commits + 1):

@@ -26,14 +26,16 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import fastavro
 from google.protobuf import message_factory
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from cdc.core.config import SparkConfig
 from cdc.core.session import build_spark_session
@@ -170,7 +172,7 @@ def page_view(rng: random.Random, number: int) -> dict:
     }
 
 
-def encodings(events: list[tuple[int, dict]], message_class) -> dict[str, list[tuple]]:
+def encodings(events: list[tuple[int, dict]], message_class: type[Any]) -> dict[str, list[tuple]]:
     """Each (offset, event) as a raw row of each format: (value, value_bytes, partition, offset)."""
     avro_schema = fastavro.parse_schema(AVRO)
     rows: dict[str, list[tuple]] = {"protobuf": [], "json": [], "avro": []}
@@ -185,7 +187,7 @@ def encodings(events: list[tuple[int, dict]], message_class) -> dict[str, list[t
     return rows
 
 
-def write_tables(spark: SparkSession, count: int, message_class, folder: str) -> dict[str, float]:
+def write_tables(spark: SparkSession, count: int, message_class: type[Any], folder: str) -> dict[str, float]:
     """The three raw-like Delta tables ``<folder>/raw/<format>``, built and written in slices (a slice's
     events leave Python before the next is built); the mean value size of each format."""
     rng = random.Random(7)
@@ -198,7 +200,7 @@ def write_tables(spark: SparkSession, count: int, message_class, folder: str) ->
     return {name: total / count for name, total in sizes.items()}
 
 
-def best_rate(decode, rounds: int, count: int) -> tuple[float, list[float]]:
+def best_rate(decode: Callable[[], DataFrame], rounds: int, count: int) -> tuple[float, list[float]]:
     """Events/s of the best of ``rounds`` full runs of ``decode()`` into the no-op sink, and each run's seconds."""
     seconds = []
     for _ in range(rounds):

@@ -26,10 +26,12 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pyspark.sql import SparkSession
 from targets import RAW_AGAINST_PLAIN_STREAM, RAW_RATE
 
 from cdc.core.config import Settings, load_settings
@@ -38,7 +40,7 @@ from cdc.core.session import build_spark_session, job_spark_config
 VARIANTS = ("cdc raw", "plain stream")
 
 
-def produce(spark, bootstrap: str, topic: str, messages: int, size: int, partitions: int) -> None:
+def produce(spark: SparkSession, bootstrap: str, topic: str, messages: int, size: int, partitions: int) -> None:
     """``messages`` JSON values of about ``size`` bytes, written by Spark's Kafka sink (the Java producer)."""
     from kafka import KafkaAdminClient
     from kafka.admin import NewTopic
@@ -65,7 +67,7 @@ def produce(spark, bootstrap: str, topic: str, messages: int, size: int, partiti
     )
 
 
-def land(spark, variant: str, topic: str, bootstrap: str, warehouse: str) -> int:
+def land(spark: SparkSession, variant: str, topic: str, bootstrap: str, warehouse: str) -> int:
     """Land all of ``topic`` into a new table under ``warehouse`` with ``variant``; return the rows landed."""
     if variant == "cdc raw":
         from cdc.core.config import validate
@@ -125,7 +127,7 @@ def worker(variant: str, topic: str, bootstrap: str, warehouse: str) -> None:
     print(json.dumps(result), flush=True)
 
 
-def _tree_sum(root: int, reading) -> float:
+def _tree_sum(root: int, reading: Callable[[list[str]], float]) -> float:
     """The sum of ``reading(fields of /proc/PID/stat)`` over ``root`` and all its descendants."""
     children: dict[int, list[int]] = {}
     values: dict[int, float] = {}
@@ -180,7 +182,7 @@ def run_worker(variant: str, topic: str, bootstrap: str, class_archive: bool, co
                 **({} if collector == "as-shipped" else {"CDC_SPARK__GARBAGE_COLLECTOR": collector}),
             },
         )
-        peak = 0
+        peak = 0.0
 
         def sample() -> None:
             nonlocal peak

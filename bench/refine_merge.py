@@ -169,7 +169,7 @@ def refined_snapshot(spark: SparkSession, location: str, size: int, rows_per_fil
     typed = parse_changes(
         envelopes(one), ConnectSchema.model_validate(KEY_SCHEMA), ConnectSchema.model_validate(VALUE_SCHEMA)
     )
-    schema = refined_rows(typed, [field["field"] for field in ROW_FIELDS]).schema
+    schema = refined_rows(typed, [str(field["field"]) for field in ROW_FIELDS]).schema
     files = -(-size // rows_per_file) if rows_per_file else None
     rows = (
         spark.range(0, size, 1, files)
@@ -241,7 +241,7 @@ def append_raw_changes(
     size: int,
     first: int,
     count: int,
-    workload: Workload,
+    workload: Workload = Workload(),
 ) -> None:
     """Append ``count`` changes (from change number ``first``) to the raw table as Kafka records:
     updates of random existing rows, inserts of new ids for ~10%, and deletes (see :class:`Workload`)."""
@@ -293,6 +293,7 @@ def refine(spark: SparkSession, warehouse: str, features: TableFeatures) -> floa
 
 def last_merge_ms(spark: SparkSession, location: str) -> float:
     history = spark.sql(f"DESCRIBE HISTORY delta.`{location}` LIMIT 5").where("operation = 'MERGE'").head()
+    assert history is not None, f"no MERGE in the last commits of {location}"
     return float(history.operationMetrics["executionTimeMs"])
 
 
@@ -307,7 +308,9 @@ def decoded_batch(spark: SparkSession, warehouse: str, size: int, first: int, co
         ConnectSchema.model_validate(KEY_SCHEMA),
         ConnectSchema.model_validate(VALUE_SCHEMA),
     )
-    rows = refined_rows(latest_per_key(changes, ["id"], None, placeholders=False), [f["field"] for f in ROW_FIELDS])
+    rows = refined_rows(
+        latest_per_key(changes, ["id"], None, placeholders=False), [str(f["field"]) for f in ROW_FIELDS]
+    )
     rows.write.format("delta").save(location)
     return location
 
@@ -340,7 +343,7 @@ def naive_apply(
     raw = spark.read.format("delta").load(scratch)
     schema = ConnectSchema.model_validate(VALUE_SCHEMA)
     changes = parse_changes(raw, ConnectSchema.model_validate(KEY_SCHEMA), schema)
-    batch = refined_rows(latest_per_key(changes, ["id"], None), [field["field"] for field in ROW_FIELDS])
+    batch = refined_rows(latest_per_key(changes, ["id"], None), [str(field["field"]) for field in ROW_FIELDS])
     table = spark.read.format("delta").load(location)
     joined = table.alias("t").join(batch.alias("s"), "id", "full_outer")
     newer = F.col(f"s.{LSN}").isNotNull() & (F.col(f"t.{LSN}").isNull() | (F.col(f"s.{LSN}") >= F.col(f"t.{LSN}")))

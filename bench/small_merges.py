@@ -69,7 +69,7 @@ def main() -> None:
         if batch % args.window == 0:
             for name, location in tables.items():
                 window = sorted(times[name][-args.window :])
-                files = spark.sql(f"DESCRIBE DETAIL delta.`{location}`").head().numFiles
+                files = spark.sql(f"DESCRIBE DETAIL delta.`{location}`").collect()[0].numFiles
                 print(
                     f"MERGEs {batch - args.window + 1:4d}-{batch:<4d} {name:15s} "
                     f"median {statistics.median(window):.3f} s, "

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg
 
-from cdc.core.config import load_settings
+from cdc.core.config import Settings, load_settings
 from cdc.core.errors import CdcError
 from cdc.core.session import build_spark_session
 from cdc.stack.local import LocalStack, stack_for_a_run
@@ -118,7 +118,7 @@ def main() -> int:
         return soak(args, settings, stack, seed)
 
 
-def soak(args: argparse.Namespace, settings, stack: LocalStack, seed: int) -> int:
+def soak(args: argparse.Namespace, settings: Settings, stack: LocalStack, seed: int) -> int:
     rng, faults_rng = random.Random(seed), random.Random()
     name = f"soak{uuid.uuid4().hex[:8]}"
     dsn, bootstrap = settings.stack.postgres.dsn(), settings.stack.kafka.bootstrap_servers
@@ -180,6 +180,7 @@ def soak(args: argparse.Namespace, settings, stack: LocalStack, seed: int) -> in
             else:
                 component = kafka if victim == "kafka" else connect
                 pid = component.status().pid
+                assert pid is not None, f"{victim} is not running"
                 os.killpg(pid, signal.SIGKILL)
                 while component.status().pid is not None:
                     time.sleep(0.1)
