@@ -93,6 +93,7 @@ SOURCE_FIELDS = [
     {"type": "int64", "optional": True, "field": "lsn"},
     {"type": "int64", "optional": True, "field": "xmin"},
 ]
+ROW_COLUMNS = [str(field["field"]) for field in ROW_FIELDS]  # the refined table's columns
 ROW = {"type": "struct", "fields": ROW_FIELDS, "optional": True, "name": "bench.bench.accounts.Value"}
 VALUE_SCHEMA = {
     "type": "struct",
@@ -169,7 +170,7 @@ def refined_snapshot(spark: SparkSession, location: str, size: int, rows_per_fil
     typed = parse_changes(
         envelopes(one), ConnectSchema.model_validate(KEY_SCHEMA), ConnectSchema.model_validate(VALUE_SCHEMA)
     )
-    schema = refined_rows(typed, [str(field["field"]) for field in ROW_FIELDS]).schema
+    schema = refined_rows(typed, ROW_COLUMNS).schema
     files = -(-size // rows_per_file) if rows_per_file else None
     rows = (
         spark.range(0, size, 1, files)
@@ -308,9 +309,7 @@ def decoded_batch(spark: SparkSession, warehouse: str, size: int, first: int, co
         ConnectSchema.model_validate(KEY_SCHEMA),
         ConnectSchema.model_validate(VALUE_SCHEMA),
     )
-    rows = refined_rows(
-        latest_per_key(changes, ["id"], None, placeholders=False), [str(f["field"]) for f in ROW_FIELDS]
-    )
+    rows = refined_rows(latest_per_key(changes, ["id"], None, placeholders=False), ROW_COLUMNS)
     rows.write.format("delta").save(location)
     return location
 
@@ -343,7 +342,7 @@ def naive_apply(
     raw = spark.read.format("delta").load(scratch)
     schema = ConnectSchema.model_validate(VALUE_SCHEMA)
     changes = parse_changes(raw, ConnectSchema.model_validate(KEY_SCHEMA), schema)
-    batch = refined_rows(latest_per_key(changes, ["id"], None), [str(field["field"]) for field in ROW_FIELDS])
+    batch = refined_rows(latest_per_key(changes, ["id"], None), ROW_COLUMNS)
     table = spark.read.format("delta").load(location)
     joined = table.alias("t").join(batch.alias("s"), "id", "full_outer")
     newer = F.col(f"s.{LSN}").isNotNull() & (F.col(f"t.{LSN}").isNull() | (F.col(f"s.{LSN}") >= F.col(f"t.{LSN}")))

@@ -226,10 +226,10 @@ def build_spark_session(config: SparkConfig | None = None) -> SparkSession:
     starts_jvm = SparkSession.getActiveSession() is None and SparkContext._active_spark_context is None
     if starts_jvm:
         _prepare_log_file(config)
-        if derby_log_option(config.catalog, metastore_dir(config)):
+        if derby_log_option(config.catalog, folder := metastore_dir(config)):
             # Derby writes its log there from its start: a missing folder sends its boot banner and a
             # FileNotFoundException to the terminal instead.
-            metastore_dir(config).expanduser().mkdir(parents=True, exist_ok=True)
+            folder.expanduser().mkdir(parents=True, exist_ok=True)
     settings = spark_conf(config)
     if starts_jvm and "PYSPARK_GATEWAY_PORT" not in os.environ:  # (under spark-submit the JVM runs already)
         _start_driver_jvm(settings)
