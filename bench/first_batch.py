@@ -32,8 +32,8 @@ from cdc.core.config import load_settings
 from cdc.core.session import build_spark_session, job_spark_config
 from cdc.core.tables import raw_table_location
 from cdc.raw.table import create_raw_table
+from refine.apply.merge import declare_features
 from refine.config import refined_table_location
-from refine.merge import declare_features
 
 
 def last_commit_s(spark: SparkSession, location: str) -> float:

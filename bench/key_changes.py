@@ -6,7 +6,7 @@ For each depth D, a batch of CHAINS rows each inserted with a large value, then 
 (the large value left alone: Debezium's placeholder) and re-keyed (a delete, and a create carrying
 the placeholder and the old key), the chains interleaved in source order, after OTHERS changes of
 rows no key change touches (an insert, then updates with the placeholder: a batch's usual work). Prints, per depth, the
-batch's changes and the median seconds of `refine.rekey.fill_from_old_keys` over the batch (read
+batch's changes and the median seconds of `refine.apply.rekey.fill_from_old_keys` over the batch (read
 from Parquet, its result written to Spark's no-op sink), and checks every create and update got the
 inserted value. Prints figures; asserts nothing else. Needs no running stack.
 """
@@ -27,9 +27,9 @@ from pyspark.sql import functions as F
 
 from cdc.core.config import load_settings
 from cdc.core.session import build_spark_session, job_spark_config
-from refine.envelope import ConnectSchema
-from refine.rekey import OLD_KEY_HEADER, fill_from_old_keys
-from refine.toast import TOAST_PLACEHOLDER
+from refine.apply.rekey import OLD_KEY_HEADER, fill_from_old_keys
+from refine.records.envelope import ConnectSchema
+from refine.records.toast import TOAST_PLACEHOLDER
 
 KEY_SCHEMA = ConnectSchema.model_validate({"type": "struct", "fields": [{"type": "int64", "field": "id"}]})
 CHANGES = (

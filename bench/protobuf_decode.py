@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/protobuf_decode.py [--events 200000] [--rounds 3]
 
-Protobuf values are decoded by Python code over Arrow batches (refine/protobuf_events.py, mapInArrow):
+Protobuf values are decoded by Python code over Arrow batches (cdc/pipeline/events/protobuf.py, mapInArrow):
 spark-protobuf's from_protobuf is not on Maven Central as this project's machines reach it. This
 measures what that costs against the two paths Spark decodes in the JVM, on the same events:
 

@@ -53,12 +53,12 @@ from cdc.core.session import build_spark_session, job_spark_config
 from cdc.core.tables import TableFeatures, raw_table_location
 from cdc.raw.rows import raw_rows
 from cdc.raw.table import create_raw_table
+from refine.apply.latest import latest_per_key
+from refine.apply.merge import LSN, OP, declare_features, ensure_refined_table, refined_rows
 from refine.config import refined_table_location
-from refine.envelope import COMMON_SOURCE_FIELDS, ConnectSchema
 from refine.job import RefineJobConfig, run_refine_job
-from refine.latest import latest_per_key
-from refine.merge import LSN, OP, declare_features, ensure_refined_table, refined_rows
-from refine.parse import parse_changes
+from refine.records.envelope import COMMON_SOURCE_FIELDS, ConnectSchema
+from refine.records.parse import parse_changes
 
 TOPIC = "bench.bench.accounts"
 WARMUP_SIZE = 200_000  # rows of the warm-up round's refined table

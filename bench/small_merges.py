@@ -28,7 +28,7 @@ from refine_merge import refined_snapshot
 
 from cdc.core.config import load_settings
 from cdc.core.session import build_spark_session
-from refine.merge import AUTO_COMPACT_PROPERTY, LSN, merge_changes
+from refine.apply.merge import AUTO_COMPACT_PROPERTY, LSN, merge_changes
 
 
 def merge_two_rows(spark: SparkSession, location: str, rows: int, batch: int) -> float:

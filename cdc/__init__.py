@@ -36,16 +36,20 @@ _EXPORTS = {
     "TableError": "cdc.core.errors",
     "StreamError": "cdc.core.errors",
     "ExpectationError": "cdc.core.errors",
+    "QuarantineError": "cdc.core.errors",
     "RawJobConfig": "cdc.raw.config",
     "TopicSummary": "cdc.raw.job",
     "run_raw_job": "cdc.raw.job",
     "RefineJobConfig": "refine.job",
     "Connector": "refine.config",
+    "SchemaChangePolicy": "refine.apply.schema_changes",
     "run_refine_job": "refine.job",
     "RebuiltTable": "refine.rebuild",
     "Pipeline": "cdc.pipeline.config",
     "load_pipeline": "cdc.pipeline.load",
     "WarehouseStatus": "cdc.status",
+    "OptimizeResult": "cdc.maintenance",
+    "VacuumResult": "cdc.maintenance",
 }
 
 __all__ = [
@@ -58,10 +62,13 @@ __all__ = [
     "KafkaConnection",
     "Lakehouse",
     "OffsetGapError",
+    "OptimizeResult",
     "Pipeline",
+    "QuarantineError",
     "RawJobConfig",
     "RebuiltTable",
     "RefineJobConfig",
+    "SchemaChangePolicy",
     "Settings",
     "SourceError",
     "SparkConfig",
@@ -69,6 +76,7 @@ __all__ = [
     "StreamError",
     "TableError",
     "TopicSummary",
+    "VacuumResult",
     "WarehouseStatus",
     "build_spark_session",
     "load_pipeline",
@@ -87,17 +95,20 @@ if TYPE_CHECKING:
         DependencyError,
         ExpectationError,
         OffsetGapError,
+        QuarantineError,
         SourceError,
         StackError,
         StreamError,
         TableError,
     )
     from cdc.core.session import build_spark_session
+    from cdc.maintenance import OptimizeResult, VacuumResult
     from cdc.pipeline.config import Pipeline
     from cdc.pipeline.load import load_pipeline
     from cdc.raw.config import RawJobConfig
     from cdc.raw.job import TopicSummary, run_raw_job
     from cdc.status import WarehouseStatus
+    from refine.apply.schema_changes import SchemaChangePolicy
     from refine.config import Connector
     from refine.job import RefineJobConfig, run_refine_job
     from refine.rebuild import RebuiltTable

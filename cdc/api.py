@@ -170,6 +170,7 @@ class Lakehouse:
         rebuild: bool = False,
         reinfer_schema: bool = False,
         fail_on_quarantine: bool = False,
+        schema_changes: str | None = None,
         stop: threading.Event | None = None,
     ) -> int | dict[str, int]:
         """Decode a raw table and MERGE it into its refined table (``cdc refine``): the raw table of topic
@@ -182,8 +183,10 @@ class Lakehouse:
         ``rebuild``: first make the refined table(s) again from the raw table's current contents
         (:meth:`rebuild`). ``reinfer_schema``: infer the kept schemas of a pipeline's
         event sources again. ``fail_on_quarantine``: raise :class:`~cdc.core.errors.QuarantineError` after a
-        run that sent records to the quarantine (every other change is applied). Returns the changes read:
-        a count, or a count per table for a pipeline.
+        run that sent records to the quarantine (every other change is applied). ``schema_changes``
+        (``evolve``, ``lenient``, ``exception``, ``ignore``): what the table does when a source column changes
+        type, is dropped or renamed, over the pipeline's and table's settings (default ``lenient``). Returns
+        the changes read: a count, or a count per table for a pipeline.
 
         Example::
 
@@ -202,6 +205,7 @@ class Lakehouse:
                 "reinfer_schema": reinfer_schema,
                 "rebuild": rebuild,
                 "fail_on_quarantine": fail_on_quarantine,
+                "schema_changes": schema_changes,
             }
             config = validate(PipelineRefineConfig, run, "refine job settings")
             spark = self.spark(refines_continuously=continuous)
@@ -209,7 +213,7 @@ class Lakehouse:
         if reinfer_schema:
             raise ConfigError("reinfer_schema applies to the event sources of a pipeline")
         assert table is not None  # one of the two, checked above
-        job = self._refine_config(table, columns, key, trigger, fail_on_quarantine, connector)
+        job = self._refine_config(table, columns, key, trigger, fail_on_quarantine, connector, schema_changes)
         spark = self.spark(refines_continuously=continuous)
         job = job.model_copy(update={"table": self._topic(spark, table)})
         if rebuild:
@@ -248,10 +252,11 @@ class Lakehouse:
         interval_s: float = 2.0,
         max_offsets_per_trigger: int | None = None,
         allow_gaps: bool = False,
+        schema_changes: str | None = None,
         stop: threading.Event | None = None,
     ) -> list[TopicSummary]:
         """Land topics and refine them in one Spark application (``cdc sync``): Debezium ``topics`` by
-        name, or a ``pipeline``'s sources and tables.
+        name, or a ``pipeline``'s sources and tables. ``schema_changes`` as in :meth:`refine`.
 
         Example::
 
@@ -270,13 +275,19 @@ class Lakehouse:
             loaded = _pipeline(pipeline)
             document: dict[str, Any] = {
                 "raw": raw_job_config(loaded, raw),
-                "refine": {"kind": "pipeline", "pipeline": loaded, "run": run},
+                "refine": {"kind": "pipeline", "pipeline": loaded, "run": {**run, "schema_changes": schema_changes}},
             }
         else:
             assert topics is not None  # one of the two, checked above
             document = {
                 "raw": {**raw, "topics": {"kind": "topics", "topics": list(topics)}, "on_gap": raw["on_gap"] or "fail"},
-                "refine": {"kind": "topics", "jobs": [{**run, "table": topic} for topic in topics]},
+                "refine": {
+                    "kind": "topics",
+                    "jobs": [
+                        {**run, "table": topic, **({"schema_changes": schema_changes} if schema_changes else {})}
+                        for topic in topics
+                    ],
+                },
             }
         config = validate(SyncJobConfig, document, "sync job settings")
         return run_sync_job(self.spark(refines_continuously=continuous), config, say=self.say, stop=stop)
@@ -364,8 +375,10 @@ class Lakehouse:
         trigger: dict[str, Any],
         fail_on_quarantine: bool = False,
         connector: str = "auto",
+        schema_changes: str | None = None,
     ) -> RefineJobConfig:
         document = {
+            **({"schema_changes": schema_changes} if schema_changes is not None else {}),
             "table": table,
             "warehouse": self.warehouse,
             "columns": dict(columns) if columns else None,

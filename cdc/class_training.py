@@ -121,7 +121,7 @@ _KEY_SCHEMA = {"type": "struct", "optional": False, "name": "train.public.items.
 
 
 def _value_schema() -> dict:
-    from refine.envelope import COMMON_SOURCE_FIELDS
+    from refine.records.envelope import COMMON_SOURCE_FIELDS
 
     source = [
         *COMMON_SOURCE_FIELDS,

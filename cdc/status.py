@@ -20,9 +20,9 @@ from cdc.core.tables import (
     table_version,
 )
 from cdc.raw.checkpoint import committed_offsets
-from refine.expectations import expectations_location
 from refine.progress import RefinedTableStatus, refined_table_statuses
-from refine.quarantine import quarantine_location
+from refine.quality.expectations import expectations_location
+from refine.quality.quarantine import quarantine_location
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from cdc.pipeline.run import PipelineRefineConfig, run_pipeline_refine
 from cdc.raw.config import RawJobConfig, TopicList
 from cdc.raw.job import TopicSummary, run_raw_job
 from refine.job import RefineJobConfig, run_refine_job
-from refine.schemas import infers_schema
+from refine.records.schemas import infers_schema
 
 
 class TopicsRefinement(_Strict):
@@ -134,7 +134,7 @@ def _refinements(
     match config.refine:
         case PipelineRefinement(pipeline=pipeline, run=run):
             refine_all = lambda: run_pipeline_refine(spark, pipeline, run, say, stop)  # noqa: E731
-            # An event source without a schema has it inferred from its first rows (refine/schemas.py).
+            # An event source without a schema has it inferred from its first rows (refine/records/schemas.py).
             inferred = [
                 source.topic
                 for source in pipeline.sources.values()

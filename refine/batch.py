@@ -5,8 +5,8 @@ batch, in one pass; a batch that holds others (a handful of distinct strings) ha
 driver first (:mod:`refine.batch_schemas`), and is parsed with them; undecodable records go to the
 quarantine; the changes are applied by the path their table takes, each of which can be rerun or
 replayed any number of times: keyed (the last change per key, by LSN then offset, MERGEd with position
-guards: :mod:`refine.keyed`, its history: :mod:`refine.history`), keyless (:mod:`refine.keyless`) or
-MongoDB documents (:mod:`refine.mongo`).
+guards: :mod:`refine.apply.keyed`, its history: :mod:`refine.apply.history`), keyless (:mod:`refine.apply.keyless`) or
+MongoDB documents (:mod:`refine.mongo.documents`).
 """
 
 from __future__ import annotations
@@ -15,27 +15,24 @@ from collections.abc import Callable
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from cdc.core.errors import CdcError
 from cdc.core.shared_tables import retrying_conflicts
 from cdc.core.streaming import batch_error
-from cdc.core.tables import raw_table_location
-from refine.batch_facts import BatchFacts, batch_facts
+from cdc.core.tables import is_delta_table, raw_table_location
+from refine.apply.batch_facts import BatchFacts, batch_facts
+from refine.apply.deleted import deleted_location
+from refine.apply.flatten import child_table_name
+from refine.apply.keyed import KeyedTables, merge_keyed_batch
+from refine.apply.keyless import applied_location, merge_keyless_batch
+from refine.apply.merge import declare_features, declare_schema_rules
+from refine.apply.rules import TableRules, history_table_name
+from refine.apply.schema_changes import SchemaChangePolicy, misfit, with_renamed_columns
 from refine.batch_schemas import readable_value_schemas
 from refine.config import Connector, RefineJobConfig, refined_table_location
-from refine.deleted import deleted_location
-from refine.envelope import ConnectSchema
-from refine.flatten import child_table_name
-from refine.flattened import is_flattened, remember_schema, remembered_schema
-from refine.keyed import KeyedTables, merge_keyed_batch
-from refine.keyless import applied_location, merge_keyless_batch
-from refine.merge import declare_features
-from refine.mongo import has_bare_mongo_envelopes, is_mongo, refine_mongo_batch
-from refine.parse import VALUE_NOT_UTF8, first_wrapper_schemas, record_columns, refused_schema, wrapper_schemas
-from refine.parse_batch import ParsedBatch, parse_rows, parse_schemaless
-from refine.quarantine import quarantine, quarantine_location
-from refine.rules import TableRules, history_table_name
-from refine.unwrapped_documents import (
+from refine.mongo.documents import has_bare_mongo_envelopes, is_mongo, refine_mongo_batch
+from refine.mongo.unwrapped_documents import (
     as_mongo_envelopes,
     has_unwrapped_documents,
     is_marked_unwrapped,
@@ -45,6 +42,11 @@ from refine.unwrapped_documents import (
     refuse_mixed_forms,
     refuse_rows_after_envelopes,
 )
+from refine.parse_batch import ParsedBatch, parse_rows, parse_schemaless
+from refine.quality.quarantine import quarantine, quarantine_location
+from refine.records.envelope import ConnectSchema
+from refine.records.flattened import is_flattened, remember_schema, remembered_schema
+from refine.records.parse import VALUE_NOT_UTF8, first_wrapper_schemas, record_columns, refused_schema, wrapper_schemas
 
 _KNOWN = 16  # wrapper schemas remembered per raw table and column
 _BOTH_FORMS = "holds both the MongoDB connector's envelopes and ExtractNewDocumentState's rows"
@@ -76,6 +78,8 @@ class RefineBatch:
         self.refined = refined_table_location(config.warehouse, config.target)
         declare_features(self.refined, config.features)
         self.deleted = deleted_location(config.warehouse, config.target)
+        for location in (self.refined, self.deleted):
+            declare_schema_rules(location, config.schema_rules)
         self.applied = applied_location(config.warehouse, config.target)
         history = refined_table_location(config.warehouse, history_table_name(config.target))
         self.tables = KeyedTables(
@@ -177,7 +181,7 @@ class RefineBatch:
         """Whether the batch is ExtractNewDocumentState's rows (see ``RefineJobConfig.connector``), from the
         value schemas it holds, or, with none (``bare_rows``: neither envelopes nor their schemas), from its
         records; a batch of tombstones alone follows the table's mark. Envelopes and such rows in one
-        refined table are refused (:func:`refine.unwrapped_documents.refuse_mixed_forms`)."""
+        refined table are refused (:func:`refine.mongo.unwrapped_documents.refuse_mixed_forms`)."""
         connector = self.config.connector
         if connector is Connector.POSTGRES or not (bare_rows or any(map(is_flattened, schemas))):
             return False
@@ -244,7 +248,16 @@ class RefineBatch:
     ) -> bool:
         """Refine Postgres envelopes or flattened rows (:func:`refine.parse_batch.parse_rows`); False, with
         nothing written, when the schemas were ``guessed`` and a record holds another."""
-        parsed = parse_rows(records, schemas, texts, self.config.columns or {}, self.raw, guessed, refused)
+        parsed = parse_rows(
+            records,
+            schemas,
+            texts,
+            self.config.columns or {},
+            self.raw,
+            guessed,
+            refused,
+            time_zone=self.config.source_time_zone,
+        )
         if parsed is None:
             return False
         applied = self._apply(spark, records, parsed, guessed)
@@ -261,9 +274,8 @@ class RefineBatch:
         written, when the schemas were ``guessed`` and a record holds another."""
         # Parsed once, for the facts below, the quarantine and the MERGEs; the raw value only where a
         # problem needs it.
-        parsed = batch.changes.withColumn(
-            "raw_value", F.when(F.col("problem").isNotNull(), F.col("raw_value"))
-        ).persist()
+        changes = self._follow_renames_and_fits(spark, batch.changes)
+        parsed = changes.withColumn("raw_value", F.when(F.col("problem").isNotNull(), F.col("raw_value"))).persist()
         try:
             facts = batch_facts(parsed)
             if guessed and facts.other_schemas:
@@ -283,10 +295,25 @@ class RefineBatch:
             columns = [field.field_name for field in batch.value_schema.field_named("after").fields or ()]
             if batch.no_readable_key:
                 return True
-            self._merge(spark, valid, batch.key_schema, columns, facts)
+            self._merge(spark, valid, batch.key_schema, columns, facts, batch.current_columns or columns)
             return True
         finally:
             parsed.unpersist()
+
+    def _follow_renames_and_fits(self, spark: SparkSession, changes: DataFrame) -> DataFrame:
+        """Parsed ``changes`` with the declared renames followed
+        (:func:`refine.apply.schema_changes.with_renamed_columns`) and, under the policy ``ignore``, a problem
+        for each value the refined table's column cannot hold."""
+        if self.config.schema_changes is not SchemaChangePolicy.IGNORE:  # which follows no rename
+            return with_renamed_columns(changes, self.config.renames)
+        if not is_delta_table(spark, self.refined):
+            return changes
+        row_type = changes.schema["after"].dataType
+        assert isinstance(row_type, StructType)  # a row of columns
+        stored = spark.read.format("delta").load(self.refined).schema
+        images = [(F.col(image), f"{image}.") for image in ("after", "before")]
+        reasons = [reason for image, label in images if (reason := misfit(image, label, row_type, stored)) is not None]
+        return changes.withColumn("problem", F.coalesce(F.col("problem"), *reasons)) if reasons else changes
 
     def _merge(
         self,
@@ -295,13 +322,15 @@ class RefineBatch:
         key_schema: ConnectSchema | None,
         columns: list[str],
         facts: BatchFacts,
+        current_columns: list[str],
     ) -> None:
-        """Apply the batch's valid ``changes`` by their table's path: keyed, or keyless when the Kafka keys are null."""
+        """Apply the batch's valid ``changes`` by their table's path: keyed, or keyless when the Kafka keys are
+        null (its rows' images are of the ``current_columns``: a column dropped within the batch is no part)."""
         if key_schema is None:
             merge_keyless_batch(
                 spark,
                 changes,
-                columns,
+                current_columns,
                 location=self.refined,
                 applied_at=self.applied,
                 rules=self.rules,

@@ -8,21 +8,23 @@ import json
 
 from pydantic import ValidationError
 
-from refine.decode import decoded_type
-from refine.envelope import ConnectSchema, ConnectType
-from refine.flattened import is_flattened
-from refine.mongo import is_mongo
+from refine.apply.schema_changes import widened_type
+from refine.mongo.documents import is_mongo
+from refine.records.decode import decoded_type
+from refine.records.envelope import ConnectSchema, ConnectType
+from refine.records.flattened import is_flattened
 
 
 def merged_schema(schemas: list[ConnectSchema]) -> ConnectSchema:
     """One envelope schema covering a batch's schemas: a column added mid-batch is in it (optional, as
-    the records before it hold none)."""
+    the records before it hold none); a column that changed type is of its latest schema (records of
+    each schema are decoded with their own: :mod:`refine.parse_batch`)."""
     latest = schemas[-1]
     rows = [schema.field_named("after") for schema in schemas]
     fields: dict[str, dict] = {}
     for row in rows:
         for field in row.fields or ():
-            fields.setdefault(field.field_name, field.model_dump(exclude_none=True))
+            fields[field.field_name] = field.model_dump(exclude_none=True)  # in order of first appearance
     for name, document in fields.items():  # a column added or dropped within the batch: null in some records
         if not all(any(f.field == name for f in row.fields or ()) for row in rows):
             document["optional"] = True
@@ -108,8 +110,9 @@ def readable_value_schemas(
 
 
 def readable_key_schemas(texts: list[str], value_schema: ConnectSchema) -> tuple[list[str], dict[str, str]]:
-    """The key schemas of a batch whose fields are all columns of the value's rows, of the same type;
-    the others' texts with why (a change is applied by its key's columns)."""
+    """The key schemas of a batch whose fields are all columns of the value's rows, of their type (or of one
+    it holds: a key of a record before its column was widened); the others' texts with why (a change is
+    applied by its key's columns)."""
     columns = {field.field: field for field in value_schema.field_named("after").fields or ()}
     refused = {}
     for text in texts:
@@ -118,7 +121,9 @@ def readable_key_schemas(texts: list[str], value_schema: ConnectSchema) -> tuple
             for field in schema.fields or () if schema.type == ConnectType.STRUCT else ():
                 if field.field not in columns:
                     why = f"field {field.field} of the key's schema is no column of the value's rows"
-                elif decoded_type(field) != decoded_type(columns[field.field]):
+                elif (
+                    widened_type(decoded_type(field), column_type := decoded_type(columns[field.field])) != column_type
+                ):
                     why = (
                         f"field {field.field} is {decoded_type(field).simpleString()} in the key's schema and "
                         f"{decoded_type(columns[field.field]).simpleString()} in the value's"

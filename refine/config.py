@@ -10,8 +10,9 @@ from pydantic import AfterValidator, Field, field_validator, model_validator
 from cdc.core.config import TOPIC_NAME, Continuous, Trigger, _Strict
 from cdc.core.storage import normalize_location
 from cdc.core.tables import TableFeatures
-from refine.columns import connect_type
-from refine.rules import TableRules
+from refine.apply.rules import TableRules
+from refine.apply.schema_changes import SchemaChangePolicy, SchemaChangeRules, TimeZoneName
+from refine.records.columns import connect_type
 
 
 def _readable_type(spark_type: str) -> str:
@@ -83,7 +84,7 @@ class RefineJobConfig(RefineRun):
             "Postgres precision, which picks Debezium's encoding: milliseconds up to 3). For values written without a "
             "schema (schemas.enable=false) they are the row's schema, and `key` is required; with a schema they "
             "override decoded types (e.g. a decimal.handling.mode=string column declared decimal(12,2)). "
-            "See refine/columns.py."
+            "See refine/records/columns.py."
         ),
     )
     rules: TableRules | None = Field(default=None, description="Expectations checked before the MERGE (pipelines).")
@@ -102,7 +103,8 @@ class RefineJobConfig(RefineRun):
     history: bool = Field(
         default=False,
         description=(
-            "Keep every version of each row in <warehouse>/refined/<name>__history (SCD type 2, refine/history.py)."
+            "Keep every version of each row in <warehouse>/refined/<name>__history "
+            "(SCD type 2, refine/apply/history.py)."
         ),
     )
     features: TableFeatures = Field(
@@ -122,9 +124,50 @@ class RefineJobConfig(RefineRun):
         ),
     )
 
+    schema_changes: SchemaChangePolicy = Field(
+        default=SchemaChangePolicy.LENIENT,
+        description=(
+            "What the refined table (and its history, child and side tables) does when a source column changes "
+            "type, is dropped or renamed: evolve (every change applied, drops included), lenient (widenings "
+            "applied, nothing dropped or narrowed, an incompatible change widens the column to string), exception "
+            "(stop, naming the column and the way on), ignore (the schema stays; values that no longer fit go to "
+            "the quarantine). See docs/concepts/refine.md#schema-changes."
+        ),
+    )
+    renames: dict[str, str] = Field(
+        default_factory=dict,
+        description="Source column renames, old name to new: the new column takes the old one's values.",
+    )
+    drop_columns: bool = Field(
+        default=False,
+        description="Remove a column the source dropped (default: keep it, NULL in rows written after the drop).",
+    )
+    source_time_zone: TimeZoneName | None = Field(
+        default=None,
+        description="The source database's time zone (an IANA name): needed to follow a timestamp -> timestamptz "
+        "ALTER, whose stored wall-clock times are read in it.",
+    )
+
     @property
     def target(self) -> str:
         return self.name or self.table
+
+    @property
+    def schema_rules(self) -> SchemaChangeRules:
+        """How the refined table follows its source's schema changes."""
+        return SchemaChangeRules(
+            policy=self.schema_changes,
+            renames=self.renames,
+            drop_columns=self.drop_columns,
+            source_time_zone=self.source_time_zone,
+        )
+
+    @model_validator(mode="after")
+    def _renames_distinct(self) -> RefineJobConfig:
+        clashing = sorted(set(self.renames) & set(self.renames.values()))
+        if clashing:
+            raise ValueError(f"renames: {', '.join(clashing)} both renamed and a rename's new name")
+        return self
 
     @model_validator(mode="after")
     def _key_in_columns(self) -> RefineJobConfig:

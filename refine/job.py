@@ -6,10 +6,10 @@ each micro-batch is refined by :class:`refine.batch.RefineBatch`.
 
 Supported so far: Debezium Postgres topics (snapshot reads, creates, updates with TOAST placeholders,
 deletes, tombstones, truncates, added columns), with a primary key (primary-key changes:
-:mod:`refine.rekey`; deleted keys stay deleted: :mod:`refine.deleted`) or without one (multisets:
-:mod:`refine.keyless`), with or without the ``{schema, payload}`` wrapper (:mod:`refine.columns`);
-MongoDB topics (:mod:`refine.mongo`); rows flattened by ExtractNewRecordState /
-ExtractNewDocumentState (:mod:`refine.flattened`).
+:mod:`refine.apply.rekey`; deleted keys stay deleted: :mod:`refine.apply.deleted`) or without one (multisets:
+:mod:`refine.apply.keyless`), with or without the ``{schema, payload}`` wrapper (:mod:`refine.records.columns`);
+MongoDB topics (:mod:`refine.mongo.documents`); rows flattened by ExtractNewRecordState /
+ExtractNewDocumentState (:mod:`refine.records.flattened`).
 """
 
 from __future__ import annotations
@@ -30,14 +30,14 @@ from cdc.core.streaming import ProgressLine, ProgressReports, ending_on_request,
 from cdc.core.tables import delta_properties, is_delta_table, raw_table_location, raw_table_topic
 from refine.batch import RefineBatch
 from refine.config import RefineJobConfig, RefineRun, refined_table_location
-from refine.expectations import expectation_failures_since
 from refine.progress import (
     record_failure,
     record_tables,
     refine_checkpoint_location,
     refined_table_status,
 )
-from refine.quarantine import quarantine_location, quarantined_since
+from refine.quality.expectations import expectation_failures_since
+from refine.quality.quarantine import quarantine_location, quarantined_since
 from refine.rebuild import REBUILT_FROM_PROPERTY
 
 

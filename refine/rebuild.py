@@ -53,21 +53,21 @@ from cdc.core.tables import (
     raw_table_topic,
     table_version,
 )
+from refine.apply.deleted import deleted_location
+from refine.apply.flatten import child_table_name
+from refine.apply.keyless import applied_location, read_applied, write_applied
+from refine.apply.rules import TableRules, history_table_name
 from refine.batch import RefineBatch
 from refine.config import RefineJobConfig, refined_table_location
-from refine.deleted import deleted_location
-from refine.flatten import child_table_name
-from refine.keyless import applied_location, read_applied, write_applied
-from refine.quarantine import add_quarantined, quarantine_location
-from refine.rules import TableRules, history_table_name
-from refine.unwrapped_documents import forget_marks
+from refine.mongo.unwrapped_documents import forget_marks
+from refine.quality.quarantine import add_quarantined, quarantine_location
 
 # Raw records refined as one micro-batch of the rebuild (whole raw micro-batches: a chunk may hold more).
 RECORDS_PER_BATCH = 2_000_000
 # Table properties Delta manages itself: not copied from a staged table to its live one.
 _PROTOCOL_PROPERTIES = ("delta.minReaderVersion", "delta.minWriterVersion", "delta.feature.")
 # A table's Delta features: a new live table takes the staged one's (its job's); an existing one keeps
-# its own, and its job applies those it declares at its first batch (refine/merge.py).
+# its own, and its job applies those it declares at its first batch (refine/apply/merge.py).
 _FEATURE_PROPERTIES = (CHANGE_DATA_FEED_PROPERTY, DELETION_VECTORS_PROPERTY)
 
 # On a rebuilt refined table: the raw table's version it was rebuilt from (its stream goes on after it).

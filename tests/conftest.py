@@ -59,17 +59,19 @@ TEST_STACK_PORTS = {
 # pytest-xdist (one module per worker at a time; `./dev test` keeps this order: --no-loadscope-reorder) starts them
 # at once and the suite ends on short ones, not with one worker running a long module while the other waits.
 LONGEST_MODULES = [
-    "refine/test_mongo_connector.py",
+    "refine/mongo/test_mongo_connector.py",
     "refine/test_refine_job.py",
     "refine/test_rebuild.py",
-    "refine/test_rekey.py",
+    "refine/test_schema_changes.py",
+    "refine/apply/test_rekey.py",
     "cdc/stack/test_spark_cluster.py",
     "cdc/pipeline/test_run.py",
     "refine/test_random_workload.py",
+    "cdc/core/test_upgrade.py",
     "cdc/core/test_object_store.py",
     "refine/test_type_matrix.py",
     "refine/test_bad_records.py",
-    "refine/test_mongo.py",
+    "refine/mongo/test_mongo.py",
     "cdc/demo/test_shop.py",
     "cdc/core/test_catalog.py",
     "cdc/test_api.py",
@@ -78,8 +80,17 @@ LONGEST_MODULES = [
 ]
 
 
+# The fixtures that start real components (Postgres, Kafka, Kafka Connect, S3, a Spark cluster): a test using
+# one, directly or through another fixture, is an integration test. The marker is derived, never written by
+# hand, so `-m "not integration"` starts nothing and leaves out no test that needs nothing.
+STACK_FIXTURES = frozenset({"stack", "spark_cluster"})
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     tests = Path(__file__).parent
+    for item in items:
+        if STACK_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
 
     def rank(item: pytest.Item) -> int:
         module = item.path.relative_to(tests).as_posix() if item.path.is_relative_to(tests) else ""
@@ -117,9 +128,15 @@ def stack_config(tmp_path_factory: pytest.TempPathFactory) -> StackConfig:
     )
 
 
+def _refused_in_the_stack_free_tier(request: pytest.FixtureRequest, what: str) -> None:
+    if "not integration" in (request.config.getoption("markexpr") or ""):
+        pytest.fail(f"{what} was asked for in the stack-free tier (-m 'not integration'): see STACK_FIXTURES")
+
+
 @pytest.fixture(scope="session")
-def stack(stack_config: StackConfig) -> Iterator[Stack]:
+def stack(stack_config: StackConfig, request: pytest.FixtureRequest) -> Iterator[Stack]:
     """The running stack; stopped at the end, and then checked to have left no process behind."""
+    _refused_in_the_stack_free_tier(request, "the stack")
     if os.environ.get("CDC_TEST_STACK", "local") == "docker":
         from cdc.stack.docker import DockerComposeStack
 
@@ -138,10 +155,11 @@ def stack(stack_config: StackConfig) -> Iterator[Stack]:
 
 
 @pytest.fixture(scope="session")
-def spark_cluster(stack_config: StackConfig):
+def spark_cluster(stack_config: StackConfig, request: pytest.FixtureRequest):
     """The stack's standalone Spark cluster (a master and two workers, one core each), started once for the
     tests that ask for it; its ``master_url`` is what their jobs' sessions connect to. Stopped at the end,
     executors included."""
+    _refused_in_the_stack_free_tier(request, "the Spark cluster")
     from cdc.stack.spark_cluster import SparkCluster
 
     cluster = SparkCluster(stack_config)
@@ -468,7 +486,7 @@ business:
         import psycopg
         from pyspark.testing import assertDataFrameEqual
 
-        from refine.merge import METADATA_COLUMNS
+        from refine.apply.merge import METADATA_COLUMNS
 
         refined = self.read_table(f"{warehouse}/refined/orders")
         own = [column for column in refined.columns if column.startswith("_cdc_")]
@@ -488,8 +506,8 @@ def orders_pipeline(stack_config: StackConfig, read_s3_table, postgres_table) ->
 @pytest.fixture
 def refined_table(spark):
     """``refined_table(warehouse, topic)``: the refined table without its metadata columns."""
+    from refine.apply.merge import METADATA_COLUMNS
     from refine.config import refined_table_location
-    from refine.merge import METADATA_COLUMNS
 
     def read(warehouse: str, topic: str):
         table = spark.read.format("delta").load(refined_table_location(warehouse, topic))

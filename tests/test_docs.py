@@ -5,13 +5,17 @@
   configurations and the pipeline file, walking nested models;
 - docs/reference/errors.md gives every CdcError subclass with its exit code;
 - docs/reference/tables.md names every column of the raw table;
+- docs/python-api.md gives every public method of `cdc.Lakehouse` with the code's signature, and each
+  class a method returns is exported by `cdc`;
 - every relative link of README.md, bench/README.md and docs/**/*.md points at a file that exists, and
-  at a heading of it when it names one.
+  at a heading of it when it names one;
+- the CHANGELOG keeps Keep a Changelog's form.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import re
 import typing
 from pathlib import Path
@@ -20,6 +24,8 @@ import pytest
 from pydantic import BaseModel
 
 # Everything the documents describe, imported here only, so that a module moving is fixed in one place.
+import cdc
+from cdc.api import Lakehouse
 from cdc.cli import build_parser
 from cdc.core.config import Settings
 from cdc.core.errors import CdcError
@@ -176,3 +182,62 @@ def test_relative_links_point_at_files_and_headings_that_exist(document: Path):
         elif anchor and file.suffix == ".md" and anchor not in _anchors(file):
             broken.append(f"{target} (no such heading)")
     assert not broken, f"{document.relative_to(ROOT)}: broken links: {', '.join(broken)}"
+
+
+# --- the CHANGELOG -------------------------------------------------------------------------------
+
+CHANGE_KINDS = ["Added", "Changed", "Deprecated", "Removed", "Fixed", "Security"]  # Keep a Changelog's order
+CITED_DOCUMENT = re.compile(r"`((?:docs|bench|examples)/[\w./-]+\.\w+)`")
+
+
+def test_the_changelog_keeps_a_changelogs_form_and_cites_documents_that_exist():
+    text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    releases = re.split(r"^## (.+)$", text, flags=re.MULTILINE)
+    assert releases[1] == "[Unreleased]", "the first release section is [Unreleased]"
+    for name, body in zip(releases[1::2], releases[2::2], strict=True):
+        kinds = re.findall(r"^### (.+)$", body, flags=re.MULTILINE)
+        assert kinds == [kind for kind in CHANGE_KINDS if kind in kinds], (
+            f"{name}: sections {kinds}, each once, in order"
+        )
+    missing = [path for path in CITED_DOCUMENT.findall(text) if not (ROOT / path).exists()]
+    assert not missing, f"CHANGELOG.md cites documents that do not exist: {', '.join(missing)}"
+
+
+# --- the Python API ------------------------------------------------------------------------------
+
+
+def _signature(name: str, function) -> str:
+    """``name(a, b=None, *, c="x")`` as docs/python-api.md writes it (``self`` left out)."""
+    parts, keyword_only = [], False
+    for parameter in list(inspect.signature(function).parameters.values())[1:]:
+        if parameter.kind is parameter.KEYWORD_ONLY and not keyword_only:
+            parts.append("*")
+            keyword_only = True
+        default = parameter.default
+        if default is parameter.empty:
+            parts.append(parameter.name)
+        else:
+            shown = f'"{default}"' if isinstance(default, str) else getattr(default, "__name__", None) or repr(default)
+            parts.append(f"{parameter.name}={shown}")
+    return f"{name}({', '.join(parts)})"
+
+
+def test_the_python_api_page_gives_every_method_with_the_codes_signature():
+    text = (ROOT / "docs" / "python-api.md").read_text(encoding="utf-8")
+    assert f"## `{_signature('Lakehouse', Lakehouse.__init__)}`" in text
+    method_row = re.compile(r"^\| `((\w+)\(.*?\))` \|[^|]*\| ([^|]*) \|$", re.MULTILINE)
+    rows = {name: (signature, returns) for signature, name, returns in method_row.findall(text)}
+    methods = sorted(name for name, member in vars(Lakehouse).items() if not name.startswith("_") and callable(member))
+    assert sorted(rows) == methods, "docs/python-api.md's table of methods"
+    for name in methods:
+        method = getattr(Lakehouse, name)
+        signature, returns = rows[name]
+        assert signature == _signature(name, method)
+        # Each class the method returns (by its annotation) is named in the row and exported by `cdc`.
+        annotation = str(inspect.signature(method).return_annotation)
+        for returned in re.findall(r"\b[A-Z]\w+", annotation):
+            if returned not in {"Path", "DeltaTable", "SparkSession"}:  # pathlib's, Delta's and Spark's own
+                assert returned in cdc.__all__, f"{name} returns {returned}, which `cdc` does not export"
+                assert re.search(rf"`[^`]*\b{returned}\b[^`]*`", returns), (
+                    f"docs/python-api.md: {name} returns {returned}"
+                )

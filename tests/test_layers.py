@@ -12,6 +12,7 @@ Every import counts, the ones inside functions too: a deferred import is still a
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -89,6 +90,30 @@ def test_imports_go_down_the_layers_only():
     assert not wrong, "imports against the layers:\n" + "\n".join(wrong)
 
 
+# refine's stages, bottom up: each module imports refine modules of its own stage or the ones before it.
+REFINE_STAGES = ("refine.records", "refine.quality", "refine.apply", "refine.mongo", "refine")
+
+
+def refine_stage(module: str) -> int:
+    """The position in :data:`REFINE_STAGES` of the stage holding ``module`` (a module of ``refine`` itself
+    is in the last)."""
+    stages = [i for i, stage in enumerate(REFINE_STAGES) if module == stage or module.startswith(stage + ".")]
+    return stages[0]
+
+
+def test_refine_is_stages_that_import_only_downwards():
+    refine = {module: targets for module, targets in import_graph().items() if layer_of(module) == "refine"}
+    for stage in REFINE_STAGES[:-1]:  # each stage is a package with modules of its own
+        assert any(module.startswith(stage + ".") for module in refine), f"{stage} holds no module"
+    wrong = [
+        f"{module} ({REFINE_STAGES[refine_stage(module)]}) imports {target} ({REFINE_STAGES[refine_stage(target)]})"
+        for module, targets in sorted(refine.items())
+        for target in sorted(targets)
+        if target.startswith("refine") and refine_stage(target) > refine_stage(module)
+    ]
+    assert not wrong, "imports against refine's stages:\n" + "\n".join(wrong)
+
+
 def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
     index: dict[str, int] = {}
@@ -144,3 +169,20 @@ def test_no_import_cycle():
 )
 def test_the_cycle_finder_finds_cycles(graph, cycles):
     assert import_cycles(graph) == cycles
+
+
+def test_paths_the_code_cites_exist():
+    """A module or test moved leaves no comment, docstring, setting or document naming it where it was."""
+    cited = re.compile(
+        r"(?<![/\w.-])(?:cdc|refine|tests|bench|docs|examples|connectors)/[\w/.-]*\.(?:py|md|java|yaml|json|sql)\b"
+    )  # not inside a URL
+    files = [ROOT / "pyproject.toml", ROOT / "dev", ROOT / "docker" / "compose.yml", ROOT / "README.md"]
+    files += [ROOT / "bench" / "README.md", *(ROOT / "docs").rglob("*.md")]
+    files += [path for folder in ("cdc", "refine", "tests", "bench") for path in (ROOT / folder).rglob("*.py")]
+    missing = [
+        f"{path.relative_to(ROOT)} cites {name}"
+        for path in files
+        for name in cited.findall(path.read_text(encoding="utf-8"))
+        if not (ROOT / name).exists() and not (path.parent / name).exists()  # from the root, or the file's folder
+    ]
+    assert not missing, "\n".join(missing)

@@ -8,6 +8,7 @@ from pathlib import Path
 from cdc.cli.common import Commands, Options, add_command, add_trigger, lakehouse, stop_on_signals, trigger_options
 from cdc.core.config import Settings
 from cdc.core.errors import ConfigError
+from refine.apply.schema_changes import SchemaChangePolicy
 from refine.config import Connector
 
 
@@ -39,6 +40,7 @@ def refine(args: argparse.Namespace, settings: Settings) -> int:
         rebuild=args.rebuild,
         reinfer_schema=args.reinfer_schema,
         fail_on_quarantine=args.fail_on_quarantine,
+        schema_changes=args.schema_changes,
         stop=stop_on_signals(),
         **trigger_options(args),
     )
@@ -51,6 +53,7 @@ def sync(args: argparse.Namespace, settings: Settings) -> int:
         pipeline=args.pipeline,
         max_offsets_per_trigger=args.max_offsets_per_trigger,
         allow_gaps=args.allow_gaps,
+        schema_changes=args.schema_changes,
         stop=stop_on_signals(),
         **trigger_options(args),
     )
@@ -128,6 +131,7 @@ def _add_refine(commands: Commands, options: Options) -> None:
         action="store_true",
         help="exit 11 after a run that sent records to the quarantine (every other change is applied)",
     )
+    _add_schema_changes(refining)
     refining.add_argument(
         "--rebuild",
         action="store_true",
@@ -155,3 +159,14 @@ def _add_sync(commands: Commands, options: Options) -> None:
     )
     synced.add_argument("--pipeline", type=Path, metavar="FILE", help="the topics and tables of a pipeline file")
     add_trigger(syncing, "land what is there, refine it, then stop")
+    _add_schema_changes(syncing)
+
+
+def _add_schema_changes(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--schema-changes",
+        choices=[policy.value for policy in SchemaChangePolicy],
+        help="what a table does when a source column changes type, is dropped or renamed, over the pipeline's "
+        "setting (default lenient: widen, keep dropped columns; exception: stop; ignore: keep the schema, "
+        "quarantine what no longer fits; evolve: apply all, drops included)",
+    )

@@ -24,6 +24,8 @@ from xml.sax.saxutils import quoteattr
 
 from cdc.core.errors import DependencyError
 
+# The engine's versions, stated once (docs/concepts/engine.md says why each is pinned). pyproject.toml pins
+# the same pyspark and delta-spark wheels; tests/cdc/core/test_jars.py checks that the two agree.
 SPARK_VERSION = "4.0.0"
 SCALA_BINARY = "2.13"
 DELTA_VERSION = "4.0.0"
@@ -64,7 +66,7 @@ class Bundle:
 # Central as this project's machines reach it (spark-token-provider-kafka 4.0.1+ is missing there).
 # spark-avro decodes Avro event topics (from_avro; Avro itself ships with pyspark). spark-protobuf,
 # which would decode Protobuf ones, is not on Maven Central as this project's machines reach it:
-# they are decoded in Python instead (refine/protobuf_events.py).
+# they are decoded in Python instead (cdc/pipeline/events/protobuf.py).
 SPARK_BUNDLE = Bundle(
     "spark",
     (

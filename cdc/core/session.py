@@ -36,7 +36,7 @@ def spark_conf(config: SparkConfig) -> dict[str, str]:
         "spark.ui.showConsoleProgress": "false",
         # Small Delta logs checkpoint and snapshot fast with few partitions on a small machine.
         "spark.databricks.delta.snapshotPartitions": str(max(config.shuffle_partitions, 1)),
-        # Where the JVM's default time zone is not UTC, Delta 4.0 rebuilds and collects a small table's
+        # Where the JVM's default time zone is not UTC, Delta rebuilds and collects a small table's
         # whole file list after every commit, only to check the copy its checksum keeps (a mismatch
         # just drops that copy, which no read uses): one more state query per commit, three per refine
         # batch with history (41 SQL executions instead of 38, TZ=Europe/Berlin).

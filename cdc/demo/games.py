@@ -21,10 +21,10 @@ from cdc.core.tables import is_delta_table
 from cdc.demo.show import Say, land_and_refine, preview, show_business_tables, write_pipeline_graph
 from cdc.pipeline.config import JsonEvents, Pipeline
 from cdc.stack.game_events import GameEvents, generate_game_events, produce_game_events
+from refine.apply.flatten import child_table_name
+from refine.apply.merge import OFFSET, PARTITION, REFINED_AT
 from refine.config import refined_table_location
-from refine.flatten import child_table_name
-from refine.merge import OFFSET, PARTITION, REFINED_AT
-from refine.quarantine import quarantine_location
+from refine.quality.quarantine import quarantine_location
 
 
 def games_demo(

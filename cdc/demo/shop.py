@@ -21,8 +21,8 @@ from cdc.stack.events import ChangeEvent, read_events
 from cdc.stack.workload import TABLES, run_workload
 from connectors import definitions
 from connectors.client import ConnectClient
+from refine.apply.merge import METADATA_COLUMNS
 from refine.config import refined_table_location
-from refine.merge import METADATA_COLUMNS
 
 
 def shop_demo(

@@ -28,6 +28,7 @@ not Spark Connect.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -49,6 +50,8 @@ from cdc.core.config import AvailableNow, Continuous, Trigger, _Strict
 from cdc.core.errors import ConfigError, TableError
 from cdc.core.storage import Storage, normalize_location
 from cdc.core.tables import KIND_PROPERTY, delta_properties, is_delta_table, table_version
+from cdc.pipeline.sql_text import reads_column
+from refine.apply.schema_changes import absent_columns
 
 BUSINESS_KIND = "business"
 QUERY_PROPERTY, SOURCES_PROPERTY = "cdc.business.query_sha256", "cdc.business.sources"
@@ -88,6 +91,7 @@ class RefreshMode(str, Enum):
 class RefreshResult:
     mode: RefreshMode
     reason: str  # why this mode
+    warnings: tuple[str, ...] = ()  # lines to show: columns the query reads that their source no longer has
 
 
 @dataclass(frozen=True)
@@ -243,6 +247,7 @@ def refresh_business_table(spark: SparkSession, config: BusinessTableConfig) -> 
     if same_query and versions is not None and refreshed == versions:
         register_table(spark, config.location)  # a table refreshed before the catalog was on: once per process
         return RefreshResult(RefreshMode.UNCHANGED, "no source changed since the last refresh")
+    warnings = _absent_columns_read(spark, config, sources)
     outcome = _incremental(spark, config, result, plan, refreshed, versions) if same_query else "a new or changed query"
     if isinstance(outcome, str):
         result.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(config.location)
@@ -251,8 +256,24 @@ def refresh_business_table(spark: SparkSession, config: BusinessTableConfig) -> 
     spark.sql(f"ALTER TABLE delta.`{config.location}` SET TBLPROPERTIES ({assignments})")
     register_table(spark, config.location)  # once per process
     if isinstance(outcome, str):
-        return RefreshResult(RefreshMode.FULL, outcome)
-    return outcome
+        return RefreshResult(RefreshMode.FULL, outcome, warnings)
+    return dataclasses.replace(outcome, warnings=warnings)
+
+
+def _absent_columns_read(
+    spark: SparkSession, config: BusinessTableConfig, sources: list[str] | None
+) -> tuple[str, ...]:
+    """A line for each column the query names that a source table keeps though the table's own source no longer
+    has it (dropped or renamed there, kept by the ``lenient`` policy: NULL in rows written since)."""
+    names = {normalize_location(location): view for view, location in config.views.items()}
+    return tuple(
+        f"business {config.name}: its query reads column {column!r} of {names.get(source, source)}, which the "
+        "source no longer has "
+        "(dropped or renamed there): rows written since hold NULL in it"
+        for source in sources or []
+        for column in absent_columns(DeltaTable.forPath(spark, source).toDF().schema)
+        if reads_column(config.query, names.get(source, source), column)
+    )
 
 
 def _incremental(
@@ -350,6 +371,8 @@ def run_business_tables(
             if outcome.mode is not RefreshMode.UNCHANGED:
                 written += 1
                 say(f"business {table.name}: {outcome.mode.value} refresh ({outcome.reason})")
+                for warning in outcome.warnings:
+                    say(warning)
         match trigger:
             case AvailableNow():
                 break

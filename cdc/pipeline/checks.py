@@ -7,7 +7,6 @@ The same column-path checks run again at refine time on an inferred schema
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,8 +23,9 @@ from cdc.pipeline.config import (
     ScdType,
     SchemaFile,
 )
-from refine.flatten import array_element, child_columns, child_table_name, field_type, flat_columns
-from refine.merge import EVENT_POSITION
+from cdc.pipeline.sql_text import reads_column, sql_tables
+from refine.apply.flatten import array_element, child_columns, child_table_name, field_type, flat_columns
+from refine.apply.merge import EVENT_POSITION
 
 Problem = tuple[str, str]
 RESERVED_PREFIX = "_cdc_"
@@ -77,6 +77,16 @@ def _refined_problems(pipeline: Pipeline) -> Iterator[Problem]:
                             f"are ordered by their source position (source {table.source!r} is {source.kind})"
                         ),
                     )
+            if isinstance(source, DebeziumMongoSource):
+                for field in ("renames", "drop_columns"):
+                    if field in table.model_fields_set:
+                        yield (
+                            f"{where}.{field}",
+                            (
+                                "applies to Debezium Postgres sources only: a MongoDB field that changes type becomes "
+                                "JSON text, and a document's fields come and go"
+                            ),
+                        )
             if isinstance(source, DebeziumMongoSource) and "flatten" in table.model_fields_set:
                 yield (
                     f"{where}.flatten",
@@ -86,6 +96,15 @@ def _refined_problems(pipeline: Pipeline) -> Iterator[Problem]:
                     ),
                 )
             continue
+        for field in ("schema_changes", "renames", "drop_columns"):
+            if field in table.model_fields_set:
+                yield (
+                    f"{where}.{field}",
+                    (
+                        f"applies to Debezium Postgres sources only: an event source's schema is declared or inferred "
+                        f"(source {table.source!r} is {source.kind})"
+                    ),
+                )
         if table.keys and not table.ordering:
             yield f"{where}.ordering", "required with `keys`: the column that orders an entity's events"
         if table.scd is ScdType.HISTORY and not table.keys:
@@ -160,26 +179,6 @@ def _name_problems(pipeline: Pipeline) -> Iterator[Problem]:
             yield f"business.{name}", f"the name {name!r} is already used by refined.{name}"
 
 
-_COMMENTS_AND_STRINGS = re.compile(r"--[^\n]*|/\*.*?\*/|'(?:[^'\\]|\\.)*'", re.S)
-_TABLE_REFERENCE = re.compile(r"\b(?:from|join)\s+(`[^`]+`|[A-Za-z_][\w.]*)(\s*\()?", re.I)
-_CTE = re.compile(r"(?:\bwith|,)\s*(?:recursive\s+)?([A-Za-z_]\w*)\s+as\s*\(", re.I)
-
-
-def sql_tables(sql: str) -> set[str]:
-    """The plain table names a query reads (after FROM and JOIN), minus its CTEs and function calls.
-
-    Qualified names (``delta.`/path```, ``db.table``) are not pipeline tables and are left out.
-    """
-    text = _COMMENTS_AND_STRINGS.sub(" ", sql)
-    ctes = {name.lower() for name in _CTE.findall(text)}
-    names = set()
-    for reference, call in _TABLE_REFERENCE.findall(text):
-        name = reference.strip("`")
-        if not call and "." not in name and name.lower() not in ctes:
-            names.add(name)
-    return names
-
-
 def _business_problems(pipeline: Pipeline) -> Iterator[Problem]:
     known = table_names(pipeline)
     for name, table in pipeline.business.items():
@@ -189,6 +188,23 @@ def _business_problems(pipeline: Pipeline) -> Iterator[Problem]:
         {name: sql_tables(table.sql) & pipeline.business.keys() for name, table in pipeline.business.items()}
     ):
         yield f"business.{cycle[0]}.sql", f"cycle: {' -> '.join(cycle)}"
+    yield from _renamed_column_problems(pipeline)
+
+
+def _renamed_column_problems(pipeline: Pipeline) -> Iterator[Problem]:
+    """Business SQL that reads a refined table by a column the source renamed (its ``renames``): rows written
+    since the rename hold the value under the new name only."""
+    for name, business in pipeline.business.items():
+        for table in sorted(sql_tables(business.sql) & pipeline.refined.keys()):
+            for old, new in pipeline.refined[table].renames.items():
+                if reads_column(business.sql, table, old):
+                    yield (
+                        f"business.{name}.sql",
+                        (
+                            f"uses column {old!r} of refined.{table}, which the source renamed to {new!r} "
+                            f"(refined.{table}.renames): rows written since hold it as {new!r} only"
+                        ),
+                    )
 
 
 def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:

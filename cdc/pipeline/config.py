@@ -20,6 +20,7 @@ from cdc.core.config import TOPIC_NAME, _kafka_topic_name, _Strict
 from cdc.core.ddl import DdlError, parse_schema
 from cdc.core.tables import TableFeatures
 from cdc.raw.config import GapPolicy
+from refine.apply.schema_changes import SchemaChangePolicy, TimeZoneName
 
 NAME_RULE = "letters, digits and single underscores, starting with a letter (`__` is kept for child tables)"
 
@@ -84,6 +85,11 @@ class DebeziumPostgresSource(_Model):
 
     kind: Literal["debezium_postgres"] = Field(description="Debezium Postgres change events.")
     topic: Topic = Field(description="The Kafka topic, `<prefix>.<schema>.<table>`.")
+    source_time_zone: TimeZoneName | None = Field(
+        default=None,
+        description="The database's time zone (an IANA name, e.g. Europe/Berlin): needed to follow a `timestamp -> "
+        "timestamptz` ALTER, whose stored wall-clock times are read in it; without it that change is refused.",
+    )
 
 
 class DebeziumMongoSource(_Model):
@@ -229,6 +235,21 @@ class RefinedTable(_Model):
         description="The Delta features of this table and of its child and history tables; what is unset here is "
         "the pipeline's `features`.",
     )
+    schema_changes: SchemaChangePolicy | None = Field(
+        default=None,
+        description="Debezium sources: what the table does when a source column changes type, is dropped or renamed "
+        "(evolve, lenient, exception, ignore; docs/concepts/refine.md#schema-changes); unset: the pipeline's.",
+    )
+    renames: dict[str, str] = Field(
+        default_factory=dict,
+        description="Debezium Postgres sources: source column renames, old name to new; the new column takes the old "
+        "one's values.",
+    )
+    drop_columns: bool = Field(
+        default=False,
+        description="Debezium Postgres sources: remove a column the source dropped (default: keep it, NULL in rows "
+        "written after the drop).",
+    )
 
     @field_validator("keys", "explode")
     @classmethod
@@ -296,6 +317,11 @@ class Pipeline(_Model):
         default_factory=TableFeatures,
         description="The Delta features of every refined table (its own `features` override them). Unset: no "
         "deletion vectors, and a Change Data Feed only on a table a business table reads.",
+    )
+    schema_changes: SchemaChangePolicy = Field(
+        default=SchemaChangePolicy.LENIENT,
+        description="What every Debezium table does when a source column changes type, is dropped or renamed (a "
+        "table's own `schema_changes` overrides it; `cdc refine --schema-changes` both).",
     )
     business: dict[Name, BusinessTable] = Field(default_factory=dict, description="Business tables by name.")
     expectations: dict[Name, Expectation] = Field(default_factory=dict, description="Expectations by name.")

@@ -15,9 +15,10 @@ from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
 from cdc.core.errors import ConfigError
-from cdc.pipeline.checks import sql_tables, table_names
+from cdc.pipeline.checks import table_names
 from cdc.pipeline.config import Pipeline
-from refine.flatten import child_table_name
+from cdc.pipeline.sql_text import sql_tables
+from refine.apply.flatten import child_table_name
 
 KINDS = ("topic", "raw", "refined", "child", "business")
 COLOURS = {"topic": "#fde68a", "raw": "#e5e7eb", "refined": "#bfdbfe", "child": "#ddd6fe", "business": "#bbf7d0"}

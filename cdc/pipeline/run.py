@@ -4,7 +4,7 @@ Refined tables of Debezium Postgres and MongoDB sources go through :mod:`refine.
 MongoDB topics by the envelope), those of JSON, Avro and Protobuf event sources through
 :mod:`cdc.pipeline.events.job` (Avro decoded by :mod:`cdc.pipeline.events.avro`, Protobuf by
 :mod:`cdc.pipeline.events.protobuf`), each with its expectations, exploded child tables and history
-(:mod:`refine.rules`). Business tables (:mod:`cdc.pipeline.business`) are refreshed after the refined
+(:mod:`refine.apply.rules`). Business tables (:mod:`cdc.pipeline.business`) are refreshed after the refined
 tables when run once, on their own interval when run continuously. A declaration that cannot be run
 (``scd: 2`` on an event table without ``keys``) is refused up front, named by its key.
 """
@@ -25,7 +25,7 @@ from cdc.core.errors import ConfigError
 from cdc.core.streaming import JobThreads, stop_queries
 from cdc.core.tables import TableFeatures
 from cdc.pipeline.business import BusinessTableConfig, run_business_tables
-from cdc.pipeline.checks import sql_tables, table_names
+from cdc.pipeline.checks import table_names
 from cdc.pipeline.config import (
     AvroEvents,
     DebeziumMongoSource,
@@ -37,13 +37,15 @@ from cdc.pipeline.config import (
     Source,
 )
 from cdc.pipeline.events.job import EventsBatch, EventsRefineJobConfig, events_batch, history_spec
+from cdc.pipeline.sql_text import sql_tables
 from cdc.raw.config import RawJobConfig
+from refine.apply.rules import TableRules
+from refine.apply.schema_changes import SchemaChangePolicy
 from refine.batch import RefineBatch
 from refine.config import Connector, RefineJobConfig, RefineRun, refined_table_location
-from refine.expectations import Expectation
 from refine.job import fail_if_quarantined, start_refine_query, summarize_run, watch_refine_queries
+from refine.quality.expectations import Expectation
 from refine.rebuild import rebuild_refined_table
-from refine.rules import TableRules
 
 RefineJob = RefineJobConfig | EventsRefineJobConfig
 
@@ -60,6 +62,10 @@ class PipelineRefineConfig(RefineRun):
             "First rebuild every refined table of a Debezium source (with its history and child tables) from its raw "
             "table's current contents (refine/rebuild.py); event tables are refined as usual."
         ),
+    )
+    schema_changes: SchemaChangePolicy | None = Field(
+        default=None,
+        description="The schema-change policy of every Debezium table, over the pipeline file's (unset: the file's).",
     )
 
 
@@ -178,6 +184,10 @@ def refine_jobs(pipeline: Pipeline, config: PipelineRefineConfig) -> list[Refine
                     connector=Connector.MONGODB if isinstance(source, DebeziumMongoSource) else Connector.POSTGRES,
                     explode=table.explode,
                     history=table.scd is ScdType.HISTORY,
+                    schema_changes=config.schema_changes or table.schema_changes or pipeline.schema_changes,
+                    renames=table.renames,
+                    drop_columns=table.drop_columns,
+                    source_time_zone=source.source_time_zone if isinstance(source, DebeziumPostgresSource) else None,
                     **common,
                 )
             )

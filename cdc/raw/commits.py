@@ -5,7 +5,7 @@ metadata (``userMetadata`` in the table's history). A streaming query replays at
 a crash, and only as the first batch of its next run; so only that batch is looked up, in the
 table's latest commits, and skipped when a commit of it is there.
 
-Why not Delta's own idempotent writes (``txnAppId``/``txnVersion``) for every batch: Delta 4.0 reads
+Why not Delta's own idempotent writes (``txnAppId``/``txnVersion``) for every batch: Delta reads
 the recorded versions from the table's fully reconstructed state, two Spark jobs per commit. A
 3-row append took ~0.9 s with them and ~0.3 s without (median of 40, one JVM); in a continuous
 job that was most of every small batch. They are still used for the first batch written to a

@@ -11,7 +11,7 @@ from kafka import KafkaConsumer, TopicPartition
 
 from cdc.core.errors import StackError
 from cdc.stack.base import KAFKA
-from refine.envelope import TOMBSTONE, Op
+from refine.records.envelope import TOMBSTONE, Op
 
 
 @dataclass(frozen=True)

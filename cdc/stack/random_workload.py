@@ -13,7 +13,11 @@ Each transaction is a few random statements: inserts, updates that leave the TOA
 updates of them, primary-key changes (chains of them too, with updates between), deletes and
 re-inserts of the same key, and rarely a truncate or an ``ADD COLUMN``. A second connection
 sometimes holds a transaction open (inserting and updating rows of its own) while others commit.
-The same seed gives the same statements, so a failure is replayed by its seed.
+Given ``schema_changes_by``, every run also changes each table's schema at random points before that
+transaction (:data:`RENAMES` is the refinement's ``renames`` then): a column added to each table, then
+renamed at one table, dropped at another and widened (``integer -> bigint``, with values beyond
+``integer`` after) at the third, and ``n`` widened at one. The same seed gives the same statements, so a
+failure is replayed by its seed.
 
 The oracle is Postgres itself: :func:`compare` reads each table back with psycopg and compares it,
 normalised, with the refined table, the history's current versions and the child table.
@@ -33,6 +37,9 @@ from cdc.stack.postgres import add_to_publication
 
 SCHEMA = "shop"
 MARK = "mark-"  # the notes of the marker rows that tell when a table's changes are all in Kafka
+ADDED = "s_col"  # the column each table gains mid-stream, then renamed, dropped or widened
+RENAMES = {ADDED: "s_renamed"}  # the renames refinement is told of
+BEYOND_INTEGER = 3_000_000_000
 
 
 @dataclass
@@ -93,7 +100,9 @@ class WorkloadCounts:
 class RandomWorkload:
     """Random transactions on ``tables`` through two connections (one may hold a transaction open)."""
 
-    def __init__(self, dsn: str, tables: RandomTables, rng: random.Random) -> None:
+    def __init__(
+        self, dsn: str, tables: RandomTables, rng: random.Random, schema_changes_by: int | None = None
+    ) -> None:
         self.tables, self.rng = tables, rng
         self.conn = psycopg.connect(dsn)
         self.held = psycopg.connect(dsn)  # the connection whose transaction stays open while others commit
@@ -103,6 +112,14 @@ class RandomWorkload:
         self.added: dict[str, list[str]] = {table: [] for table in tables.names}  # columns added mid-stream
         self.counts = WorkloadCounts()
         self.marks = 0
+        self.wide: set[tuple[str, str]] = set()  # (table, column) widened to bigint: values beyond integer
+        self.schema_changes: list[tuple[int, str, str]] = []  # (before transaction, kind, table), in order
+        if schema_changes_by is not None:
+            adds = [("add", table) for table in rng.sample(tables.names, 3)]
+            follow_ups = list(zip(["rename", "drop", "widen"], rng.sample(tables.names, 3), strict=True))
+            kinds = [*adds, ("widen n", rng.choice(tables.names)), *rng.sample(follow_ups, 3)]
+            at = sorted(rng.choices(range(1, max(schema_changes_by, 2)), k=len(kinds)))  # a few may share one
+            self.schema_changes = [(when, kind, table) for when, (kind, table) in zip(at, kinds, strict=True)]
 
     def close(self) -> None:
         for conn in (self.conn, self.held):
@@ -144,17 +161,22 @@ class RandomWorkload:
             f"'{MARK}' || n::text ORDER BY {columns}"
         ).fetchall()
 
+    def _value(self, table: str, column: str) -> int:
+        """A value of ``column``: small, or beyond integer once the column is a bigint."""
+        small = self.rng.randint(-5, 5) if column != "n" else self.rng.randint(0, 1000)
+        return small + BEYOND_INTEGER if (table, column) in self.wide and self.rng.random() < 0.5 else small
+
     def _extra(self, table: str) -> tuple[str, tuple]:
         """``, col = %s`` for each added column, and their values."""
         columns = self.added[table]
-        return "".join(f", {c} = %s" for c in columns), tuple(self.rng.randint(-5, 5) for _ in columns)
+        return "".join(f", {c} = %s" for c in columns), tuple(self._value(table, c) for c in columns)
 
     def _insert(self, conn: psycopg.Connection, table: str, key: tuple | None = None) -> tuple:
         t, columns = self.tables, self.added[table]
-        extra_values = tuple(self.rng.randint(-5, 5) for _ in columns)
+        extra_values = tuple(self._value(table, c) for c in columns)
         names = "".join(f", {c}" for c in columns)
         marks = ", %s" * len(columns)
-        n = self.rng.randint(0, 1000)
+        n = self._value(table, "n")
         if table == t.keyed:
             key = key or (self._key(),)
             self._run(
@@ -234,13 +256,41 @@ class RandomWorkload:
         elif self.held_for == 0 and rng.random() < 0.5:  # (a truncate or ALTER would wait for the held transaction)
             self._run(conn, "truncate", f"TRUNCATE {SCHEMA}.{table}", rows=1)
             self.deleted[table].clear()
-        elif self.held_for == 0 and len(self.added[table]) < 2:
-            column = f"extra{len(self.added[table]) + 1}"
+        elif self.held_for == 0 and sum(c.startswith("extra") for c in self.added[table]) < 2:
+            column = f"extra{sum(c.startswith('extra') for c in self.added[table]) + 1}"  # never a name taken
             self._run(conn, "add column", f"ALTER TABLE {SCHEMA}.{table} ADD COLUMN {column} int", rows=0)
             self.added[table].append(column)
 
+    def _schema_change(self, kind: str, table: str) -> None:
+        """ALTER ``table`` as ``kind`` says, in a transaction of its own, and write a row that needs the new
+        shape."""
+        conn, name = self.conn, f"{SCHEMA}.{table}"
+        if kind == "add":
+            self._run(conn, "add column", f"ALTER TABLE {name} ADD COLUMN {ADDED} int", rows=0)
+            self.added[table].append(ADDED)
+        elif kind == "rename":
+            self._run(conn, "rename column", f"ALTER TABLE {name} RENAME COLUMN {ADDED} TO {RENAMES[ADDED]}", rows=0)
+            self.added[table] = [RENAMES[ADDED] if c == ADDED else c for c in self.added[table]]
+        elif kind == "drop":
+            self._run(conn, "drop column", f"ALTER TABLE {name} DROP COLUMN {ADDED}", rows=0)
+            self.added[table].remove(ADDED)
+        else:
+            column = "n" if kind == "widen n" else ADDED
+            self._run(conn, "widen column", f"ALTER TABLE {name} ALTER COLUMN {column} TYPE bigint", rows=0)
+            self.wide.add((table, column))
+        self._insert(conn, table)
+        conn.commit()
+
+    @property
+    def schema_changes_pending(self) -> bool:
+        return bool(self.schema_changes)
+
     def transaction(self) -> None:
-        """One random transaction of the main connection; the held one may begin or commit around it."""
+        """One random transaction of the main connection; the held one may begin or commit around it. A
+        schema change due comes first, when no transaction is held (it would wait for the held one's locks)."""
+        while self.held_for == 0 and self.schema_changes and self.schema_changes[0][0] <= self.counts.transactions:
+            _, kind, table = self.schema_changes.pop(0)
+            self._schema_change(kind, table)
         if self.held_for == 0 and self.rng.random() < 0.12:
             for _ in range(self.rng.randint(1, 3)):
                 self._statement(self.held, held=True)
@@ -337,17 +387,17 @@ def compare(
     current versions and the child table of ``tags``, against Postgres read with psycopg (a column the
     refined table lacks counts as NULLs: no change since it was added)."""
     from pyspark.sql import functions as F
-    from pyspark.sql.types import ArrayType, IntegerType, StringType, StructField, StructType
+    from pyspark.sql.types import ArrayType, IntegerType, LongType, StringType, StructField, StructType
 
+    from refine.apply.flatten import child_table_name
+    from refine.apply.rules import history_table_name
     from refine.config import refined_table_location
-    from refine.flatten import child_table_name
-    from refine.rules import history_table_name
 
     types = {
         "id": IntegerType(),
         "a": IntegerType(),
         "b": StringType(),
-        "n": IntegerType(),
+        "n": LongType(),
         "notes": StringType(),
         "tags": ArrayType(StringType()),
         "pos": IntegerType(),
@@ -357,7 +407,7 @@ def compare(
     def source(query: str, columns: list[str]):
         with psycopg.connect(dsn) as conn:
             rows = conn.execute(query).fetchall()
-        schema = StructType([StructField(c, types.get(c, IntegerType())) for c in columns])
+        schema = StructType([StructField(c, types.get(c, LongType())) for c in columns])
         return spark.createDataFrame(rows, schema), len(rows)
 
     def refined(name: str, columns: list[str], current_only: bool = False):
@@ -366,7 +416,7 @@ def compare(
             table = table.where("_cdc_is_current")
         present = set(table.columns)
         return table.select(
-            *[(F.col(c) if c in present else F.lit(None)).cast(types.get(c, IntegerType())).alias(c) for c in columns]
+            *[(F.col(c) if c in present else F.lit(None)).cast(types.get(c, LongType())).alias(c) for c in columns]
         )
 
     def columns_of(table: str) -> list[str]:

@@ -31,10 +31,16 @@ def spark_class() -> str:
     return str(Path(pyspark.__file__).parent / "bin" / "spark-class")
 
 
-def master_state(ui_port: int) -> dict[str, Any] | None:
-    """The master's JSON status (its state and workers), or None when it does not answer."""
+# How long the master's web UI may take to answer: on a busy host (a job's executors and drivers on the same
+# cores) a running master's page can take seconds; a short timeout reported a running cluster as down.
+MASTER_UI_TIMEOUT_S = 15.0
+
+
+def master_state(ui_port: int, timeout_s: float = MASTER_UI_TIMEOUT_S) -> dict[str, Any] | None:
+    """The master's JSON status (its state and workers), or None when it does not answer within ``timeout_s``
+    (a port nobody listens on answers at once: starting, which polls this, is not slowed by it)."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json/", timeout=3) as response:
+        with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json/", timeout=timeout_s) as response:
             state: dict[str, Any] = json.load(response)
             return state
     except (OSError, urllib.error.URLError, ValueError):

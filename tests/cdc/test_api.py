@@ -13,7 +13,7 @@ from pyspark.testing import assertDataFrameEqual
 import cdc
 from cdc import ConfigError, Lakehouse
 from cdc.stack.workload import run_workload
-from refine.merge import METADATA_COLUMNS
+from refine.apply.merge import METADATA_COLUMNS
 
 
 def test_importing_cdc_starts_no_spark_and_every_public_name_resolves():

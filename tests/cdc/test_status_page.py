@@ -11,8 +11,6 @@ import pytest
 from cdc import Lakehouse, StreamError
 from cdc.cli import main
 
-pytestmark = pytest.mark.integration
-
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # Chromium's own background connections are refused on a closed network: keep it from trying.
 CHROMIUM_ARGS = [

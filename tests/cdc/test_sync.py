@@ -29,6 +29,7 @@ def sync_config(
     bootstrap_servers: str,
     trigger: dict = CONTINUOUS,
     refined: list[str] | None = None,
+    **refine_settings,
 ) -> SyncJobConfig:
     raw = {
         "topics": {"kind": "topics", "topics": topics},
@@ -36,7 +37,9 @@ def sync_config(
         "trigger": trigger,
         "kafka": {"bootstrap_servers": bootstrap_servers},
     }
-    jobs = [{"table": topic, "warehouse": warehouse, "trigger": trigger} for topic in refined or topics]
+    jobs = [
+        {"table": topic, "warehouse": warehouse, "trigger": trigger, **refine_settings} for topic in refined or topics
+    ]
     return validate(SyncJobConfig, {"raw": raw, "refine": {"kind": "topics", "jobs": jobs}}, "sync job settings")
 
 
@@ -52,7 +55,6 @@ def test_the_refinement_must_read_what_the_landing_lands_in_the_same_run(tmp_pat
         validate(SyncJobConfig, {"raw": raw, "refine": {"kind": "topics", "jobs": [once]}}, "sync job settings")
 
 
-@pytest.mark.integration
 def test_sync_once_lands_and_refines_postgres_tables_alternating_with_raw_and_refine(
     spark, kafka, stack_config, postgres_connector, tmp_path, monkeypatch, postgres_table, refined_table
 ):
@@ -83,7 +85,6 @@ def test_sync_once_lands_and_refines_postgres_tables_alternating_with_raw_and_re
             assertDataFrameEqual(refined_table(warehouse, topic), postgres_table(table))
 
 
-@pytest.mark.integration
 def test_continuous_sync_follows_postgres_and_stops_on_sigterm(
     spark,
     kafka,
@@ -146,7 +147,6 @@ def in_thread(job) -> tuple[threading.Thread, list[BaseException]]:
     return thread, failures
 
 
-@pytest.mark.integration
 def test_continuous_pipeline_sync_lands_refines_and_refreshes_its_business_table(
     spark, kafka, tmp_path, unique_name, wait_for
 ):
@@ -246,11 +246,11 @@ def flattened_key(row_id: int) -> bytes:
     return json.dumps({"schema": schema, "payload": {"id": row_id}}).encode()
 
 
-@pytest.mark.integration
 def test_a_failed_refinement_ends_the_landing_and_is_the_error(spark, kafka, tmp_path, unique_name, wait_for):
     topic = kafka.create_topic(f"{unique_name}.shop.items")
     warehouse = str(tmp_path)
-    config = sync_config(warehouse, [topic], kafka.bootstrap_servers)
+    # The exception policy: a column's type change stops its table.
+    config = sync_config(warehouse, [topic], kafka.bootstrap_servers, schema_changes="exception")
     kafka.produce(topic, [(flattened_key(1), flattened_value(1, "one", "string"))])
     thread, failures = in_thread(lambda: run_sync_job(spark, config, lambda line: None))
     try:
@@ -273,7 +273,6 @@ def test_a_failed_refinement_ends_the_landing_and_is_the_error(spark, kafka, tmp
     assert not spark.streams.active, "a stream of the failed sync is still running"
 
 
-@pytest.mark.integration
 def test_an_unknown_topic_ends_a_continuous_sync_with_one_line(kafka, tmp_path, unique_name, monkeypatch, capsys):
     monkeypatch.setenv("CDC_KAFKA__BOOTSTRAP_SERVERS", kafka.bootstrap_servers)
     assert main(["sync", "--topic", unique_name, "--warehouse", str(tmp_path), "--trigger-interval", "1"]) == (

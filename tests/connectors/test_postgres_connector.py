@@ -15,8 +15,6 @@ import pytest
 from cdc.stack.events import TOMBSTONE, read_events
 from cdc.stack.workload import TABLES, run_workload
 
-pytestmark = pytest.mark.integration
-
 PLACEHOLDER = "__debezium_unavailable_value"
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 from pyspark.testing import assertDataFrameEqual
 
 from cdc.stack.workload import run_workload
+from refine.apply.merge import METADATA_COLUMNS
 from refine.job import refined_table_location
-from refine.merge import METADATA_COLUMNS
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "examples" / "notebook.py"
 

@@ -12,11 +12,11 @@ from refine.job import RefineJobConfig, run_refine_job
 
 @pytest.fixture
 def land(spark, kafka):
-    """``land(warehouse, topic)``: `cdc raw --available-now`."""
+    """``land(warehouse, *topics)``: `cdc raw --available-now` (one job for all the topics)."""
 
-    def run(warehouse: str, topic: str) -> None:
+    def run(warehouse: str, *topics: str) -> None:
         raw = {
-            "topics": {"kind": "topics", "topics": [topic]},
+            "topics": {"kind": "topics", "topics": list(topics)},
             "warehouse": warehouse,
             "trigger": {"kind": "available_now"},
             "kafka": {"bootstrap_servers": kafka.bootstrap_servers},

@@ -11,35 +11,12 @@ from pyspark.testing import assertDataFrameEqual
 
 from cdc.core.config import validate
 from cdc.core.errors import ConfigError, TableError
+from cdc.stack.envelopes import postgres_envelope
 from refine.config import RefineJobConfig, refined_table_location
-from refine.quarantine import quarantine_location
-
-pytestmark = pytest.mark.integration
+from refine.quality.quarantine import quarantine_location
 
 COLUMNS = {"id": "bigint", "name": "string", "amount": "decimal(12,2)", "day": "date", "at": "timestamp"}
 EXPECTED_SCHEMA = "id long, name string, amount decimal(12,2), day date, at timestamp"
-T0 = 1_763_700_000_000
-
-
-def envelope(op: str, lsn: int, before: dict | None = None, after: dict | None = None, snapshot: str = "false") -> dict:
-    return {
-        "before": before,
-        "after": after,
-        "op": op,
-        "ts_ms": T0 + lsn,
-        "source": {
-            "version": "3.6.3.Final",
-            "connector": "postgresql",
-            "name": "demo",
-            "ts_ms": T0 + lsn,
-            "snapshot": snapshot,
-            "db": "demo",
-            "schema": "shop",
-            "table": "items",
-            "txId": lsn,
-            "lsn": lsn,
-        },
-    }
 
 
 def item(
@@ -51,13 +28,13 @@ def item(
 def changes() -> list[tuple[dict, dict | None]]:
     """(key, value) payloads: creates, an update, a delete and its tombstone, a bad decimal."""
     return [
-        ({"id": 1}, envelope("c", 100, after=item(1, "a", "12.50"))),
-        ({"id": 2}, envelope("c", 200, after=item(2, "b", "0.05", day=-1))),
-        ({"id": 1}, envelope("u", 300, before=item(1, "a", "12.50"), after=item(1, "a2", "-7.25"))),
-        ({"id": 3}, envelope("c", 400, after=item(3, "c", "1.00"))),
-        ({"id": 3}, envelope("d", 500, before=item(3, "c", "1.00"))),
+        ({"id": 1}, postgres_envelope("c", 100, after=item(1, "a", "12.50"))),
+        ({"id": 2}, postgres_envelope("c", 200, after=item(2, "b", "0.05", day=-1))),
+        ({"id": 1}, postgres_envelope("u", 300, before=item(1, "a", "12.50"), after=item(1, "a2", "-7.25"))),
+        ({"id": 3}, postgres_envelope("c", 400, after=item(3, "c", "1.00"))),
+        ({"id": 3}, postgres_envelope("d", 500, before=item(3, "c", "1.00"))),
         ({"id": 3}, None),
-        ({"id": 4}, envelope("c", 600, after=item(4, "d", "twelve"))),
+        ({"id": 4}, postgres_envelope("c", 600, after=item(4, "d", "twelve"))),
     ]
 
 
@@ -117,9 +94,9 @@ def test_schemaless_temporal_columns_are_read_in_the_encoding_their_precision_gi
     first, second = row(1, 1_763_700_000_123, 1_763_700_000_123_456, 45_296_789, 45_296_789_012), row(2, -1, -1, 0, 1)
     updated = {**first, "local3": 1_763_700_000_999}
     records = [
-        ({"id": 1}, envelope("c", 100, after=first)),
-        ({"id": 2}, envelope("c", 200, after=second)),
-        ({"id": 1}, envelope("u", 300, before=first, after=updated)),
+        ({"id": 1}, postgres_envelope("c", 100, after=first)),
+        ({"id": 2}, postgres_envelope("c", 200, after=second)),
+        ({"id": 1}, postgres_envelope("u", 300, before=first, after=updated)),
     ]
     kafka.produce(topic, [(json.dumps(k).encode(), json.dumps(v).encode()) for k, v in records])
     warehouse = str(tmp_path)
@@ -172,9 +149,9 @@ def test_a_new_snapshot_resets_the_table_from_its_first_read_in_kafka_order(
     refined = lambda: spark.read.format("delta").load(refined_table_location(warehouse, topic)).select("id", "name")  # noqa: E731
 
     first = [
-        envelope("r", 100, after=row(1, "a"), snapshot="first"),
-        envelope("r", 100, after=row(2, "b"), snapshot="last"),
-        envelope("c", 150, after=row(3, "c")),
+        postgres_envelope("r", 100, after=row(1, "a"), snapshot="first"),
+        postgres_envelope("r", 100, after=row(2, "b"), snapshot="last"),
+        postgres_envelope("c", 150, after=row(3, "c")),
     ]
     produce(first)
     land_and_refine(warehouse, topic, columns=columns, key=["id"], history=True)
@@ -184,14 +161,19 @@ def test_a_new_snapshot_resets_the_table_from_its_first_read_in_kafka_order(
     # snapshot's, the inserts of a transaction that was open across it.
     produce(
         [
-            envelope("r", 500, after=row(1, "a2"), snapshot="first"),
-            envelope("r", 500, after=row(4, "d"), snapshot="last"),
-            envelope("c", 450, after=row(5, "late in this batch")),
+            postgres_envelope("r", 500, after=row(1, "a2"), snapshot="first"),
+            postgres_envelope("r", 500, after=row(4, "d"), snapshot="last"),
+            postgres_envelope("c", 450, after=row(5, "late in this batch")),
         ]
     )
     land_and_refine(warehouse, topic, columns=columns, key=["id"], history=True)
     assertDataFrameEqual(refined(), [(1, "a2"), (4, "d"), (5, "late in this batch")])
-    produce([envelope("c", 460, after=row(6, "late in the next batch")), envelope("u", 600, after=row(4, "d2"))])
+    produce(
+        [
+            postgres_envelope("c", 460, after=row(6, "late in the next batch")),
+            postgres_envelope("u", 600, after=row(4, "d2")),
+        ]
+    )
     for _ in range(2):
         land_and_refine(warehouse, topic, columns=columns, key=["id"], history=True)
         assertDataFrameEqual(

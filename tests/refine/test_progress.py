@@ -1,6 +1,6 @@
 """A refined table's progress as `cdc status` reports it: its last batch, the raw version refined up to,
-the raw changes it has not refined yet (counted from the raw table's Change Data Feed, an oracle of its
-own), and its last failure until a batch commits again."""
+the raw changes it has not refined yet (counted from the raw table's history; compared with the rows
+read back), and its last failure until a batch commits again."""
 
 from __future__ import annotations
 
@@ -59,3 +59,21 @@ def test_status_follows_a_refined_tables_batches_lag_and_last_error(
     assert newly == more
     [behind] = lake.status().refined_tables
     assert (behind.last_batch, behind.behind) == (0, newly)
+
+
+def test_changes_not_refined_are_counted_when_the_raw_feed_is_past_its_file_retention(spark, tmp_path):
+    """Delta refuses a batch read of the Change Data Feed from a version older than the table's
+    deletedFileRetentionDuration: a refine that far behind is still reported, with its count."""
+    from refine.progress import _changes_after
+
+    raw = str(tmp_path / "raw")
+    properties = {
+        "delta.appendOnly": "true",
+        "delta.enableChangeDataFeed": "true",
+        "delta.deletedFileRetentionDuration": "interval 1 seconds",
+    }
+    for rows in (3, 4):
+        values = spark.range(rows).selectExpr("string(id) AS value")
+        values.write.format("delta").options(**properties).mode("append").save(raw)
+    time.sleep(1.5)  # the first appends are now older than the table's file retention
+    assert (_changes_after(spark, raw, None), _changes_after(spark, raw, 0), _changes_after(spark, raw, 1)) == (7, 4, 0)

@@ -4,7 +4,8 @@ batches of random sizes, compared with Postgres read back with psycopg (cdc/stac
 Each run takes a fresh seed, printed (and named in a failure's message); ``CDC_RANDOM_SEED=<seed>``
 replays one. The transactions are refined all in one batch first, then after one transaction,
 then after random numbers of them; the refined tables, the history's current versions and the
-child table must equal Postgres after every batch, and again after a rerun.
+child table must equal Postgres after every batch, and again after a rerun. Every run adds, renames,
+drops and widens columns at random points (refined with the rename declared).
 """
 
 import os
@@ -16,9 +17,7 @@ import pytest
 from cdc.core.config import validate
 from cdc.raw.config import RawJobConfig
 from cdc.raw.job import run_raw_job
-from cdc.stack.random_workload import RandomTables, RandomWorkload, compare, wait_for_marks
-
-pytestmark = pytest.mark.integration
+from cdc.stack.random_workload import RENAMES, RandomTables, RandomWorkload, compare, wait_for_marks
 
 TRANSACTIONS = int(os.environ.get("CDC_RANDOM_TRANSACTIONS", "24"))
 
@@ -33,10 +32,14 @@ def test_random_transactions_refine_equal_to_postgres(
     dsn, warehouse, prefix = stack_config.postgres.dsn(), str(tmp_path), postgres_connector.topic_prefix
     tables = RandomTables(f"r{unique_name}")
     topics = [tables.topic(prefix, table) for table in tables.names]
-    settings = {tables.keyed: {"history": True, "explode": ["tags"]}, tables.pair: {"history": True}, tables.bag: {}}
+    settings = {
+        tables.keyed: {"history": True, "explode": ["tags"], "renames": RENAMES},
+        tables.pair: {"history": True, "renames": RENAMES},
+        tables.bag: {"renames": RENAMES},
+    }
     with psycopg.connect(dsn, autocommit=True) as conn:
         tables.create(conn, publication=postgres_connector.name)
-    workload = RandomWorkload(dsn, tables, rng)
+    workload = RandomWorkload(dsn, tables, rng, schema_changes_by=TRANSACTIONS - 2)
     batches = 0
 
     def refine_and_compare() -> None:
@@ -73,11 +76,14 @@ def test_random_transactions_refine_equal_to_postgres(
             for _ in range(rng.randint(4, 12)):
                 workload.transaction()
             refine_and_compare()
-        while workload.held_for:  # the transaction held open commits
+        while workload.held_for or workload.schema_changes_pending:  # the held transaction commits
             workload.transaction()
         refine_and_compare()
         refine_and_compare()  # a rerun changes nothing
         print(f"random workload: {workload.counts}")
+        done = workload.counts.statements
+        at_least = {"add column": 3, "rename column": 1, "drop column": 1, "widen column": 2}
+        assert all(done[kind] >= count for kind, count in at_least.items()), done
     finally:
         workload.close()
         with psycopg.connect(dsn, autocommit=True) as conn:

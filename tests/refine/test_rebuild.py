@@ -15,35 +15,12 @@ from pyspark.testing import assertDataFrameEqual
 from cdc.core.config import validate
 from cdc.core.errors import TableError
 from cdc.core.tables import delta_properties
+from cdc.stack.envelopes import postgres_envelope
 from refine.config import RefineJobConfig, refined_table_location
-from refine.quarantine import quarantine_location
+from refine.quality.quarantine import quarantine_location
 from refine.rebuild import raw_chunks, rebuild_refined_table
 
-pytestmark = pytest.mark.integration
-
 COLUMNS = {"id": "bigint", "name": "string", "tags": "array<string>"}
-T0 = 1_763_700_000_000
-
-
-def envelope(op: str, lsn: int, before: dict | None = None, after: dict | None = None) -> dict:
-    return {
-        "before": before,
-        "after": after,
-        "op": op,
-        "ts_ms": T0 + lsn,
-        "source": {
-            "version": "3.6.3.Final",
-            "connector": "postgresql",
-            "name": "demo",
-            "ts_ms": T0 + lsn,
-            "snapshot": "false",
-            "db": "demo",
-            "schema": "shop",
-            "table": "items",
-            "txId": lsn,
-            "lsn": lsn,
-        },
-    }
 
 
 def row(row_id: int, name: str, tags: list[str]) -> dict:
@@ -61,17 +38,17 @@ def produced(changes: list[tuple[dict, dict | str | None]]) -> list[tuple[bytes,
 
 
 FIRST = [
-    ({"id": 1}, envelope("c", 100, after=row(1, "a", ["x", "y"]))),
-    ({"id": 2}, envelope("c", 200, after=row(2, "b", ["z"]))),
-    ({"id": 1}, envelope("u", 300, before=row(1, "a", ["x", "y"]), after=row(1, "a2", ["y"]))),
-    ({"id": 2}, envelope("d", 400, before={"id": 2, "name": None, "tags": None})),
+    ({"id": 1}, postgres_envelope("c", 100, after=row(1, "a", ["x", "y"]))),
+    ({"id": 2}, postgres_envelope("c", 200, after=row(2, "b", ["z"]))),
+    ({"id": 1}, postgres_envelope("u", 300, before=row(1, "a", ["x", "y"]), after=row(1, "a2", ["y"]))),
+    ({"id": 2}, postgres_envelope("d", 400, before={"id": 2, "name": None, "tags": None})),
     ({"id": 2}, None),
 ]
 SECOND = [
-    ({"id": 3}, envelope("c", 500, after=row(3, "c", ["w"]))),
+    ({"id": 3}, postgres_envelope("c", 500, after=row(3, "c", ["w"]))),
     ({"id": 9}, '{"op": "c", "after": {"id": 9'),  # truncated JSON: quarantined, in the rebuild too (once)
 ]
-LATER = [({"id": 3}, envelope("u", 600, before=row(3, "c", ["w"]), after=row(3, "c2", ["v", "w"])))]
+LATER = [({"id": 3}, postgres_envelope("u", 600, before=row(3, "c", ["w"]), after=row(3, "c2", ["v", "w"])))]
 
 
 def contents(spark, location: str):

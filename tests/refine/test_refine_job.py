@@ -13,10 +13,8 @@ from pyspark.testing import assertDataFrameEqual
 
 from cdc.core.tables import is_delta_table
 from cdc.stack.workload import run_workload
+from refine.apply.merge import METADATA_COLUMNS
 from refine.config import refined_table_location
-from refine.merge import METADATA_COLUMNS
-
-pytestmark = pytest.mark.integration
 
 
 def test_refined_tables_equal_postgres(
@@ -81,11 +79,11 @@ def test_a_batch_refused_by_another_writers_commit_runs_again_and_the_job_goes_o
     spark, kafka, stack_config, postgres_connector, tmp_path, monkeypatch, land, postgres_table, refined_table
 ):
     """`cdc optimize` compacting a refined table while its refinement runs: Delta refuses whichever of
-    the two commits second (a real such conflict: tests/cdc/test_shared_tables.py). The batch runs again."""
+    the two commits second (a real such conflict: tests/cdc/core/test_shared_tables.py). The batch runs again."""
     from py4j.protocol import Py4JJavaError
 
     from cdc.core.config import validate
-    from refine import keyed
+    from refine.apply import keyed
     from refine.job import RefineJobConfig, run_refine_job
 
     run_workload(stack_config.postgres.dsn(), customers=3, seed=14)
@@ -127,7 +125,7 @@ def test_undecodable_records_go_to_quarantine_and_the_job_goes_on(
     import json
 
     from cdc.cli import main
-    from refine.quarantine import quarantine_location
+    from refine.quality.quarantine import quarantine_location
 
     run_workload(stack_config.postgres.dsn(), customers=2, seed=13)
     topic = f"{postgres_connector.topic_prefix}.shop.orders"
@@ -159,7 +157,7 @@ def test_a_run_says_what_it_quarantined_and_can_fail_on_it(
     spark, kafka, stack_config, postgres_connector, tmp_path, monkeypatch, capsys, postgres_table
 ):
     from cdc.cli import main
-    from refine.quarantine import quarantine_location
+    from refine.quality.quarantine import quarantine_location
 
     run_workload(stack_config.postgres.dsn(), customers=2, seed=14)
     topic = f"{postgres_connector.topic_prefix}.shop.orders"
@@ -441,7 +439,7 @@ def test_refine_killed_in_the_middle_then_rerun_gives_the_same_tables(
         land(warehouse, topic)
     # Each job dies when its refined table has two commits (its creation and its first MERGE), before
     # the job records that the batch is done, the two tables' jobs side by side. (A creation cut short:
-    # tests/refine/test_merge.py and tests/cdc/core/test_shared_tables.py.)
+    # tests/refine/apply/test_merge.py and tests/cdc/core/test_shared_tables.py.)
     kills = [{"customers": 2, "page_views": 2}]
     for round_ in kills:
         running = {

@@ -25,9 +25,7 @@ from cdc.stack.postgres import remove_connector
 from connectors import definitions
 from connectors.client import ConnectClient
 from connectors.definitions import ConnectorDefinition
-from refine.quarantine import quarantine_location
-
-pytestmark = pytest.mark.integration
+from refine.quality.quarantine import quarantine_location
 
 
 class Col(NamedTuple):

@@ -1,10 +1,10 @@
 """`cdc refine` of a plain event topic (JSON, Avro or Protobuf values, no Debezium envelope).
 
 Per micro-batch of the raw table's Change Data Feed: JSON values are parsed with the events' schema
-(:mod:`refine.schemas`), Avro values decoded with theirs (:mod:`cdc.pipeline.events.avro`), Protobuf values
+(:mod:`refine.records.schemas`), Avro values decoded with theirs (:mod:`cdc.pipeline.events.avro`), Protobuf values
 with their message's (:mod:`cdc.pipeline.events.protobuf`); a record that
 is not an event of that schema, or lacks a key, the ordering or the split value, goes to the
-quarantine with the reason; the others are flattened (:mod:`refine.flatten`) and written:
+quarantine with the reason; the others are flattened (:mod:`refine.apply.flatten`) and written:
 
 - with ``keys``: the latest event per key (by the ordering column, then Kafka partition and
   offset) is MERGEd; an event older than the stored one never overwrites it;
@@ -35,11 +35,9 @@ from cdc.pipeline.checks import table_shape_problems
 from cdc.pipeline.config import Name, RefinedTable, WireSchema
 from cdc.pipeline.events.avro import AvroDecoder
 from cdc.pipeline.events.protobuf import ProtobufDecoder
-from refine.batch import run_batch_retrying_conflicts
-from refine.config import RefineRun, refined_table_location
-from refine.flatten import child_rows, child_table_name, column, flat_name, flatten
-from refine.history import HistorySpec
-from refine.merge import (
+from refine.apply.flatten import child_rows, child_table_name, column, flat_name, flatten
+from refine.apply.history import HistorySpec
+from refine.apply.merge import (
     EVENT_POSITION,
     OFFSET,
     PARTITION,
@@ -49,9 +47,11 @@ from refine.merge import (
     merge_latest,
     replace_children,
 )
-from refine.quarantine import quarantine, quarantine_location
-from refine.rules import TableRules, history_table_name
-from refine.schemas import event_schema
+from refine.apply.rules import TableRules, history_table_name
+from refine.batch import run_batch_retrying_conflicts
+from refine.config import RefineRun, refined_table_location
+from refine.quality.quarantine import quarantine, quarantine_location
+from refine.records.schemas import event_schema
 
 CORRUPT = "_cdc_corrupt_record"
 # A split value names folders: Kafka's rule for topic names, which cannot climb out of the folder.

@@ -45,8 +45,8 @@ from cdc.core import catalog
 from cdc.core.errors import TableError
 from cdc.pipeline.business import BusinessTableConfig, refresh_business_table
 from cdc.raw.table import create_raw_table
-from refine import merge
-from refine.merge import ensure_refined_table
+from refine.apply import merge
+from refine.apply.merge import ensure_refined_table
 
 # `cdc raw`'s batch writer and two `cdc refine` runs of train.public.items (the class archive's training run).
 _land_and_refine(spark, warehouse)

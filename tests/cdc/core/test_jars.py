@@ -1,6 +1,10 @@
+import tomllib
 import xml.etree.ElementTree as ET
 import zipfile
+from importlib.metadata import version
+from pathlib import Path
 
+import pyspark
 import pytest
 
 from cdc.core import jars
@@ -58,3 +62,15 @@ def test_helpers_are_compiled_once_then_read_from_the_cache(tmp_path, monkeypatc
     assert jars.helpers_jar(tmp_path) == jar  # no javac needed now
     with pytest.raises(DependencyError, match="javac not found: install a JDK 17 or newer"):
         jars.helpers_jar(tmp_path / "elsewhere")
+
+
+def test_the_wheels_and_the_jars_are_of_one_engine():
+    """pyproject.toml pins pyspark and delta-spark; jars.py the Maven artifacts built for them: one version each."""
+    pins = tomllib.loads((Path(__file__).parents[3] / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert f"pyspark[sql]=={jars.SPARK_VERSION}" in pins
+    assert f"delta-spark=={jars.DELTA_VERSION}" in pins
+    assert version("pyspark") == jars.SPARK_VERSION
+    assert version("delta-spark") == jars.DELTA_VERSION
+    hadoop = {path.name for path in (Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar")}
+    assert hadoop == {f"hadoop-client-api-{jars.HADOOP_VERSION}.jar"}, "hadoop-aws must match pyspark's Hadoop"
+    assert f"io.delta:delta-spark_2.13:{jars.DELTA_VERSION}" in jars.SPARK_BUNDLE.coordinates

@@ -17,7 +17,7 @@ from cdc.core.config import S3Connection, SparkConfig
 from cdc.core.errors import ConfigError, TableError
 from cdc.core.object_store import load_s3_connection, object_store_spark_config, on_object_store
 from cdc.stack.workload import run_workload
-from refine.merge import METADATA_COLUMNS
+from refine.apply.merge import METADATA_COLUMNS
 
 JOB_TIMEOUT_S = 600
 

@@ -4,6 +4,7 @@ import os
 import shutil
 import threading
 import time
+from types import SimpleNamespace
 
 from delta.tables import DeltaTable
 from py4j.protocol import Py4JJavaError
@@ -11,7 +12,7 @@ from pyspark.errors.exceptions.captured import AnalysisException
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 from pyspark.testing import assertDataFrameEqual
 
-from cdc.core import shared_tables
+from cdc.core import shared_tables, tables
 from cdc.core.shared_tables import merge_into_shared_table
 from cdc.maintenance import optimize_table
 
@@ -136,7 +137,7 @@ def test_a_shared_table_whose_creation_a_killed_job_left_unfinished_is_created(s
     assertDataFrameEqual(spark.read.format("delta").load(str(location)), spark.createDataFrame([("s", 1)], SCHEMA))
 
 
-def test_a_shared_table_another_writer_is_creating_is_waited_for_not_cleared(spark, tmp_path):
+def test_a_shared_table_another_writer_is_creating_is_waited_for_not_cleared(spark, tmp_path, monkeypatch):
     """A log without a version that changed a moment ago may be another job's creation under way:
     its first commit is awaited, and the table it creates is the one merged into."""
     other = tmp_path / "other"
@@ -144,9 +145,16 @@ def test_a_shared_table_another_writer_is_creating_is_waited_for_not_cleared(spa
     other_table_id = DeltaTable.forPath(spark, str(other)).detail().head()["id"]
     location = tmp_path / "shared"
     leave_interrupted_creation(location)
+    waiting = threading.Event()
 
-    def commit_first_version() -> None:  # as the other writer does, a moment later
-        time.sleep(1)
+    def sleep(seconds: float) -> None:  # the merge waiting for the creation under way
+        waiting.set()
+        time.sleep(seconds)
+
+    monkeypatch.setattr(tables, "time", SimpleNamespace(time=time.time, sleep=sleep))
+
+    def commit_first_version() -> None:  # as the other writer does, once the merge waits for it
+        assert waiting.wait(timeout=120), "the merge never waited for the creation under way"
         shutil.copy(other / "_delta_log" / f"{0:020d}.json", location / "_delta_log" / f"{0:020d}.json")
 
     creating = threading.Thread(target=commit_first_version)
@@ -155,6 +163,7 @@ def test_a_shared_table_another_writer_is_creating_is_waited_for_not_cleared(spa
         merge_into_shared_table(spark, str(location), SCHEMA, insert_row("s", 1))
     finally:
         creating.join()
+    assert waiting.is_set()
     assert DeltaTable.forPath(spark, str(location)).detail().head()["id"] == other_table_id
     assertDataFrameEqual(spark.read.format("delta").load(str(location)), spark.createDataFrame([("s", 1)], SCHEMA))
 

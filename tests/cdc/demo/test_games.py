@@ -2,7 +2,6 @@
 a refined table per game with the generated rows, child tables, the latest event per player despite
 out-of-order delivery, and exactly the malformed records quarantined; a rerun changes nothing."""
 
-import pytest
 from pyspark.sql import functions as F
 
 from cdc.core.config import Settings
@@ -11,9 +10,7 @@ from cdc.demo.games import games_demo
 from cdc.pipeline.load import load_pipeline
 from cdc.stack.game_events import generate_game_events
 from refine.config import refined_table_location
-from refine.quarantine import quarantine_location
-
-pytestmark = pytest.mark.integration
+from refine.quality.quarantine import quarantine_location
 
 
 def test_the_game_events_pipeline_gives_a_table_per_game(spark, kafka, stack_config, tmp_path, delta_rs_mismatches):

@@ -2,17 +2,14 @@
 to Postgres, run twice (the rerun adds a workload and lands and refines only its changes); every table
 it writes opens in delta-rs with the rows Spark reads."""
 
-import pytest
 from pyspark.testing import assertDataFrameEqual
 
 from cdc.core.config import Settings
 from cdc.demo import PIPELINES
 from cdc.demo.shop import shop_demo
 from cdc.pipeline.load import load_pipeline
+from refine.apply.merge import METADATA_COLUMNS
 from refine.config import refined_table_location
-from refine.merge import METADATA_COLUMNS
-
-pytestmark = pytest.mark.integration
 
 
 def test_the_shop_pipeline_equals_postgres_after_two_runs(

@@ -5,6 +5,7 @@ import time
 from datetime import datetime
 
 from delta.tables import DeltaTable
+from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 from pyspark.testing import assertDataFrameEqual
 
 from cdc.core.config import AvailableNow, Continuous
@@ -15,6 +16,7 @@ from cdc.pipeline.business import (
     refresh_business_table,
     run_business_tables,
 )
+from refine.apply.merge import ensure_refined_table
 
 SESSIONS = "player string, session_id long, started_at timestamp"
 PER_PLAYER = (
@@ -164,3 +166,29 @@ def test_only_the_changed_groups_are_aggregated(spark, tmp_path):
     assertDataFrameEqual(groups, spark.sql(PER_PLAYER).where("player = 'ann' OR player IS NULL"))
     plan = groups._jdf.queryExecution().optimizedPlan().toString()
     assert plan.index("Aggregate") < plan.index("LeftSemi"), plan  # the semi-join runs below the aggregate
+
+
+def test_a_query_naming_a_column_its_source_no_longer_has_is_told_so(spark, tmp_path):
+    """A refined table keeps a column its source dropped (``lenient``): a business table reading it gets NULL
+    for rows written since, and its refresh names the column; a column that comes back is no longer named."""
+    location = str(tmp_path / "items")
+    stored = StructType([StructField("id", IntegerType()), StructField("gone", StringType())])
+    spark.createDataFrame([(1, "g1")], stored).write.format("delta").save(location)
+    ensure_refined_table(spark, location, StructType([stored["id"]]), source_columns=True)  # the source dropped it
+    ensure_refined_table(spark, location, StructType([stored["id"]]), source_columns=True)  # and a later batch
+    business = BusinessTableConfig(
+        name="gone_by_id",
+        query="SELECT id, gone, 'gone' AS label FROM items",
+        location=str(tmp_path / "business"),
+        views={"items": location},
+    )
+    told = (
+        "business gone_by_id: its query reads column 'gone' of items, which the source no longer has (dropped or "
+        "renamed there): rows written since hold NULL in it"
+    )
+    assert refresh_business_table(spark, business).warnings == (told,)
+    ensure_refined_table(spark, location, stored, source_columns=True)  # added again at the source
+    spark.createDataFrame([(2, "g2")], stored).write.format("delta").mode("append").save(location)
+    assert refresh_business_table(spark, business).warnings == ()
+    versions = DeltaTable.forPath(spark, location).history().select("operation").collect()
+    assert [row.operation for row in versions].count("CHANGE COLUMN") == 2  # marked once, then cleared

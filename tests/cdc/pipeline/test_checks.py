@@ -1,4 +1,4 @@
-from cdc.pipeline.checks import sql_tables
+from cdc.pipeline.sql_text import sql_tables
 
 
 def test_sql_tables_are_the_names_after_from_and_join():

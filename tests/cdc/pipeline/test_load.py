@@ -226,8 +226,46 @@ def test_a_schema_file_is_found_beside_the_pipeline_file(tmp_path, monkeypatch):
             ),
         ),
         (
+            pipeline(refined={"players": {"source": "game_events", "renames": {"a": "b"}}}),
+            (
+                "refined.players.renames: applies to Debezium Postgres sources only: an event source's schema is "
+                "declared or inferred (source 'game_events' is events)"
+            ),
+        ),
+        (
+            pipeline(
+                sources={"db": {"kind": "debezium_mongodb", "topic": "m.db.people"}},
+                refined={"players": {"source": "db", "drop_columns": True}},
+            ),
+            (
+                "refined.players.drop_columns: applies to Debezium Postgres sources only: a MongoDB field that "
+                "changes type becomes JSON text, and a document's fields come and go"
+            ),
+        ),
+        (
+            pipeline(
+                sources={"db": {"kind": "debezium_postgres", "topic": "d.s.t", "source_time_zone": "Mars/Olympus"}}
+            ),
+            "sources.db.source_time_zone: unknown time zone 'Mars/Olympus' (an IANA name, e.g. Europe/Berlin)",
+        ),
+        (
             pipeline(business={"sessions": {"sql": "SELECT * FROM players p JOIN scores s USING (player)"}}),
             "business.sessions.sql: unknown table 'scores' (tables: players, sessions)",
+        ),
+        (
+            pipeline(
+                sources={"db": {"kind": "debezium_postgres", "topic": "d.shop.items"}},
+                refined={"items": {"source": "db", "renames": {"old_name": "new_name"}}},
+                business={
+                    "by_name": {"sql": "SELECT i.`old_name`, count(*) AS n FROM items i GROUP BY 1"},
+                    "fine": {"sql": "SELECT new_name AS old_name, 'old_name', \"old_name\" FROM items -- old_name"},
+                    "other": {"sql": "SELECT p.old_name FROM players p JOIN items i ON p.id = i.id"},
+                },
+            ),
+            (
+                "business.by_name.sql: uses column 'old_name' of refined.items, which the source renamed to "
+                "'new_name' (refined.items.renames): rows written since hold it as 'new_name' only"
+            ),
         ),
         (
             pipeline(

@@ -16,10 +16,10 @@ from cdc.pipeline.events.job import EventsRefineJobConfig
 from cdc.pipeline.run import PipelineRefineConfig, business_tables, raw_job_config, refine_jobs
 from cdc.raw.config import GapPolicy
 from cdc.stack.workload import run_workload
+from refine.apply.merge import METADATA_COLUMNS
 from refine.config import RefineJobConfig, refined_table_location
-from refine.expectations import expectations_location
-from refine.merge import METADATA_COLUMNS
-from refine.quarantine import quarantine_location
+from refine.quality.expectations import expectations_location
+from refine.quality.quarantine import quarantine_location
 
 SHOP = {
     "name": "shop",
@@ -182,7 +182,6 @@ def test_an_invalid_pipeline_stops_the_commands_before_spark_starts(tmp_path, ca
     assert "--reinfer-schema applies to the event sources of a --pipeline" in capsys.readouterr().err
 
 
-@pytest.mark.integration
 def test_a_debezium_table_through_the_pipeline_equals_cdc_refine_table(
     spark, kafka, stack_config, postgres_connector, tmp_path, monkeypatch
 ):
@@ -252,7 +251,6 @@ ACTIVITY = (
 T = "2026-01-01T10:0{}:00Z".format
 
 
-@pytest.mark.integration
 def test_expectations_history_and_business_tables_of_an_events_pipeline(
     spark, kafka, pipeline_run, unique_name, capsys
 ):
@@ -351,7 +349,6 @@ def test_expectations_history_and_business_tables_of_an_events_pipeline(
         )
 
 
-@pytest.mark.integration
 def test_a_continuous_pipeline_refreshes_business_tables_on_their_interval(
     spark, kafka, pipeline_run, unique_name, wait_for
 ):
@@ -412,7 +409,6 @@ def test_a_continuous_pipeline_refreshes_business_tables_on_their_interval(
     )
 
 
-@pytest.mark.integration
 def test_a_bad_or_failed_expectation_stops_the_refine_naming_it(spark, kafka, pipeline_run, unique_name, capsys):
     topic = kafka.create_topic(f"{unique_name}.scores")
     produce_scores(kafka, topic, [("ann", T(1), 10), ("bob", T(2), -5)])
@@ -456,7 +452,6 @@ def test_business_tables_read_pipeline_tables_as_views_in_dependency_order(tmp_p
     assert tables["items"].location == f"{warehouse}/business/items"
 
 
-@pytest.mark.integration
 def test_an_expectation_on_a_debezium_table_drops_its_rows_but_never_its_deletes(
     spark, kafka, stack_config, postgres_connector, pipeline_run
 ):

@@ -7,8 +7,6 @@ import pytest
 from cdc.cli import main
 from cdc.core.tables import raw_table_location
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture
 def cli(kafka, monkeypatch, capsys):

@@ -9,6 +9,7 @@ import signal
 import time
 from pathlib import Path
 
+import psycopg
 import pytest
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame
@@ -24,8 +25,6 @@ from cdc.raw.config import RawJobConfig
 from cdc.raw.job import run_raw_job
 from cdc.stack.events import read_events
 from cdc.stack.workload import TABLES, run_workload
-
-pytestmark = pytest.mark.integration
 
 RECORD_SCHEMA = (
     "topic string, partition int, offset long, key binary, value binary, headers array<struct<key:string,value:binary>>"
@@ -56,6 +55,21 @@ def landed(spark, warehouse: Path, topic: str) -> DataFrame:
     )
 
 
+def marked_after_the_workload(dsn: str, kafka, topics: list[str], unique_name: str) -> None:
+    """Write a marker to each workload table in one transaction, and wait until each topic's last record is
+    its marker: every record of the workload is in Kafka then (one partition per topic)."""
+    number = int(unique_name[1:], 16) % 10**6 + 10**6  # an order number no workload uses
+    with psycopg.connect(dsn) as conn:
+        [customer] = conn.execute("SELECT max(id) FROM shop.customers").fetchone()
+        conn.execute("UPDATE shop.customers SET full_name = %s WHERE id = %s", (f"mark-{number}", customer))
+        conn.execute("INSERT INTO shop.orders VALUES (%s, %s, 'pending', 0, '2026-01-01')", (customer, number))
+        conn.execute("INSERT INTO shop.page_views VALUES (%s, %s, now())", (customer, f"mark-{number}"))
+    markers = {"customers": f"mark-{number}", "orders": f'"order_no":{number}', "page_views": f"mark-{number}"}
+    for topic in topics:
+        marker = markers[topic.rsplit(".", 1)[-1]].encode()
+        kafka.wait_for_last_value(topic, lambda value, marker=marker: value is not None and marker in value)
+
+
 def on_kafka(spark, kafka, topic: str) -> DataFrame:
     return spark.createDataFrame(kafka.records(topic), RECORD_SCHEMA)
 
@@ -77,7 +91,7 @@ def test_debezium_and_event_topics_land_byte_for_byte(
             (b"watch-2", None),
         ],
     )
-    time.sleep(1)  # let Debezium finish writing the workload's events: compared below offset by offset
+    marked_after_the_workload(stack_config.postgres.dsn(), kafka, debezium_topics, unique_name)
     topics = [*debezium_topics, events]
     config = raw_job(tmp_path, topics, kafka.bootstrap_servers)
 

@@ -12,8 +12,6 @@ from cdc.core.errors import StackError
 from cdc.stack.kafka import KafkaServer
 from cdc.stack.local import stack_for_a_run
 
-pytestmark = pytest.mark.integration
-
 
 def _cli_env(monkeypatch, config: StackConfig) -> None:
     monkeypatch.setenv("CDC_STACK__STATE_DIR", str(config.state_dir))

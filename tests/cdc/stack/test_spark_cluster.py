@@ -19,13 +19,10 @@ import time
 from pathlib import Path
 
 import psycopg
-import pytest
 
 from cdc.core import jars
 from cdc.stack.local import LocalStack
 from cdc.stack.spark_cluster import SparkWorker
-
-pytestmark = pytest.mark.integration
 
 ORDERS = 6_000  # several raw batches of 1,500 records, each a task that an executor runs
 

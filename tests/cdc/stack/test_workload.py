@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import psycopg
-import pytest
 
 from cdc.stack.workload import run_workload
 
 
-@pytest.mark.integration
 def test_the_workload_adds_customers_whose_ids_no_order_holds(stack, stack_config):
     dsn = stack_config.postgres.dsn()
     with psycopg.connect(dsn) as conn:

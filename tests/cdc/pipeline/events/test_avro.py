@@ -16,7 +16,7 @@ from pyspark.testing import assertDataFrameEqual
 from cdc.core.errors import ConfigError
 from cdc.pipeline.config import SchemaRegistry
 from cdc.pipeline.events.avro import AvroDecoder, AvroDecoding, avro_event_schema, decode_avro, with_end_marker
-from refine.quarantine import quarantine_location
+from refine.quality.quarantine import quarantine_location
 
 READING = {
     "type": "record",
@@ -153,7 +153,6 @@ def test_a_registry_decoder_fetches_each_writer_schema_its_batches_hold(
 # --- on the real stack ---------------------------------------------------------------------------
 
 
-@pytest.mark.integration
 def test_avro_events_with_a_schema_file_and_with_a_registry(
     spark, kafka, pipeline_run, unique_name, schema_registry, tmp_path
 ):

@@ -4,14 +4,13 @@ the quarantine, and reruns."""
 
 import json
 
-import pytest
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from cdc.pipeline.config import RefinedTable
 from cdc.pipeline.events.job import parse_events
-from refine.quarantine import quarantine_location
-from refine.schemas import schema_location
+from refine.quality.quarantine import quarantine_location
+from refine.records.schemas import schema_location
 
 FITNESS = "device_id string, time timestamp, model string, heart_rate int, position struct<lat: double, lon: double>"
 
@@ -58,7 +57,6 @@ def event(**fields) -> tuple[bytes, bytes]:
     return (str(fields.get("device_id") or fields.get("player")).encode(), json.dumps(fields).encode())
 
 
-@pytest.mark.integration
 def test_fitness_events_with_a_given_schema(spark, kafka, pipeline_run, unique_name):
     topic = kafka.create_topic(f"{unique_name}.fitness", partitions=2)
     pipeline = {
@@ -156,7 +154,6 @@ GAME_EVENTS = [
 ]
 
 
-@pytest.mark.integration
 def test_game_events_with_an_inferred_schema_split_by_game(spark, kafka, pipeline_run, unique_name):
     topic = kafka.create_topic(f"{unique_name}.game-events")
     pipeline = {

@@ -35,7 +35,7 @@ from cdc.pipeline.events.protobuf import (
     protobuf_event_schema,
     schema_file,
 )
-from refine.quarantine import quarantine_location
+from refine.quality.quarantine import quarantine_location
 
 FIXTURE = Path(__file__).resolve().parents[3] / "fixtures" / "fitness.proto"
 READING_DDL = (
@@ -415,7 +415,6 @@ def test_a_registry_decoder_reads_each_writers_message_as_the_latest(
 # --- on the real stack ---------------------------------------------------------------------------
 
 
-@pytest.mark.integration
 def test_protobuf_events_with_a_schema_file_and_with_a_registry(
     spark, fitness, kafka, pipeline_run, unique_name, schema_registry, tmp_path
 ):

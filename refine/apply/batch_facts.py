@@ -1,0 +1,65 @@
+"""What a batch of parsed Debezium changes holds (:class:`BatchFacts`), read in one pass: which
+steps of the refinement it needs."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
+
+from refine.apply.latest import SnapshotStart, last_snapshot_start
+from refine.apply.rekey import is_key_change
+from refine.records.envelope import Op
+from refine.records.parse import OTHER_SCHEMA
+from refine.records.toast import has_placeholder
+
+
+class BatchFacts(NamedTuple):
+    """What a batch's parsed changes hold, read in one pass: which steps it needs."""
+
+    problems: int  # records that did not decode
+    truncated_at: tuple[int, int] | None  # source position of the last truncate
+    snapshot_from: SnapshotStart | None  # the last snapshot start (see resets_table)
+    key_changes: bool  # a primary-key change (Debezium's key headers)
+    deletes: bool
+    placeholders: bool  # a TOAST placeholder in a row image after a change
+    other_schemas: int  # records of a schema the parser was not built for (only_schemas)
+    records: int
+
+    @property
+    def resets(self) -> bool:
+        """A truncate or a snapshot start: rows the batch does not change may be gone."""
+        return self.truncated_at is not None or self.snapshot_from is not None
+
+
+def batch_facts(changes: DataFrame) -> BatchFacts:
+    row = changes.agg(
+        F.count(F.when(F.col("problem").isNotNull(), 1)).alias("problems"),
+        F.max(F.when(F.col("op") == Op.TRUNCATE.value, F.struct("source_lsn", "kafka_offset"))).alias("truncate"),
+        last_snapshot_start().alias("snapshot"),
+        F.coalesce(F.max(is_key_change(F.col("kafka_headers"))), F.lit(False)).alias("key_changes"),
+        F.coalesce(F.max(F.col("op") == Op.DELETE.value), F.lit(False)).alias("deletes"),
+        F.coalesce(F.max(has_placeholder(F.col("after"), row_type_of(changes))), F.lit(False)).alias("toast"),
+        F.count(F.when(F.col("problem") == OTHER_SCHEMA, 1)).alias("other_schemas"),
+        F.count(F.lit(1)).alias("records"),
+    ).collect()[0]  # an aggregate without grouping: one row
+    truncate = tuple(row.truncate) if row.truncate else None
+    return BatchFacts(
+        row.problems,
+        truncate,
+        SnapshotStart.of(row.snapshot),
+        row.key_changes,
+        row.deletes,
+        row.toast,
+        row.other_schemas,
+        row.records,
+    )
+
+
+def row_type_of(changes: DataFrame) -> StructType:
+    """The type of the changes' row images (``after``): a struct, as parsing builds it."""
+    row_type = changes.schema["after"].dataType
+    assert isinstance(row_type, StructType)
+    return row_type

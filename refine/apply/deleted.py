@@ -1,0 +1,151 @@
+"""Deleted keys: where each deleted row was deleted, so no late or replayed change brings it back.
+
+A MERGE that deletes a row deletes its position guard with it: a replayed create of the key (Debezium
+delivers at least once) would then insert it again. So each refined table of a keyed source has a
+side table, ``<warehouse>/_cdc/deleted/<topic>``, holding each deleted key with the position of its
+delete and the row's last image (which a primary-key change's create may need when its delete came
+in an earlier batch: see :mod:`refine.apply.rekey`). It has the refined table's columns, ``_cdc_op`` being
+``d``.
+
+A truncate deletes every row older than it without naming them: its position is kept as the side
+table's property ``cdc.truncated_at``, and changes older than it are dropped too. A new snapshot's
+first read deletes the older rows it does not read again: those are recorded as deleted at its
+position, by key (changes older than the snapshot stay valid for other keys: a transaction open
+across the snapshot's LSN comes after it with lower LSNs).
+
+Why a side table and not soft-deleted rows in the refined table: readers of the refined table see
+exactly the source table, with no filter to remember and no view to maintain.
+
+A batch with deletes appends them to the side table first; then changes at or before their key's
+latest recorded delete are dropped before the refined MERGE. The side table is append-only: a key
+deleted twice has two entries, and a recreated key keeps its entry, which is harmless, as an entry
+only drops changes at or before its delete and the recreated row's position is after it. An append
+is one write, where a MERGE into the side table would cost a join and a rewrite on every batch with
+deletes. A batch replayed after a crash appends its deletes again: the same entries twice, which
+drop the same changes, so both steps stay idempotent.
+"""
+
+from __future__ import annotations
+
+from functools import reduce
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructField, StructType
+
+from cdc.core.tables import delta_properties, is_delta_table
+from refine.apply.latest import at_or_after
+from refine.apply.merge import LSN, OFFSET, OP, declared_schema_rules, ensure_refined_table
+from refine.apply.rekey import with_state_before
+from refine.apply.schema_changes import conformed
+from refine.records.envelope import Op
+
+DELETED_KIND = "deleted"
+TRUNCATED_AT_PROPERTY = "cdc.truncated_at"
+
+
+def deleted_location(warehouse: str, topic: str) -> str:
+    return f"{warehouse}/_cdc/deleted/{topic}"
+
+
+def with_deleted_images(latest: DataFrame, states: DataFrame, stored: DataFrame | None) -> DataFrame:
+    """``latest`` with each delete's ``before`` replaced by the row's last image before it (the
+    delete itself carries only the key), keeping the key from the delete."""
+    is_delete = F.col("op") == Op.DELETE.value
+    with_prior = with_state_before(latest, is_delete, F.col("key"), states, stored)
+    before_type = latest.schema["before"].dataType
+    assert isinstance(before_type, StructType)
+    key_type = latest.schema["key"].dataType
+    assert isinstance(key_type, StructType)
+    keys = set(key_type.fieldNames())
+    image = F.struct(
+        *[
+            (F.col(f"key.`{f.name}`") if f.name in keys else F.col(f"image.`{f.name}`")).alias(f.name)
+            for f in before_type.fields
+        ]
+    )
+    return with_prior.withColumn("before", F.when(is_delete, image).otherwise(F.col("before"))).drop("image")
+
+
+def _strictly_after(newer: str, older: str) -> Column:
+    return ~at_or_after(
+        [F.col(f"{older}.{LSN}"), F.col(f"{older}.{OFFSET}")], [F.col(f"{newer}.{LSN}"), F.col(f"{newer}.{OFFSET}")]
+    )
+
+
+def _ensure_side_table(spark: SparkSession, location: str, rows: DataFrame) -> StructType:
+    return ensure_refined_table(
+        spark, location, StructType([StructField(f.name, f.dataType) for f in rows.schema]), kind=DELETED_KIND
+    )
+
+
+def record_deletes(spark: SparkSession, location: str, rows: DataFrame) -> None:
+    """Append the deletes among a batch's refined ``rows`` (the last change per key) to the side table."""
+    side_table = _ensure_side_table(spark, location, rows)
+    zone = declared_schema_rules(location).source_time_zone
+    deletes = conformed(rows.where(F.col(OP) == Op.DELETE.value), side_table, True, zone)
+    deletes.write.format("delta").mode("append").save(location)
+
+
+def record_truncate(spark: SparkSession, location: str, rows: DataFrame, truncated_at: tuple[int, int]) -> None:
+    """Keep the position of the table's last truncate (a property of the side table, created with the
+    columns of the batch's refined ``rows`` if this is its first entry): every row older than it is
+    deleted, and no change older than it may come back."""
+    _ensure_side_table(spark, location, rows)
+    if (last := _truncated_at(spark, location)) is None or truncated_at > last:
+        spark.sql(
+            f"ALTER TABLE delta.`{location}` SET TBLPROPERTIES "
+            f"('{TRUNCATED_AT_PROPERTY}' = '{truncated_at[0]}:{truncated_at[1]}')"
+        )
+
+
+def record_snapshot_removals(
+    spark: SparkSession,
+    location: str,
+    refined: str,
+    rows: DataFrame,
+    key_columns: list[str],
+    snapshot_at: tuple[int, int],
+) -> None:
+    """Record as deleted at ``snapshot_at`` (a snapshot's first read) the rows of the ``refined`` table older
+    than it that the batch's ``rows`` do not hold: the MERGE deletes them, as the snapshot did not read them
+    again, and a replayed older change must not bring them back. Read before that MERGE (a whole scan of the
+    table, once per snapshot); a batch replayed after it finds them deleted already."""
+    if not is_delta_table(spark, refined):
+        return
+    lsn, offset = snapshot_at
+    stored = spark.read.format("delta").load(refined)
+    older = ~at_or_after([F.col(LSN), F.col(OFFSET)], [F.lit(lsn), F.lit(offset)])
+    removed = stored.where(older).join(rows.select(*[F.col(f"`{k}`") for k in key_columns]), key_columns, "left_anti")
+    marked = {LSN: F.lit(lsn), OFFSET: F.lit(offset), OP: F.lit(Op.DELETE.value)}
+    removed = removed.select(
+        *[
+            (marked[f.name] if f.name in marked else F.col(f"`{f.name}`") if f.name in stored.columns else F.lit(None))
+            .cast(f.dataType)
+            .alias(f.name)
+            for f in rows.schema
+        ]
+    )
+    record_deletes(spark, location, removed)
+
+
+def _truncated_at(spark: SparkSession, location: str) -> tuple[int, int] | None:
+    properties = delta_properties(spark, location)
+    if TRUNCATED_AT_PROPERTY not in properties:
+        return None
+    lsn, offset = properties[TRUNCATED_AT_PROPERTY].split(":")
+    return int(lsn), int(offset)
+
+
+def without_resurrections(spark: SparkSession, location: str, rows: DataFrame, key_columns: list[str]) -> DataFrame:
+    """``rows`` without creates and updates at or before their key's recorded delete or the table's
+    last truncate."""
+    if not is_delta_table(spark, location):
+        return rows
+    if (truncated_at := _truncated_at(spark, location)) is not None:
+        after_truncate = at_or_after([F.col(LSN), F.col(OFFSET)], [F.lit(v) for v in truncated_at])
+        rows = rows.where((F.col(OP) == Op.DELETE.value) | after_truncate)
+    deleted = spark.read.format("delta").load(location).select(*[F.col(f"`{k}`") for k in key_columns], LSN, OFFSET)
+    same_key = [F.col(f"s.`{k}`") == F.col(f"d.`{k}`") for k in key_columns]
+    stale = reduce(Column.__and__, same_key, (F.col(f"s.{OP}") != Op.DELETE.value) & ~_strictly_after("s", "d"))
+    return rows.alias("s").join(deleted.alias("d"), stale, "left_anti")

@@ -1,0 +1,137 @@
+"""A batch of a table with a primary key, MERGEd into its refined table: the last change per key
+(primary-key changes: :mod:`refine.apply.rekey`), checked against the table's expectations; the deleted
+keys, truncates and snapshot starts recorded first (:mod:`refine.apply.deleted`), so a replayed change
+cannot bring a row back; then the exploded arrays' child tables and the history (:mod:`refine.apply.history`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructField, StructType
+
+from cdc.core.errors import ConfigError
+from cdc.core.tables import is_delta_table
+from refine.apply.batch_facts import BatchFacts, row_type_of
+from refine.apply.deleted import (
+    DELETED_KIND,
+    record_deletes,
+    record_snapshot_removals,
+    record_truncate,
+    with_deleted_images,
+    without_resurrections,
+)
+from refine.apply.flatten import array_element
+from refine.apply.history import record_debezium_history
+from refine.apply.latest import latest_per_key
+from refine.apply.merge import ensure_refined_table, merge_changes, refined_rows, refresh_children
+from refine.apply.rekey import batch_states, fill_from_old_keys, stored_states
+from refine.apply.rules import TableRules
+from refine.records.envelope import ConnectSchema
+
+
+@dataclass(frozen=True)
+class KeyedTables:
+    """Where a keyed table's batch is written."""
+
+    name: str  # the refined table's name, for errors
+    refined: str
+    deleted: str  # the deleted keys (refine/apply/deleted.py)
+    children: dict[str, str]  # exploded array path -> its child table's location
+    history: str | None  # the history table's location, when one is kept
+
+
+def merge_keyed_batch(
+    spark: SparkSession,
+    changes: DataFrame,
+    key_schema: ConnectSchema,
+    columns: list[str],
+    facts: BatchFacts,
+    tables: KeyedTables,
+    rules: TableRules,
+    batch_id: int,
+) -> None:
+    """MERGE a batch's valid parsed ``changes`` (of the refined ``columns``, keyed by ``key_schema``)
+    into ``tables``."""
+    key_columns = [field.field_name for field in key_schema.fields or ()]
+    _check_explode(row_type_of(changes), tables)
+    _follow_schema(spark, changes, columns, tables)
+    filled, latest = _latest_changes(spark, changes, key_schema, key_columns, facts, tables)
+    with rules.enforced_changes(spark, latest, columns, key_columns, batch_id) as enforced:
+        rows = enforced.persist()  # computed once from the tables as they were
+        try:
+            _write_rows(spark, rows, key_columns, facts, tables)
+        finally:
+            rows.unpersist()
+    if tables.history is not None:
+        record_debezium_history(
+            spark,
+            tables.history,
+            filled,
+            key_columns,
+            columns,
+            rules.passing_versions,
+            truncated=facts.resets,
+            whole_rows=True,
+        )
+
+
+def _follow_schema(spark: SparkSession, changes: DataFrame, columns: list[str], tables: KeyedTables) -> None:
+    """Give the refined table and its deleted keys a column the source changed (:mod:`refine.apply.schema_changes`)
+    before the batch reads them: a table rewritten after a read of it would fail that read."""
+    if is_delta_table(spark, tables.refined):
+        schema = StructType([StructField(f.name, f.dataType) for f in refined_rows(changes, columns).schema])
+        ensure_refined_table(spark, tables.refined, schema, source_columns=True)
+        if is_delta_table(spark, tables.deleted):
+            ensure_refined_table(spark, tables.deleted, schema, kind=DELETED_KIND)
+
+
+def _check_explode(row_type: StructType, tables: KeyedTables) -> None:
+    for path in tables.children:
+        try:
+            array_element(row_type, path)
+        except ConfigError as error:
+            raise ConfigError(f"explode: {error.message}", table=tables.name) from None
+
+
+def _latest_changes(
+    spark: SparkSession,
+    changes: DataFrame,
+    key_schema: ConnectSchema,
+    key_columns: list[str],
+    facts: BatchFacts,
+    tables: KeyedTables,
+) -> tuple[DataFrame, DataFrame]:
+    """The changes with the rows of primary-key changes filled from their old keys, and the last change
+    per key (a delete with the row image it removes)."""
+    filled, stored = changes, None
+    if facts.key_changes:  # only then are stored rows read (a scan of the refined table)
+        stored = stored_states(spark, [tables.refined, tables.deleted], key_columns, row_type_of(changes))
+        filled = fill_from_old_keys(changes, key_schema, stored)
+    latest = latest_per_key(filled, key_columns, facts.truncated_at, facts.placeholders, facts.snapshot_from)
+    if facts.deletes:
+        latest = with_deleted_images(latest, batch_states(filled), stored)
+    return filled, latest
+
+
+def _write_rows(
+    spark: SparkSession, rows: DataFrame, key_columns: list[str], facts: BatchFacts, tables: KeyedTables
+) -> None:
+    """Record the deleted keys, truncate and snapshot start of the batch's last ``rows`` per key, then
+    MERGE those that bring back no deleted row, and refresh the child tables of their keys."""
+    truncated_at = facts.truncated_at
+    if facts.deletes:
+        record_deletes(spark, tables.deleted, rows)
+    if truncated_at is not None:
+        record_truncate(spark, tables.deleted, rows, truncated_at)
+    snapshot_at = None if facts.snapshot_from is None else facts.snapshot_from.position
+    if snapshot_at is not None:
+        record_snapshot_removals(spark, tables.deleted, tables.refined, rows, key_columns, snapshot_at)
+    guarded = without_resurrections(spark, tables.deleted, rows, key_columns)
+    keys = rows.select(*[F.col(f"`{key}`") for key in key_columns])  # cached with rows
+    merge_changes(
+        spark, tables.refined, guarded, key_columns, truncated_at, keys=keys, snapshot_at=snapshot_at, whole_rows=True
+    )
+    for path, child in tables.children.items():
+        refresh_children(spark, tables.refined, child, keys, key_columns, path, truncated=facts.resets)

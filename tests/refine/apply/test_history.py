@@ -1,0 +1,200 @@
+"""SCD type 2 history tables: versions in source order whatever the order changes arrive in."""
+
+from datetime import datetime, timedelta
+
+import pytest
+from delta.tables import DeltaTable
+from pyspark.sql import functions as F
+from pyspark.testing import assertDataFrameEqual
+
+from cdc.core.errors import ConfigError
+from refine.apply.history import HistorySpec, apply_history, closing_versions, op_of_debezium
+
+SPEC = HistorySpec(key_columns=["id"], position_columns=["seq"], valid_from_column="changed_at")
+CHANGES = "id long, seq long, name string, changed_at timestamp, op string"
+HISTORY = (
+    "id long, seq long, name string, changed_at timestamp, _cdc_valid_from timestamp, _cdc_valid_to timestamp, "
+    "_cdc_is_current boolean, _cdc_is_deleted boolean"
+)
+
+
+def at(seq: int | None) -> datetime | None:
+    return None if seq is None else datetime(2026, 1, 1) + timedelta(minutes=seq)
+
+
+def change(key: int, seq: int, name: str | None, op: str = "upsert") -> tuple:
+    return (key, seq, name, at(seq), op)
+
+
+def version(key: int, seq: int, name: str | None, valid_to: int | None, current=False, deleted=False) -> tuple:
+    return (key, seq, name, at(seq), at(seq), at(valid_to), current, deleted)
+
+
+def apply(spark, location: str, *changes: tuple) -> None:
+    apply_history(spark, location, spark.createDataFrame(list(changes), CHANGES), SPEC)
+
+
+def history(spark, location: str):
+    return spark.read.format("delta").load(location)
+
+
+def expected(spark, *versions: tuple):
+    return spark.createDataFrame(list(versions), HISTORY)
+
+
+IN_ORDER = [change(1, 1, "a"), change(1, 2, "b"), change(1, 3, "c"), change(2, 1, "x")]
+IN_ORDER_HISTORY = [
+    version(1, 1, "a", valid_to=2),
+    version(1, 2, "b", valid_to=3),
+    version(1, 3, "c", None, current=True),
+    version(2, 1, "x", None, current=True),
+]
+
+
+def test_in_order_changes_make_consecutive_versions(spark, tmp_path):
+    location = str(tmp_path / "history")
+    apply(spark, location, *IN_ORDER[:2])
+    apply(spark, location, *IN_ORDER[2:])
+    assertDataFrameEqual(history(spark, location), expected(spark, *IN_ORDER_HISTORY))
+
+
+def test_out_of_order_changes_in_one_batch(spark, tmp_path):
+    location = str(tmp_path / "history")
+    apply(spark, location, *reversed(IN_ORDER))
+    assertDataFrameEqual(history(spark, location), expected(spark, *IN_ORDER_HISTORY))
+
+
+def test_late_change_between_two_versions_and_before_the_first(spark, tmp_path):
+    location = str(tmp_path / "history")
+    apply(spark, location, change(1, 1, "a"), change(1, 3, "c"), change(2, 1, "x"))
+    assertDataFrameEqual(
+        history(spark, location),
+        expected(
+            spark,
+            version(1, 1, "a", valid_to=3),
+            version(1, 3, "c", None, current=True),
+            version(2, 1, "x", None, current=True),
+        ),
+    )
+
+    apply(spark, location, change(1, 2, "b"))  # late: belongs between 1 and 3
+    assertDataFrameEqual(history(spark, location), expected(spark, *IN_ORDER_HISTORY))
+
+    apply(spark, location, change(1, 0, "first"))  # late: before the first version
+    assertDataFrameEqual(
+        history(spark, location), expected(spark, version(1, 0, "first", valid_to=1), *IN_ORDER_HISTORY)
+    )
+
+
+def test_delete_closes_the_current_version_and_a_reinsert_opens_a_new_one(spark, tmp_path):
+    location = str(tmp_path / "history")
+    apply(spark, location, change(1, 1, "a"), change(1, 3, "a", op="delete"))
+    assertDataFrameEqual(
+        history(spark, location),
+        expected(
+            spark,
+            version(1, 1, "a", valid_to=3),
+            version(1, 3, "a", valid_to=3, deleted=True),
+        ),
+    )
+    assert history(spark, location).where("_cdc_is_current").count() == 0
+
+    apply(spark, location, change(1, 5, "again"))
+    apply(spark, location, change(1, 2, "late before the delete"), change(1, 4, "late after the delete"))
+    assertDataFrameEqual(
+        history(spark, location),
+        expected(
+            spark,
+            version(1, 1, "a", valid_to=2),
+            version(1, 2, "late before the delete", valid_to=3),
+            version(1, 3, "a", valid_to=3, deleted=True),
+            version(1, 4, "late after the delete", valid_to=5),
+            version(1, 5, "again", None, current=True),
+        ),
+    )
+    as_of = history(spark, location).where(
+        f"_cdc_valid_from <= '{at(3)}' AND (_cdc_valid_to IS NULL OR '{at(3)}' < _cdc_valid_to)"
+    )
+    assert as_of.count() == 0  # deleted at that time
+
+
+def test_replayed_changes_change_nothing(spark, tmp_path):
+    location = str(tmp_path / "history")
+    apply(spark, location, *IN_ORDER)
+    version_before = DeltaTable.forPath(spark, location).history(1).head().version
+    for _ in range(2):
+        apply(spark, location, *IN_ORDER, *IN_ORDER[:1])  # a duplicate within the batch too
+        assertDataFrameEqual(history(spark, location), expected(spark, *IN_ORDER_HISTORY))
+    operations = DeltaTable.forPath(spark, location).history().where(f"version > {version_before}")
+    assert (
+        operations.where(
+            "operationMetrics.numTargetRowsInserted != '0' OR operationMetrics.numTargetRowsUpdated != '0'"
+        ).count()
+        == 0
+    )
+
+
+def test_a_missing_column_is_a_config_error(spark, tmp_path):
+    changes = spark.createDataFrame([change(1, 1, "a")], CHANGES).drop("seq")
+    with pytest.raises(ConfigError, match="no position column 'seq'"):
+        apply_history(spark, str(tmp_path / "history"), changes, SPEC)
+
+
+def test_debezium_ops_map_to_upserts_and_deletes(spark):
+    ops = spark.createDataFrame([("c",), ("u",), ("r",), ("d",)], "op string").select(op_of_debezium(F.col("op")))
+    assert [row[0] for row in ops.collect()] == ["upsert", "upsert", "upsert", "delete"]
+
+
+MARK = "__debezium_unavailable_value"
+
+
+def test_an_unchanged_marker_takes_the_previous_versions_value_even_a_null(spark, tmp_path):
+    location = str(tmp_path / "history")
+    unchanged = {"name": lambda value: value == MARK}
+    apply_history(
+        spark,
+        location,
+        spark.createDataFrame([change(1, 1, "a"), change(1, 2, MARK), change(2, 1, None)], CHANGES),
+        SPEC,
+        unchanged,
+    )
+    # Later batches: the previous version is in the table; a late marker takes the value before it.
+    apply_history(
+        spark, location, spark.createDataFrame([change(1, 3, MARK), change(2, 2, MARK)], CHANGES), SPEC, unchanged
+    )
+    apply_history(
+        spark, location, spark.createDataFrame([change(1, 0, "late"), change(1, 4, "b")], CHANGES), SPEC, unchanged
+    )
+    assertDataFrameEqual(
+        history(spark, location),
+        expected(
+            spark,
+            version(1, 0, "late", valid_to=1),
+            version(1, 1, "a", valid_to=2),
+            version(1, 2, "a", valid_to=3),
+            version(1, 3, "a", valid_to=4),
+            version(1, 4, "b", None, current=True),
+            version(2, 1, None, valid_to=2),
+            version(2, 2, None, None, current=True),
+        ),
+    )
+
+
+def test_closing_versions_delete_every_key_open_before_a_truncate(spark, tmp_path):
+    location = str(tmp_path / "history")
+    apply(spark, location, change(1, 1, "a"), change(2, 1, "x"), change(2, 2, "x", op="delete"), change(3, 6, "after"))
+    changes = spark.createDataFrame([], CHANGES)
+    closing = closing_versions(history(spark, location), SPEC, changes.schema, {"seq": 5}, {"changed_at": F.lit(at(5))})
+    assertDataFrameEqual(closing, spark.createDataFrame([(1, 5, None, at(5), "delete")], CHANGES))
+    apply_history(spark, location, closing, SPEC)
+    assertDataFrameEqual(
+        history(spark, location),
+        expected(
+            spark,
+            version(1, 1, "a", valid_to=5),
+            version(1, 5, None, valid_to=5, deleted=True),
+            version(2, 1, "x", valid_to=2),
+            version(2, 2, "x", valid_to=2, deleted=True),
+            version(3, 6, "after", None, current=True),
+        ),
+    )
