@@ -138,9 +138,9 @@ def test_raw_chunks_are_whole_raw_batches_in_landing_order(spark):
     assert raw_chunks(records, 50) == [records]
 
 
-def _module(name: str):
-    """A test module beside this one (tests are no package: pytest imports them by path)."""
-    spec = importlib.util.spec_from_file_location(f"_{name}", Path(__file__).with_name(f"{name}.py"))
+def _module(path: str):
+    """A test module at ``path`` under this one's folder (tests are no package: pytest imports them by path)."""
+    spec = importlib.util.spec_from_file_location(f"_{Path(path).stem}", Path(__file__).parent / path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -149,7 +149,7 @@ def _module(name: str):
 def test_a_pipeline_rebuild_remakes_a_mongo_collections_tables_and_refreshes_its_business_table(
     spark, kafka, pipeline_run, unique_name
 ):
-    mongo = _module("test_mongo")  # the MongoDB connector's records, as its tests write them
+    mongo = _module("mongo/test_mongo.py")  # the MongoDB connector's records, as its tests write them
     first_batch, second_batch = mongo.first_batch, mongo.second_batch
 
     topic = kafka.create_topic(f"{unique_name}.shop.people")
