@@ -19,6 +19,13 @@ def _cli_env(monkeypatch, config: StackConfig) -> None:
     monkeypatch.setenv("CDC_STACK__KAFKA__PORT", str(config.kafka.port))
     monkeypatch.setenv("CDC_STACK__CONNECT__PORT", str(config.connect.port))
     monkeypatch.setenv("CDC_STACK__OBJECT_STORE__PORT", str(config.object_store.port))
+    # The Spark cluster another test of this process may have started: its ports, or it would be looked for
+    # on the default ones and reported down.
+    cluster = config.spark_cluster
+    monkeypatch.setenv("CDC_STACK__SPARK_CLUSTER__MASTER_PORT", str(cluster.master_port))
+    monkeypatch.setenv("CDC_STACK__SPARK_CLUSTER__MASTER_UI_PORT", str(cluster.master_ui_port))
+    monkeypatch.setenv("CDC_STACK__SPARK_CLUSTER__WORKER_PORTS_FROM", str(cluster.worker_ports_from))
+    monkeypatch.setenv("CDC_STACK__SPARK_CLUSTER__WORKERS", str(cluster.workers))
 
 
 def test_status_json_reports_every_component_up(stack, stack_config, monkeypatch, capsys):
