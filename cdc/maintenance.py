@@ -45,6 +45,15 @@ def resolve_table(spark: SparkSession, table: str, warehouse: str) -> str:
 
 @dataclass(frozen=True)
 class OptimizeResult:
+    """What ``cdc optimize`` (:meth:`cdc.Lakehouse.optimize`) did to one table: its location and the files
+    its compaction removed and added.
+
+    Example::
+
+        result = lake.optimize("refined/shop.public.orders")
+        print(f"{result.location}: {result.files_removed} files compacted into {result.files_added}")
+    """
+
     location: str
     files_removed: int
     files_added: int
@@ -52,6 +61,15 @@ class OptimizeResult:
 
 @dataclass(frozen=True)
 class VacuumResult:
+    """What ``cdc vacuum`` (:meth:`cdc.Lakehouse.vacuum`) did to one table: its location and how many files and
+    directories it deleted (None when Delta did not say).
+
+    Example::
+
+        result = lake.vacuum("refined/shop.public.orders", retain_hours=240)
+        print(f"{result.location}: {result.deleted} files deleted")
+    """
+
     location: str
     deleted: int | None  # files and directories deleted (None: Delta did not say)
 
