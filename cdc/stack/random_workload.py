@@ -385,50 +385,55 @@ def compare(
 ) -> list[Comparison]:
     """Each refined table (named by ``refined_names``, by source table), the keyed tables' history
     current versions and the child table of ``tags``, against Postgres read with psycopg (a column the
-    refined table lacks counts as NULLs: no change since it was added)."""
+    refined table lacks counts as NULLs: no change since it was added). A refined column whose Spark type is
+    not the one its Postgres type refines to is a mismatch of its own (``<table> types``)."""
     from pyspark.sql import functions as F
-    from pyspark.sql.types import ArrayType, IntegerType, LongType, StringType, StructField, StructType
+    from pyspark.sql.types import ArrayType, DataType, IntegerType, LongType, StringType, StructField, StructType
 
     from refine.apply.flatten import child_table_name
     from refine.apply.rules import history_table_name
     from refine.config import refined_table_location
 
-    types = {
-        "id": IntegerType(),
-        "a": IntegerType(),
-        "b": StringType(),
-        "n": LongType(),
-        "notes": StringType(),
-        "tags": ArrayType(StringType()),
-        "pos": IntegerType(),
-        "value": StringType(),
+    spark_types = {  # by information_schema's data_type
+        "integer": IntegerType(),
+        "bigint": LongType(),
+        "text": StringType(),
+        "ARRAY": ArrayType(StringType()),  # text[] is the only array here
     }
 
-    def source(query: str, columns: list[str]):
+    def source(query: str, columns: dict[str, DataType]):
         with psycopg.connect(dsn) as conn:
             rows = conn.execute(query).fetchall()
-        schema = StructType([StructField(c, types.get(c, LongType())) for c in columns])
+        schema = StructType([StructField(name, data_type) for name, data_type in columns.items()])
         return spark.createDataFrame(rows, schema), len(rows)
 
-    def refined(name: str, columns: list[str], current_only: bool = False):
+    def refined(name: str, columns: dict[str, DataType], current_only: bool = False):
+        """The table's ``columns`` as ``columns`` types them, and a Comparison of the types it holds them in."""
         table = spark.read.format("delta").load(refined_table_location(warehouse, name))
         if current_only:
             table = table.where("_cdc_is_current")
-        present = set(table.columns)
-        return table.select(
-            *[(F.col(c) if c in present else F.lit(None)).cast(types.get(c, LongType())).alias(c) for c in columns]
+        held = {field.name: field.dataType for field in table.schema}
+        wrong = {c: held[c] for c, data_type in columns.items() if c in held and held[c] != data_type}
+        types = Comparison(
+            f"{name} types",
+            len(columns),
+            [(c, columns[c].simpleString()) for c in wrong],
+            [(c, data_type.simpleString()) for c, data_type in wrong.items()],
+            len(wrong),
         )
+        values = table.select(
+            *[(F.col(c) if c in held else F.lit(None)).cast(data_type).alias(c) for c, data_type in columns.items()]
+        )
+        return values, types
 
-    def columns_of(table: str) -> list[str]:
+    def columns_of(table: str) -> dict[str, DataType]:
         with psycopg.connect(dsn) as conn:
-            return [
-                row[0]
-                for row in conn.execute(
-                    "SELECT column_name FROM information_schema.columns WHERE table_schema = %s AND table_name = %s "
-                    "ORDER BY ordinal_position",
-                    (SCHEMA, table),
-                ).fetchall()
-            ]
+            rows = conn.execute(
+                "SELECT column_name, data_type FROM information_schema.columns "
+                "WHERE table_schema = %s AND table_name = %s ORDER BY ordinal_position",
+                (SCHEMA, table),
+            ).fetchall()
+        return {name: spark_types[data_type] for name, data_type in rows}
 
     def diff(name: str, expected, actual) -> Comparison:
         """One query: each distinct row with its count in Postgres minus its count refined (multisets)."""
@@ -441,18 +446,22 @@ def compare(
         return Comparison(name, rows, missing[:samples], extra[:samples], mismatches)
 
     results = []
+
+    def compared(name: str, expected, actual) -> None:
+        values, types = actual
+        results.extend([diff(name, expected, values), types])
+
     for table in tables.names:
         topic, columns = refined_names[table], columns_of(table)
         rows = source(f"SELECT {', '.join(columns)} FROM {SCHEMA}.{table}", columns)
-        results.append(diff(table, rows, refined(topic, columns)))
+        compared(table, rows, refined(topic, columns))
         if table != tables.bag:
-            results.append(
-                diff(f"{table} history", rows, refined(history_table_name(topic), columns, current_only=True))
-            )
+            compared(f"{table} history", rows, refined(history_table_name(topic), columns, current_only=True))
+    child_columns: dict[str, DataType] = {"id": IntegerType(), "pos": IntegerType(), "value": StringType()}
     children = source(
         f"SELECT k.id, t.ord::int - 1, t.v FROM {SCHEMA}.{tables.keyed} k, unnest(k.tags) WITH ORDINALITY AS t(v, ord)",
-        ["id", "pos", "value"],
+        child_columns,
     )
     child = child_table_name(refined_names[tables.keyed], "tags")
-    results.append(diff(f"{tables.keyed} tags", children, refined(child, ["id", "pos", "value"])))
+    compared(f"{tables.keyed} tags", children, refined(child, child_columns))
     return results

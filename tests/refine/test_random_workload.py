@@ -2,10 +2,13 @@
 batches of random sizes, compared with Postgres read back with psycopg (cdc/stack/random_workload.py).
 
 Each run takes a fresh seed, printed (and named in a failure's message); ``CDC_RANDOM_SEED=<seed>``
-replays one. The transactions are refined all in one batch first, then after one transaction,
-then after random numbers of them; the refined tables, the history's current versions and the
-child table must equal Postgres after every batch, and again after a rerun. Every run adds, renames,
-drops and widens columns at random points (refined with the rename declared).
+replays one. The transactions are refined all in one batch first, then after one transaction, then
+after the connector is re-created (a few transactions while none streams, then a new snapshot of every
+row into the same topics), then after random numbers of them; before each batch after the first, a
+random suffix of each topic is delivered again (as a restarted Kafka Connect task does). The refined
+tables, the history's current versions and the child table must equal Postgres after every batch, in
+the Spark types their Postgres types refine to, and again after a rerun. Every run adds, renames, drops
+and widens columns at random points (refined with the rename declared).
 """
 
 import os
@@ -24,7 +27,7 @@ TRANSACTIONS = int(os.environ.get("CDC_RANDOM_TRANSACTIONS", "24"))
 
 @pytest.mark.timeout(2400)  # about ten refine runs: a few minutes alone, far longer on a shared, loaded machine
 def test_random_transactions_refine_equal_to_postgres(
-    spark, kafka, stack_config, postgres_connector, tmp_path, unique_name, refine
+    spark, kafka, stack_config, postgres_connector, recreate_postgres_connector, tmp_path, unique_name, refine
 ):
     seed = int(os.environ.get("CDC_RANDOM_SEED") or random.randrange(2**32))
     print(f"random workload: CDC_RANDOM_SEED={seed}")
@@ -40,12 +43,25 @@ def test_random_transactions_refine_equal_to_postgres(
     with psycopg.connect(dsn, autocommit=True) as conn:
         tables.create(conn, publication=postgres_connector.name)
     workload = RandomWorkload(dsn, tables, rng, schema_changes_by=TRANSACTIONS - 2)
-    batches = 0
+    replays, replayed = random.Random(seed + 1), 0  # apart, so the seed's statements do not depend on them
+    # Where each topic's records may be delivered again from: a task restarted sends again what its own
+    # connector sent, never what a connector before a new snapshot did (a keyless table could not tell).
+    replay_from = dict.fromkeys(topics, 0)
+    batches, snapshotted = 0, False
 
     def refine_and_compare() -> None:
-        nonlocal batches
+        nonlocal batches, replayed, snapshotted
         batches += 1
         wait_for_marks(kafka.bootstrap_servers, topics, workload.mark())
+        for topic in topics:
+            records = kafka.records(topic)
+            if snapshotted:  # the batch holding the new snapshot: from now on, only what follows it
+                replay_from[topic] = len(records)
+            elif batches > 1 and len(records) > replay_from[topic]:  # Kafka Connect delivers at least once
+                again = records[replays.randrange(replay_from[topic], len(records)) :]
+                kafka.produce_again(topic, again)
+                replayed += len(again)
+        snapshotted = False
         raw = {
             "topics": {"kind": "topics", "topics": topics},
             "warehouse": warehouse,
@@ -72,6 +88,16 @@ def test_random_transactions_refine_equal_to_postgres(
         refine_and_compare()
         workload.transaction()  # a batch of one transaction
         refine_and_compare()
+
+        def while_away() -> None:  # changes no connector streams: the new one's snapshot reads their result
+            for _ in range(3):
+                workload.transaction()
+            while workload.held_for:  # a replication slot is made only once no transaction is open
+                workload.transaction()
+
+        recreate_postgres_connector(while_away)  # snapshot reads of every row, into the same topics
+        snapshotted = True
+        refine_and_compare()
         while workload.counts.transactions < TRANSACTIONS:  # batches of random sizes
             for _ in range(rng.randint(4, 12)):
                 workload.transaction()
@@ -80,7 +106,8 @@ def test_random_transactions_refine_equal_to_postgres(
             workload.transaction()
         refine_and_compare()
         refine_and_compare()  # a rerun changes nothing
-        print(f"random workload: {workload.counts}")
+        print(f"random workload: {workload.counts}, {replayed} records delivered twice")
+        assert replayed, "no record was delivered twice"
         done = workload.counts.statements
         at_least = {"add column": 3, "rename column": 1, "drop column": 1, "widen column": 2}
         assert all(done[kind] >= count for kind, count in at_least.items()), done
