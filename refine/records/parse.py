@@ -39,6 +39,11 @@ _UNPARSED_OPTIONS = {"columnNameOfCorruptRecord": UNPARSED}
 _DISCOVERY_PASSES = 4
 
 # A record's problem, for the quarantine.
+# Debezium sends logical decoding messages (pg_logical_emit_message) to a topic of their own, never a table's:
+# one on a table's topic carries no row, and applied it would empty the row of its key.
+MESSAGE_ON_A_TABLE_TOPIC = (
+    "op m: a logical decoding message, which Debezium sends to its own topic (<topic.prefix>.message), not a table's"
+)
 VALUE_NOT_UTF8 = "value is not UTF-8 text (its bytes are in the raw table's value_bytes)"
 
 
@@ -459,6 +464,7 @@ class ChangeParser:
                 ~F.col("op").isin(*known_ops) | F.col("op").isNull(),
                 F.concat(F.lit("unknown op "), F.coalesce("op", F.lit("null"))),
             )
+            .when(F.col("op") == Op.MESSAGE.value, F.lit(MESSAGE_ON_A_TABLE_TOPIC))
         )
         if key_schema is not None and isinstance(json_type(key_schema), StructType):
             problem = key_problems(problem, key_schema, at)

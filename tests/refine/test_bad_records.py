@@ -23,6 +23,7 @@ from cdc.stack.postgres import remove_connector
 from refine.apply.merge import METADATA_COLUMNS
 from refine.config import refined_table_location
 from refine.quality.quarantine import quarantine_location
+from refine.records.parse import MESSAGE_ON_A_TABLE_TOPIC, VALUE_NOT_UTF8
 
 COLUMNS = (
     "id int PRIMARY KEY, name text NOT NULL, born date, seen_at timestamp(6), updated_at timestamptz, "
@@ -112,6 +113,16 @@ WORKLOAD = [
 ]
 
 
+# The reasons the quarantine gives, as the code words them: a test matching a generic word ("value", "key")
+# would pass whichever check caught the record.
+NOT_ENVELOPE = "value is not a Debezium JSON envelope"
+NOT_ROW = "value is not a JSON row of the topic's schema"
+KEY_NOT_JSON = "key is not a Debezium JSON key of the table's key schema"
+KEY_NOT_UTF8 = "key is not UTF-8 text (its bytes are in the raw table's key_bytes)"
+# A value in Confluent's Avro wire format (magic byte 0, a 4-byte schema id, Avro binary) on a JSON topic.
+AVRO_FRAMED = b"\x00\x00\x00\x00\x07" + b"\x02\x0cBAD-ROW"
+
+
 def _split(value: bytes) -> tuple[dict, dict]:
     document = json.loads(value)
     return document["schema"], document["payload"]
@@ -144,6 +155,7 @@ def malformed_records(records: list[tuple]) -> list[tuple[str, str, bytes | None
         )
 
     good_value = create[4]
+    newer_source = {**payload["source"], "lsn": max(_split(r[4])[1]["source"]["lsn"] for r in records if r[4]) + 1000}
     unknown_type = json.loads(json.dumps(schema))
     next(f for f in unknown_type["fields"] if f["field"] == "after")["fields"][6]["type"] = "int128"
     not_envelope = {
@@ -154,13 +166,14 @@ def malformed_records(records: list[tuple]) -> list[tuple[str, str, bytes | None
     }
     wrong_key_schema = {**key_schema, "fields": [{"type": "int32", "optional": False, "field": "nope"}]}
     return [
-        ("value not JSON", "value", _key(key_schema, {"id": 101}), b"{not json"),
-        ("value cut short", "value", _key(key_schema, {"id": 102}), good_value[: len(good_value) // 2]),
-        ("value not UTF-8", "UTF-8", _key(key_schema, {"id": 103}), b"\xff\xfe" + good_value[2:]),
-        ("value a JSON array", "value", _key(key_schema, {"id": 104}), b"[1,2,3]"),
-        ("payload null", "value", _key(key_schema, {"id": 105}), _wrap(schema, None)),
-        record("unknown op", "op", 106, op="x"),
-        record("no op", "op", 107, op=None),
+        ("value not JSON", NOT_ENVELOPE, _key(key_schema, {"id": 101}), b"{not json"),
+        ("value cut short", NOT_ENVELOPE, _key(key_schema, {"id": 102}), good_value[: len(good_value) // 2]),
+        ("value not UTF-8", VALUE_NOT_UTF8, _key(key_schema, {"id": 103}), b"\xff\xfe" + good_value[2:]),
+        ("value a JSON array", NOT_ENVELOPE, _key(key_schema, {"id": 104}), b"[1,2,3]"),
+        ("payload null", NOT_ENVELOPE, _key(key_schema, {"id": 105}), _wrap(schema, None)),
+        ("value Avro-framed", NOT_ENVELOPE, _key(key_schema, {"id": 128}), AVRO_FRAMED),
+        record("unknown op", "unknown op x", 106, op="x"),
+        record("no op", "unknown op null", 107, op=None),
         ("after a string", "after", _key(key_schema, {"id": 108}), _wrap(schema, {**payload, "after": "oops"})),
         ("create without after", "after", _key(key_schema, {"id": 109}), _wrap(schema, {**payload, "after": None})),
         record("date as a string", "after.born", 110, after={"born": "2020-01-01"}),
@@ -173,10 +186,15 @@ def malformed_records(records: list[tuple]) -> list[tuple[str, str, bytes | None
         record("int64 a fraction", "after.qty", 117, after={"qty": 1.5}),
         record("required column null", "after.name", 118, after={"name": None}),
         record("source.lsn a string", "source.lsn", 119, source={**payload["source"], "lsn": "abc"}),
-        ("key not JSON", "key", b"{oops", _wrap(schema, new_row(120))),
-        ("key not UTF-8", "key", b"\xff\xfe\x00", _wrap(schema, new_row(121))),
-        record("key disagrees with after", "key.id", 122, key={"id": 1}),
-        ("key missing on a keyed table", "key", None, _wrap(schema, new_row(123))),
+        ("key not JSON", KEY_NOT_JSON, b"{oops", _wrap(schema, new_row(120))),
+        ("key not UTF-8", KEY_NOT_UTF8, b"\xff\xfe\x00", _wrap(schema, new_row(121))),
+        record("key disagrees with after", "field key.id: 1 is not the row's after.id", 122, key={"id": 1}),
+        (
+            "key missing on a keyed table",
+            "field key.id: null is not the row's after.id",
+            None,
+            _wrap(schema, new_row(123)),
+        ),
         (
             "key schema names a field the value lacks",
             "nope",
@@ -185,6 +203,36 @@ def malformed_records(records: list[tuple]) -> list[tuple[str, str, bytes | None
         ),
         record("unknown type in the schema", "int128", 125, value_schema=unknown_type),
         ("schema not an envelope", "envelope", _key(key_schema, {"id": 126}), _wrap(not_envelope, {"id": 126})),
+        # Changes of rows the table holds, newer than their last good change: applied, they would show.
+        record(
+            "existing row: an update with a date as a string",
+            "field after.born: cannot read",
+            1,
+            after={"born": "2020-01-01"},
+            op="u",
+            source=newer_source,
+        ),
+        (
+            "existing row: a delete whose before holds a fraction for an int64",
+            "field before.qty: cannot read",
+            _key(key_schema, {"id": 6}),
+            _wrap(
+                schema,
+                {
+                    **payload,
+                    "op": "d",
+                    "before": {**payload["after"], "id": 6, "qty": 1.5},
+                    "after": None,
+                    "source": newer_source,
+                },
+            ),
+        ),
+        (
+            "existing row: a logical decoding message on the table's topic",
+            MESSAGE_ON_A_TABLE_TOPIC,
+            _key(key_schema, {"id": 7}),
+            _wrap(schema, {**payload, "op": "m", "before": None, "after": None, "source": newer_source}),
+        ),
     ]
 
 
@@ -207,6 +255,7 @@ def malformed_rows(records: list[tuple]) -> list[tuple[str, str, bytes | None, b
         )
 
     good_value = create[4]
+    newer_lsn = max(_split(r[4])[1]["__lsn"] for r in records if r[4]) + 1000
     unknown_type = json.loads(json.dumps(schema))
     next(f for f in unknown_type["fields"] if f["field"] == "qty")["type"] = "int128"
     row_schema = {**schema, "optional": True}
@@ -223,14 +272,20 @@ def malformed_rows(records: list[tuple]) -> list[tuple[str, str, bytes | None, b
     }
     wrong_key_schema = {**key_schema, "fields": [{"type": "int32", "optional": False, "field": "nope"}]}
     return [
-        ("value not JSON", "value", _key(key_schema, {"id": 101}), b"{not json"),
-        ("value cut short", "value", _key(key_schema, {"id": 102}), good_value[: len(good_value) // 2]),
-        ("value not UTF-8", "UTF-8", _key(key_schema, {"id": 103}), b"\xff\xfe" + good_value[2:]),
-        ("value a JSON array", "value", _key(key_schema, {"id": 104}), b"[1,2,3]"),
-        ("payload null", "value", _key(key_schema, {"id": 105}), _wrap(schema, None)),
-        ("payload a string", "value", _key(key_schema, {"id": 106}), _wrap(schema, "oops")),
-        record("unknown op", "field __op", 107, row={"__op": "x"}),
-        record("__deleted neither true nor false", "field __deleted", 108, row={"__deleted": "yes"}),
+        ("value not JSON", NOT_ROW, _key(key_schema, {"id": 101}), b"{not json"),
+        ("value cut short", NOT_ROW, _key(key_schema, {"id": 102}), good_value[: len(good_value) // 2]),
+        ("value not UTF-8", VALUE_NOT_UTF8, _key(key_schema, {"id": 103}), b"\xff\xfe" + good_value[2:]),
+        ("value a JSON array", NOT_ROW, _key(key_schema, {"id": 104}), b"[1,2,3]"),
+        ("payload null", NOT_ROW, _key(key_schema, {"id": 105}), _wrap(schema, None)),
+        ("payload a string", NOT_ROW, _key(key_schema, {"id": 106}), _wrap(schema, "oops")),
+        ("value Avro-framed", NOT_ROW, _key(key_schema, {"id": 128}), AVRO_FRAMED),
+        record("unknown op", "field __op: unknown op x", 107, row={"__op": "x"}),
+        record(
+            "__deleted neither true nor false",
+            "field __deleted: yes is neither true nor false",
+            108,
+            row={"__deleted": "yes"},
+        ),
         record("date as a string", "field born", 110, row={"born": "2020-01-01"}),
         record("timestamp as a string", "field seen_at", 111, row={"seen_at": "2026-01-01T10:00:00"}),
         record("zoned timestamp not a time", "field updated_at", 112, row={"updated_at": "yesterday"}),
@@ -241,10 +296,10 @@ def malformed_rows(records: list[tuple]) -> list[tuple[str, str, bytes | None, b
         record("int64 a fraction", "field qty", 117, row={"qty": 1.5}),
         record("required column null", "field name", 118, row={"name": None}),
         record("__lsn a string", "field __lsn", 119, row={"__lsn": "abc"}),
-        ("key not JSON", "key", b"{oops", _wrap(schema, new_row(120))),
-        ("key not UTF-8", "key", b"\xff\xfe\x00", _wrap(schema, new_row(121))),
-        record("key disagrees with the row", "field key.id", 122, key={"id": 1}),
-        ("key missing", "key: missing", None, _wrap(schema, new_row(123))),
+        ("key not JSON", KEY_NOT_JSON, b"{oops", _wrap(schema, new_row(120))),
+        ("key not UTF-8", KEY_NOT_UTF8, b"\xff\xfe\x00", _wrap(schema, new_row(121))),
+        record("key disagrees with the row", "field key.id: 1 is not the row's id", 122, key={"id": 1}),
+        ("key missing", "key: missing, and the topic's rows are keyed", None, _wrap(schema, new_row(123))),
         (
             "key schema names a field the row lacks",
             "nope",
@@ -259,6 +314,19 @@ def malformed_rows(records: list[tuple]) -> list[tuple[str, str, bytes | None, b
             _key(key_schema, {"id": 127}),
             _wrap(envelope, {"before": None, "after": new_row(127), "source": {}, "op": "c"}),
         ),
+        # Changes of rows the table holds, newer than their last good change: applied, they would show.
+        record(
+            "existing row: an update with a date as a string",
+            "field born: cannot read",
+            1,
+            row={"born": "2020-01-01", "__op": "u", "__lsn": newer_lsn},
+        ),
+        record(
+            "existing row: a delete with a fraction for an int64",
+            "field qty: cannot read",
+            6,
+            row={"qty": 1.5, "__op": "d", "__deleted": "true", "__lsn": newer_lsn},
+        ),
     ]
 
 
@@ -268,8 +336,11 @@ def _refine_with_malformed(spark, kafka, captured, records, bad, warehouse, caps
     that every bad record is quarantined with its reason and the refined table equals Postgres."""
     from cdc.cli import main
 
-    # One topic: the real records in their order, a malformed one after each (and the rest at the end).
+    # One topic: the real records in their order, a malformed one after each (and the rest at the end), then
+    # the malformed changes of existing rows, after those rows' last good change.
     good = [(key, value, headers) for _, _, _, key, value, headers in records]
+    late = [record for record in bad if record[0].startswith("existing row")]
+    bad = [record for record in bad if record not in late]
     mixed = []
     for index in range(max(len(good), len(bad))):
         if index < len(good):
@@ -277,6 +348,7 @@ def _refine_with_malformed(spark, kafka, captured, records, bad, warehouse, caps
         if index < len(bad):
             kind, reason, key, value = bad[index]
             mixed.append(((kind, reason), (key, value)))
+    mixed += [((kind, reason), (key, value)) for kind, reason, key, value in late]
     kafka.produce(topic, [record for _, record in mixed], partition=0)
     kinds = {offset: kind for offset, (kind, _) in enumerate(mixed) if kind != "good"}
 
