@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Callable
 from decimal import Decimal
+from pathlib import Path
 from typing import NamedTuple
 
 import psycopg
@@ -622,7 +623,7 @@ WRITABLE = [c for c in COLUMNS if c.kind != "generated"]
 # Rows: 1-3 and 6-8 are snapshot reads (6: values beyond Spark's range, 7: values Debezium cannot send
 # whole, 8: arrays it garbles), 4 a NULL row; streaming then inserts 5 and updates 4, 1 (to NULLs) and 2.
 STREAMED_LAST = {1, 2, 4, 5}
-SNAPSHOT_RECORDS, ALL_RECORDS = 7, 11
+SNAPSHOT_RECORDS, ALL_RECORDS = 7, 13  # then 4 changes and a delete with its tombstone
 
 
 def _is_array(col: Col) -> bool:
@@ -674,7 +675,8 @@ def _value(table: str, col: Col, literal: str | None) -> str:
 
 
 def insert_rows(conn, table: str, snapshot: bool) -> None:
-    """Before the connectors (``snapshot``) rows 1-4, 6 and 7; then, streamed, the changes to 5, 4, 1 and 2."""
+    """Before the connectors (``snapshot``) rows 1-4, 6 and 7; then, streamed, the changes to 5, 4, 1 and 2,
+    and row 3's delete."""
 
     def insert(row_id: int) -> None:
         values = ", ".join(_value(table, c, _literal(c, row_id)) for c in WRITABLE)
@@ -694,6 +696,7 @@ def insert_rows(conn, table: str, snapshot: bool) -> None:
         update(4, like=2)
         update(1, like=4)  # all NULL
         update(2, like=5)
+        conn.execute(f"DELETE FROM shop.{table} WHERE id = 3")
 
 
 # The connector settings that change how values are encoded, each varied alone from connectors/postgres.json
@@ -905,6 +908,130 @@ def compared(case: str) -> list[Col]:
     ]
 
 
+# --- the refined Spark types, as docs/reference/postgres-types.md states them ----------------------------
+# The page is the one statement of which Spark type each Postgres type refines to: the matrix reads the
+# type each column must have from its table, and checks the refined table against it.
+
+TYPES_PAGE = Path(__file__).parents[2] / "docs" / "reference" / "postgres-types.md"
+# The setting a case varies, as the page's setting column names it; the other cases take the rows of
+# the defaults ("any", "(default)", "precise", "adaptive...", "with schemas").
+CASE_SETTING = {
+    "decimal_string": "decimal.handling.mode=string",
+    "decimal_double": "decimal.handling.mode=double",
+    "time_adaptive_time_microseconds": "adaptive_time_microseconds",
+    "time_connect": "connect",
+    "binary_base64": "base64",
+    "binary_hex": "hex",
+    "interval_string": "string",
+    "hstore_map": "map",
+}
+
+
+class PageRow(NamedTuple):
+    types: str  # the first cell: the Postgres types the row names
+    setting: str
+    spark: str
+
+
+def page_rows() -> list[PageRow]:
+    rows = []
+    for line in TYPES_PAGE.read_text().splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and len(cells) == 4 and not line.startswith(("| ---", "| Postgres type")):
+            rows.append(PageRow(*cells[:3]))
+    return rows
+
+
+def _names(cell: str) -> list[str]:
+    return re.findall(r"`([^`]+)`", cell)
+
+
+def _page_type_name(pg_type: str) -> str:
+    """How the page's first column names a matrix column's (element) type."""
+    pg_type = re.sub(r"^integer GENERATED.*", "generated", pg_type)
+    named = {"{mood}": "enums", "{positive}": "integer", "{short_text}": "text", "generated": "generated columns"}
+    if pg_type in named:
+        return named[pg_type]
+    for pattern, name in [
+        (r"char\(\d+\)", "char(n)"),
+        (r"varchar\(\d+\)", "varchar"),
+        (r"time(\(\d\))?", "time(p)"),
+        (r"timestamp(\(\d\))?", "timestamp(p)"),
+        (r"bit\((\d\d+|[2-9])\)", "bit(n)"),
+    ]:
+        if re.fullmatch(pattern, pg_type):
+            return name
+    return pg_type
+
+
+def _names_row(row: PageRow, name: str, pg_type: str) -> bool:
+    if not row.types.startswith("`numeric(p,s)`"):
+        return name in _names(row.types) or (name in ("enums", "generated columns") and name in row.types)
+    numeric = re.fullmatch(r"numeric\((\d+),(-?\d+)\)", pg_type)
+    if numeric is None:
+        return False
+    precision, scale = map(int, numeric.groups())
+    condition = row.types.split(",", 2)[-1]
+    return {
+        " 0 ≤ s ≤ p ≤ 38": 0 <= scale <= precision <= 38,
+        " s > p (Postgres 15)": 0 <= precision < scale <= 38,
+        " p > 38, s ≤ 38": precision > 38 and 0 <= scale <= 38,
+        " s < 0 (Postgres 15) or s > 38": scale < 0 or scale > 38,
+    }.get(condition, False)
+
+
+def _applies(row: PageRow, case: str) -> bool:
+    if row.setting == "any":
+        return True
+    if case in CASE_SETTING:
+        return CASE_SETTING[case] in row.setting
+    return (
+        "(default)" in row.setting or row.setting in ("precise", "with schemas") or row.setting.startswith("adaptive")
+    )
+
+
+def documented_type(pg_type: str, case: str) -> str:
+    """The Spark type (as Spark's simpleString, without spaces) the page gives a column of ``pg_type``
+    under ``case``'s connector settings; an AssertionError when the page names none or several."""
+    if pg_type.endswith("[]"):
+        named = f"{_page_type_name(pg_type[:-2])}[]"  # an array type with a row of its own
+        own = [row for row in page_rows() if named in _names(row.types) and _applies(row, case)]
+        if own:
+            return _names(own[0].spark)[0]
+        (row,) = [row for row in page_rows() if row.types.startswith("arrays of")]
+        assert row.spark == "`array<element type>`", row
+        return f"array<{documented_type(pg_type[:-2], case)}>"
+    name = _page_type_name(pg_type)
+    if name.startswith("numeric") or name == "money":  # also the rows of every numeric and money
+        name_rows = [row for row in page_rows() if _names_row(row, name, pg_type) or row.types == "`numeric`, `money`"]
+        name_rows = [row for row in name_rows if row.types != "`numeric`, `money`" or case in CASE_SETTING]
+    else:
+        name_rows = [row for row in page_rows() if _names_row(row, name, pg_type)]
+    rows = [row for row in name_rows if _applies(row, case)]
+    assert len(rows) == 1, f"{pg_type} ({case}): the types page gives {len(rows)} rows: {rows}"
+    (row,) = rows
+    if row.spark == "the column's type":
+        return "int"  # the matrix's generated column is an integer
+    spark = _names(row.spark)
+    names = _names(row.types)
+    types = re.split(r" / |, ", row.spark) if len(_names(row.spark)) > 1 and len(names) > 1 else [row.spark]
+    chosen = _names(types[names.index(name)])[0] if len(types) > 1 else spark[0]
+    numeric = re.fullmatch(r"numeric\((\d+),(-?\d+)\)", pg_type)
+    if numeric:
+        chosen = chosen.replace("p,s", f"{numeric[1]},{numeric[2]}").replace("s,s", f"{numeric[2]},{numeric[2]}")
+        chosen = chosen.replace("38,s", f"38,{numeric[2]}")
+    return chosen.replace(" ", "")
+
+
+def test_the_types_page_gives_each_matrix_column_one_refined_type():
+    """Stack-free: every column the matrix refines, under every case but the declared (schemaless) one,
+    has exactly one row of the types page."""
+    documented = {(c.name, case): documented_type(c.pg_type, case) for case in CASES for c in compared(case)}
+    assert documented[("c_num_10_2", "defaults")] == "decimal(10,2)"
+    assert documented[("c_int2", "defaults")] == "smallint"
+    assert documented[("a_int4", "defaults")] == "array<int>"
+
+
 def source_cells(dsn: str, table: str, case: str) -> dict[int, dict]:
     """Postgres' rows, each column in its canonical form."""
     columns = compared(case)
@@ -1031,8 +1158,9 @@ def test_every_cell_of_the_refined_table_equals_postgres(
     case, matrix, stack_config, spark, land, refine, refined_table, tmp_path
 ):
     """Snapshot reads and streamed changes of every column type, refined in one batch and then again
-    (a rerun changes nothing): each cell equals Postgres' value, compared in the canonical form of its
-    kind (KINDS); the row whose values Spark cannot hold is in the quarantine, naming such a column."""
+    (a rerun changes nothing): each column has the Spark type docs/reference/postgres-types.md gives it,
+    each cell equals Postgres' value, compared in the canonical form of its kind (KINDS); the row whose
+    values Spark cannot hold is in the quarantine, naming such a column."""
     topic, warehouse = matrix.topics[case], str(tmp_path)
     settings = {}
     if case == "schemaless":
@@ -1043,6 +1171,14 @@ def test_every_cell_of_the_refined_table_equals_postgres(
         refine(warehouse, topic, **settings)
         refined = refined_cells(refined_table(warehouse, topic), case)
         assert sorted(refined) == sorted(expected)
+        if case != "schemaless":  # (whose types are the ones the test declares)
+            held = {f.name: f.dataType.simpleString() for f in refined_table(warehouse, topic).schema}
+            wrong_types = {
+                c.name: (held.get(c.name), documented)
+                for c in compared(case)
+                if held.get(c.name) != (documented := documented_type(c.pg_type, case))
+            }
+            assert not wrong_types, f"column: (refined type, the types page's): {wrong_types}"
         mismatches = {
             (row_id, name): (value, expected[row_id][name])
             for row_id, row in refined.items()
