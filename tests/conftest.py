@@ -14,6 +14,7 @@ nothing is skipped.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -67,6 +68,7 @@ LONGEST_MODULES = [
     "cdc/stack/test_spark_cluster.py",
     "cdc/pipeline/test_run.py",
     "refine/test_random_workload.py",
+    "refine/test_kill_points.py",
     "cdc/core/test_upgrade.py",
     "cdc/core/test_object_store.py",
     "refine/test_type_matrix.py",
@@ -571,8 +573,11 @@ def cdc_process(kafka: KafkaTestClient):
         "CDC_SPARK__CONF": '{"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}',
     }
 
-    def start(args: list[str], log_dir: Path | None = None) -> CdcProcess:
-        return CdcProcess(args, {**env, "CDC_SPARK__LOG_DIR": str(log_dir)} if log_dir else env)
+    def start(args: list[str], log_dir: Path | None = None, conf: dict[str, str] | None = None) -> CdcProcess:
+        """``conf``: Spark settings beside the JVM option above."""
+        spark_conf = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1", **(conf or {})}
+        extra = {"CDC_SPARK__CONF": json.dumps(spark_conf), **({"CDC_SPARK__LOG_DIR": str(log_dir)} if log_dir else {})}
+        return CdcProcess(args, {**env, **extra})
 
     return start
 

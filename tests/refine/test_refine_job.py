@@ -1,10 +1,7 @@
 """Postgres -> Debezium -> Kafka -> `cdc raw` -> `cdc refine`: refined tables equal the source tables."""
 
-import contextlib
 import json
-import signal
 from datetime import datetime
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -413,64 +410,6 @@ def test_batches_are_parsed_with_the_last_schemas_or_again_when_a_record_has_ano
     land(warehouse, topic)
     assert refine_and_compare().startswith(f"refine {topic}: 1 changes")  # parsed with the last batch's schemas
     assert parsed_again == [1]
-
-
-@pytest.mark.timeout(2400)  # two Spark processes started and killed: slow on a loaded machine
-def test_refine_killed_in_the_middle_then_rerun_gives_the_same_tables(
-    kafka,
-    stack_config,
-    postgres_connector,
-    tmp_path,
-    cdc_process,
-    wait_for,
-    land,
-    refine,
-    postgres_table,
-    refined_table,
-):
-    dsn, warehouse, prefix = stack_config.postgres.dsn(), str(tmp_path), postgres_connector.topic_prefix
-    run_workload(dsn, customers=10, seed=71)
-    with psycopg.connect(dsn) as conn:  # a primary-key change of a row with TOASTed values
-        conn.execute("UPDATE shop.customers SET id = id + 10000 WHERE id = (SELECT min(id) FROM shop.customers)")
-    topics = {table: f"{prefix}.shop.{table}" for table in ("customers", "page_views")}
-    kafka.wait_for_last_value(topics["customers"], lambda value: value is not None and b'"op":"c"' in value)
-    kafka.wait_for_last_value(topics["page_views"], lambda value: value is None)
-    for topic in topics.values():
-        land(warehouse, topic)
-    # Each job dies when its refined table has two commits (its creation and its first MERGE), before
-    # the job records that the batch is done, the two tables' jobs side by side. (A creation cut short:
-    # tests/refine/apply/test_merge.py and tests/cdc/core/test_shared_tables.py.)
-    kills = [{"customers": 2, "page_views": 2}]
-    for round_ in kills:
-        running = {
-            table: (
-                cdc_process(["refine", "--table", topics[table], "--warehouse", warehouse, "--available-now"]),
-                Path(refined_table_location(warehouse, topics[table])) / "_delta_log",
-                commits,
-            )
-            for table, commits in round_.items()
-        }
-        pending = dict(running)
-
-        def kill_those_at_their_point() -> bool:
-            for table, (process, log, commits) in list(pending.items()):
-                if len(list(log.glob("*.json"))) >= commits or process.poll() is not None:
-                    assert process.poll() is None, f"{table}'s job ended before it was killed: {process.wait()}"
-                    process.signal_group(signal.SIGKILL)
-                    del pending[table]
-            return not pending
-
-        try:
-            wait_for(kill_those_at_their_point, 900, f"the kill points {round_}", 0.01)
-        finally:
-            for process, _, _ in running.values():
-                with contextlib.suppress(ProcessLookupError):  # the group is gone if the job ended by itself
-                    process.signal_group(signal.SIGKILL)
-                process.wait()
-    for table, topic in topics.items():
-        for _ in range(2):
-            refine(warehouse, topic)
-            assertDataFrameEqual(refined_table(warehouse, topic), postgres_table(table))
 
 
 def test_continuous_refine_follows_postgres_and_stops_on_sigterm(
