@@ -192,30 +192,24 @@ HELPERS_JAR = "cdc-helpers.jar"
 
 
 def helpers_jar(cache_dir: Path | None = None) -> Path:
-    """The jar of the project's own JVM code (``cdc/core/jvm/*.java``: Spark functions Spark lacks, and a
-    fault-injection point tests turn on), compiled with ``javac`` against pyspark's and Delta's jars on the
-    first call for these sources and these versions, then cached beside the bundles."""
+    """The jar of the project's own JVM code (``cdc/core/jvm/*.java``: Spark functions Spark lacks),
+    compiled with ``javac`` against pyspark's jars on the first call for these sources and this
+    Spark version, then cached beside the bundles."""
     cache_dir = Path(cache_dir or default_cache_dir())
     sources = sorted(HELPERS_SOURCES.glob("*.java"))
-    versions = [SPARK_VERSION, DELTA_VERSION]
-    digest = hashlib.sha256("\n".join([*versions, *(source.read_text() for source in sources)]).encode())
+    digest = hashlib.sha256("\n".join([SPARK_VERSION, *(source.read_text() for source in sources)]).encode())
     target = cache_dir / f"helpers-{digest.hexdigest()[:12]}"
     jar = target / HELPERS_JAR
-    if jar.exists():
-        return jar
-    delta = resolve(SPARK_BUNDLE, cache_dir)  # before built_once's lock, which resolving may take too
-    return built_once(
-        cache_dir, lambda: jar if jar.exists() else None, lambda: _compile_helpers(sources, target, delta)
-    )
+    return built_once(cache_dir, lambda: jar if jar.exists() else None, lambda: _compile_helpers(sources, target))
 
 
-def _compile_helpers(sources: list[Path], target: Path, delta: list[Path]) -> Path:
+def _compile_helpers(sources: list[Path], target: Path) -> Path:
     import pyspark
 
     staging = target.with_name(target.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     classes = staging / "classes"
-    classpath = os.pathsep.join([str(Path(pyspark.__file__).parent / "jars" / "*"), *map(str, delta)])
+    classpath = str(Path(pyspark.__file__).parent / "jars" / "*")
     command = [
         _jdk_tool("javac"),
         "--release",

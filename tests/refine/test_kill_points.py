@@ -1,17 +1,21 @@
 """Jobs killed between a batch's data files and its commit, at each table a batch writes.
 
-The kill is a fault-injection point, not a race: `cdc.jvm.HaltBeforeCommit` (cdc/core/jvm), turned on by
-two Spark settings only tests give, halts the driver JVM as SIGKILL would right before a chosen Delta
-commit is written, after that transaction's data files are. Each `cdc refine` process is killed so at
-the next commit of one table (the refined table, its history, its child table, a keyless table); the
-next process goes on from what the last one left. Then two reruns: the tables equal Postgres. Before
-that, `cdc raw` is killed so too, and its rerun lands each Kafka record once.
+The kill is a fault-injection point, not a race: `cdc.testing.HaltBeforeCommit` (tests/jvm), put on the
+driver's class path and turned on by Spark settings only this test gives, halts the driver JVM as SIGKILL
+would right before a chosen Delta commit is written, after that transaction's data files are. Each
+`cdc refine` process is killed so at the next data commit of one table (the refined table, its history,
+its child table, a keyless table); the next process goes on from what the last one left. Then two
+reruns: the tables equal Postgres. Before that, `cdc raw` is killed so too, and its rerun lands each
+Kafka record once.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import zipfile
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -23,17 +27,40 @@ from pyspark.testing import assertDataFrameEqual
 
 from cdc.stack.workload import run_workload
 
-HALTED = "cdc: halting before commit "  # what cdc.jvm.HaltBeforeCommit prints as it halts the JVM
+HALTED = "cdc: halting before commit "  # what cdc.testing.HaltBeforeCommit prints as it halts the JVM
 CUSTOMER_COLUMNS = ["id", "email", "full_name", "balance", "tags", "notes"]
 # In the order a batch commits them: each process is killed at the next commit of one.
 KILL_POINTS = ["customers", "customers__history", "customers__tags", "page_views"]
 
 
-def halt_before_commit(table_path_end: str, version: int) -> dict[str, str]:
+@pytest.fixture(scope="module")
+def halting_jar(tmp_path_factory) -> str:
+    """tests/jvm/HaltBeforeCommit.java compiled against pyspark's and Delta's jars, as a jar, and the class
+    path that holds it: with Delta's storage jar, which the JVM's own class loader must then load too (the
+    jobs' jars are loaded by a child of it, whose classes the log store could not see)."""
+    import pyspark
+
+    from cdc.core import jars
+
+    classes = tmp_path_factory.mktemp("halting")
+    classpath = [str(Path(pyspark.__file__).parent / "jars" / "*"), *map(str, jars.resolve(jars.SPARK_BUNDLE))]
+    source = Path(__file__).parents[1] / "jvm" / "HaltBeforeCommit.java"
+    javac = [jars._jdk_tool("javac"), "--release", "17", "-nowarn", "-cp", os.pathsep.join(classpath)]
+    subprocess.run([*javac, "-d", str(classes), str(source)], check=True, capture_output=True)
+    jar = classes / "halting.jar"
+    with zipfile.ZipFile(jar, "w") as archive:
+        for path in classes.rglob("*.class"):
+            archive.write(path, path.relative_to(classes).as_posix())
+    storage = [path for path in jars.resolve(jars.SPARK_BUNDLE) if path.name.startswith("delta-storage-")]
+    return os.pathsep.join([str(jar), *map(str, storage)])
+
+
+def halt_before_commit(class_path: str, table_path_end: str, version: int) -> dict[str, str]:
     """The Spark settings that halt the driver JVM before the first commit at or after ``version`` that adds
     data files to the table whose path ends with ``table_path_end``."""
     return {
-        "spark.delta.logStore.file.impl": "cdc.jvm.HaltBeforeCommit",
+        "spark.driver.extraClassPath": class_path,
+        "spark.delta.logStore.file.impl": "cdc.testing.HaltBeforeCommit",
         "spark.hadoop.cdc.halt-before-commit": f"{table_path_end}@{version}",
     }
 
@@ -62,7 +89,16 @@ def uncommitted_data_files(location: Path) -> set[str]:
 
 @pytest.mark.timeout(2400)  # four Spark processes started and killed: slow on a loaded machine
 def test_a_refine_killed_between_its_data_files_and_its_commit_refines_equal_to_postgres(
-    spark, kafka, stack_config, postgres_connector, tmp_path, monkeypatch, cdc_process, land, postgres_table
+    spark,
+    kafka,
+    stack_config,
+    postgres_connector,
+    tmp_path,
+    monkeypatch,
+    cdc_process,
+    land,
+    postgres_table,
+    halting_jar,
 ):
     from cdc.cli import main
 
@@ -77,7 +113,7 @@ def test_a_refine_killed_between_its_data_files_and_its_commit_refines_equal_to_
     raw = warehouse / "raw" / topics["customers"]
     job = cdc_process(
         ["raw", *(f"--topic={topic}" for topic in topics.values()), "--warehouse", str(warehouse), "--available-now"],
-        conf=halt_before_commit(f"/raw/{topics['customers']}", 1),
+        conf=halt_before_commit(halting_jar, f"/raw/{topics['customers']}", 1),
     )
     output = job.wait(timeout=900)
     assert halted_commit(output, raw) == 1, output
@@ -106,7 +142,7 @@ def test_a_refine_killed_between_its_data_files_and_its_commit_refines_equal_to_
         location = warehouse / "refined" / table
         # Its next commit that adds data (a table not made yet: its first batch's, after its creation).
         version = max(1, len(list((location / "_delta_log").glob("*.json"))))
-        job = cdc_process(refine, conf=halt_before_commit(f"/refined/{table}", version))
+        job = cdc_process(refine, conf=halt_before_commit(halting_jar, f"/refined/{table}", version))
         output = job.wait(timeout=900)
         halted = halted_commit(output, location)
         assert halted is not None, f"not killed before a commit of {table} from {version} on:\n{output}"

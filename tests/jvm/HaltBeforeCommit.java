@@ -1,4 +1,4 @@
-package cdc.jvm;
+package cdc.testing;
 
 import io.delta.storage.HDFSLogStore;
 import java.io.IOException;
@@ -14,8 +14,9 @@ import org.apache.hadoop.fs.Path;
  * (as SIGKILL would: no shutdown hook runs) when it is about to write a chosen commit, after the
  * transaction's data files are written and before the commit that would make them part of the table.
  *
- * Off unless a test turns it on, with two Spark settings (CDC_SPARK__CONF):
- * {@code spark.delta.logStore.file.impl=cdc.jvm.HaltBeforeCommit} and
+ * Compiled by tests/refine/test_kill_points.py and put on the driver's class path there; off unless a
+ * test turns it on, with two Spark settings (CDC_SPARK__CONF):
+ * {@code spark.delta.logStore.file.impl=cdc.testing.HaltBeforeCommit} and
  * {@code spark.hadoop.cdc.halt-before-commit=<end of a table's path>@<version>}: the first commit of
  * that table at or after that version that adds data files (not a commit of settings alone). Any other
  * commit is written as Delta's own HDFSLogStore writes it.
