@@ -208,31 +208,36 @@ def _compile_helpers(sources: list[Path], target: Path) -> Path:
 
     staging = target.with_name(target.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
-    classes = staging / "classes"
-    classpath = str(Path(pyspark.__file__).parent / "jars" / "*")
+    classpath = [Path(pyspark.__file__).parent / "jars" / "*"]
+    compile_jar(sources, staging / HELPERS_JAR, classpath, "the project's JVM helpers")
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    return target / HELPERS_JAR
+
+
+def compile_jar(sources: list[Path], jar: Path, classpath: list[Path], what: str) -> Path:
+    """Compile ``sources`` with ``javac --release 17`` against ``classpath`` into ``jar`` (its folder gets a
+    ``classes`` folder while compiling); :class:`DependencyError` naming ``what`` with javac's message."""
+    classes = jar.parent / "classes"
     command = [
         _jdk_tool("javac"),
         "--release",
         "17",
         "-nowarn",
         "-cp",
-        classpath,
+        os.pathsep.join(map(str, classpath)),
         "-d",
         str(classes),
         *(str(source) for source in sources),
     ]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
-        raise DependencyError(
-            f"could not compile the project's JVM helpers:\n{result.stderr.strip()}", sources=str(HELPERS_SOURCES)
-        )
-    with zipfile.ZipFile(staging / HELPERS_JAR, "w", zipfile.ZIP_DEFLATED) as jar:  # a jar is a zip
+        raise DependencyError(f"could not compile {what}:\n{result.stderr.strip()}", sources=str(sources[0].parent))
+    with zipfile.ZipFile(jar, "w", zipfile.ZIP_DEFLATED) as archive:  # a jar is a zip
         for path in sorted(classes.rglob("*.class")):
-            jar.write(path, path.relative_to(classes).as_posix())
+            archive.write(path, path.relative_to(classes).as_posix())
     shutil.rmtree(classes)
-    shutil.rmtree(target, ignore_errors=True)
-    staging.rename(target)
-    return target / HELPERS_JAR
+    return jar
 
 
 def _read_manifest(target: Path) -> list[Path] | None:

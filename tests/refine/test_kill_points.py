@@ -14,8 +14,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import zipfile
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -42,16 +40,15 @@ def halting_jar(tmp_path_factory) -> str:
 
     from cdc.core import jars
 
-    classes = tmp_path_factory.mktemp("halting")
-    classpath = [str(Path(pyspark.__file__).parent / "jars" / "*"), *map(str, jars.resolve(jars.SPARK_BUNDLE))]
+    spark_jars = jars.resolve(jars.SPARK_BUNDLE)
     source = Path(__file__).parents[1] / "jvm" / "HaltBeforeCommit.java"
-    javac = [jars._jdk_tool("javac"), "--release", "17", "-nowarn", "-cp", os.pathsep.join(classpath)]
-    subprocess.run([*javac, "-d", str(classes), str(source)], check=True, capture_output=True)
-    jar = classes / "halting.jar"
-    with zipfile.ZipFile(jar, "w") as archive:
-        for path in classes.rglob("*.class"):
-            archive.write(path, path.relative_to(classes).as_posix())
-    storage = [path for path in jars.resolve(jars.SPARK_BUNDLE) if path.name.startswith("delta-storage-")]
+    jar = jars.compile_jar(
+        [source],
+        tmp_path_factory.mktemp("halting") / "halting.jar",
+        [Path(pyspark.__file__).parent / "jars" / "*", *spark_jars],
+        "the kill points' log store",
+    )
+    storage = [path for path in spark_jars if path.name.startswith("delta-storage-")]
     return os.pathsep.join([str(jar), *map(str, storage)])
 
 
