@@ -14,6 +14,7 @@ nothing is skipped.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -110,6 +111,24 @@ def spark():
     session = build_spark_session(job_spark_config(config, refines_continuously=False))
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def spark_state_released_after_each_module() -> Iterator[None]:
+    """After each module, what the session keeps of its tables is let go: every test writes tables of its
+    own, which no later test reads, while a job's driver keeps refining the same ones. Delta caches each
+    table's log and its state until an hour after the table's last use (Delta's own test sessions bound
+    that cache to 3 tables); DataFrames only Python still references wait for Python's collector to free
+    their plans in the JVM."""
+    yield
+    from pyspark.sql import SparkSession
+
+    session = SparkSession._instantiatedSession
+    if session is None:
+        return
+    session.catalog.clearCache()
+    session.sparkContext._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
+    gc.collect()
 
 
 @pytest.fixture(scope="session")
