@@ -107,19 +107,20 @@ def spark():
     from cdc.core.session import build_spark_session, job_spark_config
 
     # As a `cdc` job that runs and ends (the parallel collector: less CPU than G1 on two cores).
-    config = SparkConfig(app_name="cdc-tests", shuffle_partitions=2, driver_memory="2g")
+    config = SparkConfig(app_name="cdc-tests", shuffle_partitions=2, driver_memory="4g")
     session = build_spark_session(job_spark_config(config, refines_continuously=False))
     yield session
     session.stop()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def spark_state_released_after_each_module() -> Iterator[None]:
-    """After each module, what the session keeps of its tables is let go: every test writes tables of its
+@pytest.fixture(autouse=True)
+def spark_state_released_after_each_test() -> Iterator[None]:
+    """After each test, what the session keeps of its tables is let go: every test writes tables of its
     own, which no later test reads, while a job's driver keeps refining the same ones. Delta caches each
     table's log and its state until an hour after the table's last use (Delta's own test sessions bound
-    that cache to 3 tables); DataFrames only Python still references wait for Python's collector to free
-    their plans in the JVM."""
+    that cache to 3 tables). DataFrames and streaming queries only Python still references (a stopped
+    query keeps its last batch's plan, broadcast tables included) wait for Python's collector to free
+    them in the JVM, which a long worker's heap cannot wait for."""
     yield
     from pyspark.sql import SparkSession
 
