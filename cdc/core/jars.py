@@ -111,7 +111,7 @@ DEBEZIUM_MONGODB_BUNDLE = Bundle(
 
 
 # S3A, Hadoop's connector for s3a:// URIs, with the few AWS SDK v2 modules it loads instead of the SDK's
-# shaded `bundle` (~500 MB, every AWS service): these jars are ~10 MB. The SDK is hadoop-aws 3.5.0's own
+# shaded `bundle` (~500 MB, every AWS service): these jars are ~13 MB. The SDK is hadoop-aws 3.5.0's own
 # (hadoop-project's aws-java-sdk-v2.version).
 # Added to the session only when the warehouse is s3a:// (cdc.core.object_store).
 S3A_BUNDLE = Bundle(

@@ -167,7 +167,7 @@ def _jobs_of_an_append(spark, location: str, group: str) -> int:
 
 
 def test_a_commit_costs_the_same_jobs_in_a_jvm_outside_utc(spark, tmp_path):
-    """Delta 4.0 re-reads a table's file list after each commit where the JVM's zone is not UTC, unless
+    """Delta re-reads a table's file list after each commit where the JVM's zone is not UTC, unless
     the session turns that check off."""
     location = str(tmp_path / "table")
     spark.range(1).write.format("delta").save(location)
