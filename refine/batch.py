@@ -295,7 +295,7 @@ class RefineBatch:
             columns = [field.field_name for field in batch.value_schema.field_named("after").fields or ()]
             if batch.no_readable_key:
                 return True
-            self._merge(spark, valid, batch.key_schema, columns, facts, batch.current_columns or columns)
+            self._merge(spark, valid, batch, columns, facts)
             return True
         finally:
             parsed.unpersist()
@@ -319,18 +319,18 @@ class RefineBatch:
         self,
         spark: SparkSession,
         changes: DataFrame,
-        key_schema: ConnectSchema | None,
+        batch: ParsedBatch,
         columns: list[str],
         facts: BatchFacts,
-        current_columns: list[str],
     ) -> None:
-        """Apply the batch's valid ``changes`` by their table's path: keyed, or keyless when the Kafka keys are
-        null (its rows' images are of the ``current_columns``: a column dropped within the batch is no part)."""
-        if key_schema is None:
+        """Apply the parsed ``batch``'s valid ``changes`` (of the source ``columns``) by their table's path:
+        keyed, or keyless when the Kafka keys are null."""
+        if batch.key_schema is None:
             merge_keyless_batch(
                 spark,
                 changes,
-                current_columns,
+                columns,
+                columns_by_schema=batch.columns_by_schema,
                 location=self.refined,
                 applied_at=self.applied,
                 rules=self.rules,
@@ -339,7 +339,7 @@ class RefineBatch:
                 table=self.config.target,
             )
         else:
-            merge_keyed_batch(spark, changes, key_schema, columns, facts, self.tables, self.rules, self.batch_id)
+            merge_keyed_batch(spark, changes, batch.key_schema, columns, facts, self.tables, self.rules, self.batch_id)
 
 
 def run_batch_retrying_conflicts(refine_batch: Callable[[], None], batch_id: int, conflicts: dict[int, int]) -> None:

@@ -19,7 +19,7 @@ from refine.records.columns import declared_schemas, declared_types
 from refine.records.decode import decoded_type
 from refine.records.envelope import ConnectSchema
 from refine.records.flattened import as_envelope, has_lsn, is_flattened, parse_flattened
-from refine.records.parse import has_schema, parse_changes
+from refine.records.parse import VALUE_SCHEMA, has_schema, parse_changes, schema_index
 
 
 class ParsedBatch(NamedTuple):
@@ -29,9 +29,9 @@ class ParsedBatch(NamedTuple):
     # The batch's keys have schemas that cannot be read (so their records go to the quarantine): the
     # table is keyed, and only the quarantine is written.
     no_readable_key: bool
-    # The columns of the batch's latest schema (the source table's shape now), where ``value_schema`` also has
-    # those dropped within the batch; None: all of ``value_schema``'s.
-    current_columns: list[str] | None = None
+    # The source columns of each of the batch's value schemas, in order; a keyless table's changes say which
+    # schema their record carries (VALUE_SCHEMA): its columns now are those of its newest change's.
+    columns_by_schema: tuple[list[str], ...] = ()
 
 
 def parse_rows(
@@ -44,12 +44,13 @@ def parse_rows(
     refused: dict[str, str] | None = None,
     time_zone: str | None = None,
 ) -> ParsedBatch | None:
-    """Postgres envelopes or flattened rows of the value ``schemas`` (in order of appearance) and the
-    wrapper schema ``texts``, parsed, with the declared ``columns``' types; ``guessed``: the schemas are
-    the last batch's, and records of others are marked (:data:`refine.records.parse.OTHER_SCHEMA`), and None
-    when a key schema of the batch cannot be read; ``refused``: value schema texts the batch cannot be
-    read with, and why (their records get that problem). ``raw``: the raw table, for errors. ``time_zone``: the
-    source's, in which a batch's wall-clock times become instants after a ``timestamp -> timestamptz`` ALTER."""
+    """Postgres envelopes or flattened rows of the value ``schemas`` (ordered by where each last appears: the
+    last is the source's shape now) and the wrapper schema ``texts``, parsed, with the declared ``columns``'
+    types; ``guessed``: the schemas are the last batch's, and records of others are marked
+    (:data:`refine.records.parse.OTHER_SCHEMA`), and None when a key schema of the batch cannot be read;
+    ``refused``: value schema texts the batch cannot be read with, and why (their records get that problem).
+    ``raw``: the raw table, for errors. ``time_zone``: the source's, in which a batch's wall-clock times become
+    instants after a ``timestamp -> timestamptz`` ALTER."""
     flattened = is_flattened(schemas[-1])
     envelopes = [as_envelope(schema) if flattened else schema for schema in schemas]
     value_schema = merged_schema(envelopes)
@@ -77,8 +78,12 @@ def parse_rows(
     else:
         changes = parse(records, value_schema, texts["value"])
     no_readable_key = bool(refused_keys) and key_schema is None
-    current = [field.field_name for field in envelopes[-1].field_named("after").fields or ()]
-    return ParsedBatch(declared_types(changes, columns), value_schema, key_schema, no_readable_key, current)
+    columns_by_schema = tuple(
+        [field.field_name for field in envelope.field_named("after").fields or ()] for envelope in envelopes
+    )
+    if key_schema is None:
+        changes = changes.withColumn(VALUE_SCHEMA, schema_index(F.col("raw_value"), texts["value"]))
+    return ParsedBatch(declared_types(changes, columns), value_schema, key_schema, no_readable_key, columns_by_schema)
 
 
 def _row_type(envelope: ConnectSchema) -> StructType:

@@ -41,6 +41,7 @@ from refine.apply.merge import COMMITTED_AT, LSN, OFFSET, OP, REFINED_AT, declar
 from refine.apply.rules import TableRules
 from refine.apply.schema_changes import overwrite_table
 from refine.records.envelope import Op
+from refine.records.parse import VALUE_SCHEMA
 from refine.records.toast import replace_placeholders
 
 ROW_HASH, COPY = "_cdc_row_hash", "_cdc_copy"
@@ -243,10 +244,28 @@ def merge_keyless(spark: SparkSession, location: str, rows: DataFrame, truncated
         spark.conf.unset("spark.databricks.delta.write.txnVersion")
 
 
+def columns_now(newest_schema: int | None, columns: list[str], columns_by_schema: tuple[list[str], ...]) -> list[str]:
+    """The source columns of the table now: those of the value schema its newest change's record carries
+    (``newest_schema``: an index in ``columns_by_schema``, from :data:`~refine.records.parse.VALUE_SCHEMA`), or
+    all the batch's ``columns`` when that is not known. A column dropped within the batch is no part of a row's
+    image, and records from before an ALTER sent again after it (Kafka Connect delivers at least once) do not
+    take the columns it added away."""
+    if newest_schema is None or newest_schema >= len(columns_by_schema):
+        return columns
+    return [column for column in columns_by_schema[newest_schema] if column in columns]
+
+
 def merge_keyless_changes(
-    spark: SparkSession, location: str, applied_at: str, changes: DataFrame, columns: list[str]
+    spark: SparkSession,
+    location: str,
+    applied_at: str,
+    changes: DataFrame,
+    columns: list[str],
+    columns_by_schema: tuple[list[str], ...] = (),
 ) -> None:
-    """Apply a batch's parsed changes to the keyless refined table at ``location``, each exactly once."""
+    """Apply a batch's parsed changes (of the source ``columns``; ``columns_by_schema``: of each value schema
+    the changes' :data:`~refine.records.parse.VALUE_SCHEMA` names) to the keyless refined table at ``location``,
+    each exactly once."""
     applied = read_applied(spark, applied_at)
     rows = unapplied(changes, applied).persist()
     try:
@@ -255,9 +274,11 @@ def merge_keyless_changes(
             F.max(position).alias("last"),
             F.max(F.when(F.col("op") == Op.TRUNCATE.value, position)).alias("truncate"),
             last_snapshot_start().alias("snapshot"),
+            F.max_by(VALUE_SCHEMA, position).alias("newest_schema") if VALUE_SCHEMA in rows.columns else F.lit(None),
         ).collect()
         if mark.last is None:
             return  # nothing new: replayed changes only
+        columns = columns_now(mark.newest_schema, columns, columns_by_schema)
         existing, counted = None, rows
         # A truncate or a snapshot's first read: the table's rows go, only the changes after it count.
         if mark.truncate is not None:
@@ -288,14 +309,16 @@ def merge_keyless_batch(
     explode: list[str],
     history: bool,
     table: str,
+    columns_by_schema: tuple[list[str], ...] = (),
 ) -> None:
-    """Apply a batch's valid parsed ``changes`` (of the refined ``columns``) to the keyless refined table
-    ``table`` at ``location`` (:func:`merge_keyless_changes`). Expectations (``rules``) are not checked
-    on such rows yet, and exploded arrays and a history need a primary key: a ConfigError for any of them."""
+    """Apply a batch's valid parsed ``changes`` (of the refined ``columns``; ``columns_by_schema``: of each of
+    the batch's value schemas) to the keyless refined table ``table`` at ``location``
+    (:func:`merge_keyless_changes`). Expectations (``rules``) are not checked on such rows yet, and exploded
+    arrays and a history need a primary key: a ConfigError for any of them."""
     rules.refuse_unchecked("tables without a primary key")
     for wanted, setting in [(explode, "explode"), (history, "SCD type 2 (history)")]:
         if wanted:
             raise ConfigError(
                 f"{setting} needs a primary key: the source table has none (Kafka keys are null)", table=table
             )
-    merge_keyless_changes(spark, location, applied_at, changes, columns)
+    merge_keyless_changes(spark, location, applied_at, changes, columns, columns_by_schema)
