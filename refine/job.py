@@ -140,7 +140,11 @@ def watch_refine_queries(
 def _raise_failure(name: str, query: StreamingQuery, batches: dict[str, object] | None) -> None:
     if (message := failure(query)) is not None:
         # A micro-batch's own failure (batch_error) reaches the user as itself: Spark's message would bury it.
-        if (error := getattr((batches or {}).get(name), "error", None)) is not None:
+        batch = (batches or {}).get(name)
+        if (error := getattr(batch, "error", None)) is not None:
+            # Raised, not kept: py4j keeps the batch function as long as the JVM keeps its query, and the
+            # error's traceback (whose frames hold the queries) would keep the stopped query in turn.
+            setattr(batch, "error", None)  # noqa: B010 - RefineBatch or the event job's
             raise error
         raise StreamError(f"the refine stream stopped: {message.splitlines()[0]}", table=name)
 

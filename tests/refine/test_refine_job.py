@@ -1,14 +1,19 @@
 """Postgres -> Debezium -> Kafka -> `cdc raw` -> `cdc refine`: refined tables equal the source tables."""
 
+import gc
 import json
-from datetime import datetime
+from datetime import date, datetime
 
 import psycopg
 import pytest
+from py4j.protocol import Py4JError
 from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
 from pyspark.testing import assertDataFrameEqual
 
-from cdc.core.tables import is_delta_table
+from cdc.core.errors import CdcError
+from cdc.core.tables import is_delta_table, raw_table_location
+from cdc.raw.table import RAW_SCHEMA, create_raw_table
 from cdc.stack.workload import run_workload
 from refine.apply.merge import METADATA_COLUMNS
 from refine.config import refined_table_location
@@ -451,3 +456,32 @@ def test_continuous_refine_follows_postgres_and_stops_on_sigterm(
     finally:
         stop_like_a_service_manager(process)
     assertDataFrameEqual(refined_table(warehouse, topic), postgres_table("customers"))
+
+
+def test_a_failed_refine_keeps_no_stopped_query_alive(spark, tmp_path, refine):
+    """py4j keeps a query's batch function for as long as the JVM keeps the query. A batch's error kept on that
+    function, raised with the frames that hold the job's queries, kept the stopped query (its last plan and
+    broadcasts) alive in both heaps for the life of the process."""
+    warehouse, topic = str(tmp_path), "failing.shop.items"
+    raw = raw_table_location(warehouse, topic)
+    create_raw_table(spark, raw, topic)
+    at = datetime(2026, 1, 1)
+    record = (None, None, "not json", None, topic, 0, 0, at, "CreateTime", [], at, 0, date(2026, 1, 1))
+    spark.createDataFrame([record], RAW_SCHEMA).write.format("delta").mode("append").save(raw)
+    (tmp_path / "_cdc").mkdir(exist_ok=True)
+    (tmp_path / "_cdc" / "quarantine").write_text("not a table")  # where the batch writes: it fails
+
+    with pytest.raises(CdcError, match="batch=0"):
+        refine(warehouse, topic)
+    gc.collect()
+
+    def name(query: StreamingQuery) -> str | None:
+        try:
+            return query.name
+        except Py4JError:  # its JVM object released
+            return None
+
+    kept = [
+        query for query in gc.get_objects() if isinstance(query, StreamingQuery) and name(query) == f"refine {topic}"
+    ]
+    assert not kept, "the failed run's stopped query is still reachable"
