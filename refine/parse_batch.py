@@ -44,8 +44,8 @@ def parse_rows(
     refused: dict[str, str] | None = None,
     time_zone: str | None = None,
 ) -> ParsedBatch | None:
-    """Postgres envelopes or flattened rows of the value ``schemas`` (ordered by where each last appears: the
-    last is the source's shape now) and the wrapper schema ``texts``, parsed, with the declared ``columns``'
+    """Postgres envelopes or flattened rows of the value ``schemas`` (in order of appearance) and the wrapper
+    schema ``texts``, parsed, with the declared ``columns``'
     types; ``guessed``: the schemas are the last batch's, and records of others are marked
     (:data:`refine.records.parse.OTHER_SCHEMA`), and None when a key schema of the batch cannot be read;
     ``refused``: value schema texts the batch cannot be read with, and why (their records get that problem).

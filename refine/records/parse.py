@@ -85,11 +85,8 @@ def first_wrapper_schemas(records: DataFrame) -> dict[str, list[str]] | None:
 
 def wrapper_schemas(records: DataFrame, known: dict[str, Sequence[str]]) -> dict[str, list[str]]:
     """The distinct wrapper schemas (JSON texts) of each column of ``known`` (``key``, ``value``) in
-    ``records``, ordered by where each last appears (Kafka partition, offset): the last is the source's
-    shape now. (Not where each first appears: Kafka Connect delivers at least once, and a restarted task
-    sends a suffix of what it sent again, so records from before an ALTER may follow those after it; but
-    the topic's last record is always the newest change.) ``known``: the schemas seen before (earlier
-    batches).
+    ``records``, ordered by where each first appears (Kafka partition, offset). ``known``: the
+    schemas seen before (earlier batches).
 
     A pass over the records tells which known schemas they hold and where the first value of
     none of them is; that one value's schema is read, and the pass repeated. Values that are no
@@ -107,13 +104,13 @@ def wrapper_schemas(records: DataFrame, known: dict[str, Sequence[str]]) -> dict
             firsts.append(
                 F.struct(
                     F.min(F.when(unmatched[column], position)).alias("unmatched"),
-                    F.array(*[F.max(F.when(match, position)) for match in matches]).alias("known"),
+                    F.array(*[F.min(F.when(match, position)) for match in matches]).alias("known"),
                 ).alias(column)
             )
         row = records.agg(*firsts).collect()[0]
         searching = {}
         for column, schemas in candidates.items():
-            at = {schema: last for schema, last in zip(schemas, row[column].known, strict=True) if last is not None}
+            at = {schema: first for schema, first in zip(schemas, row[column].known, strict=True) if first is not None}
             if (first := row[column].unmatched) is None:
                 found[column] = sorted(at, key=at.__getitem__)
             else:
@@ -132,8 +129,8 @@ def wrapper_schemas(records: DataFrame, known: dict[str, Sequence[str]]) -> dict
             break
     for column, (_, at) in searching.items():  # the values left, grouped by their schema
         grouped = records.where(unmatched[column]).groupBy(wrapped_schema(F.col(column)).alias("schema"))
-        for group in grouped.agg(F.max(position).alias("at")).where("schema IS NOT NULL").collect():
-            at[group.schema] = max(group.at, at.get(group.schema, group.at))
+        for group in grouped.agg(F.min(position).alias("at")).where("schema IS NOT NULL").collect():
+            at[group.schema] = min(group.at, at.get(group.schema, group.at))
         found[column] = sorted(at, key=at.__getitem__)
     return found
 

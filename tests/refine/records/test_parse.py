@@ -189,9 +189,7 @@ def test_wrapped_values_parse_the_same_cut_after_their_schema_as_whole(spark):
     assert [json.loads(row.s) if row.s else None for row in schemas] == [schema] * 4 + [None]
 
 
-def test_wrapper_schemas_are_the_batchs_own_in_order_of_last_appearance(spark):
-    """The last is the source's shape now: records of ``b`` sent again after ``a`` (a task restarted) do not
-    make ``a`` the newest."""
+def test_wrapper_schemas_are_the_batchs_own_in_order_of_appearance(spark):
     from refine.records.parse import wrapper_schemas
 
     def value(name: str) -> str:
@@ -204,7 +202,7 @@ def test_wrapper_schemas_are_the_batchs_own_in_order_of_last_appearance(spark):
     values = [value("b"), value("a"), None, value("b"), "not json", value("c")]
     raw = spark.createDataFrame([(v, 0, i) for i, v in enumerate(values)], "value string, partition int, offset long")
     raw = raw.withColumn("key", F.when(F.col("offset") == 1, F.lit(value("k"))))
-    expected = {"value": [text("a"), text("b"), text("c")], "key": [text("k")]}
+    expected = {"value": [text("b"), text("a"), text("c")], "key": [text("k")]}
     assert wrapper_schemas(raw, {"value": [], "key": []}) == expected
     # Known schemas are matched by prefix; one the batch lacks is not among its own.
     assert wrapper_schemas(raw, {"value": [text("c"), text("z"), text("a")], "key": [text("k")]}) == expected
