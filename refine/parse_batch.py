@@ -44,13 +44,12 @@ def parse_rows(
     refused: dict[str, str] | None = None,
     time_zone: str | None = None,
 ) -> ParsedBatch | None:
-    """Postgres envelopes or flattened rows of the value ``schemas`` (in order of appearance) and the wrapper
-    schema ``texts``, parsed, with the declared ``columns``'
-    types; ``guessed``: the schemas are the last batch's, and records of others are marked
-    (:data:`refine.records.parse.OTHER_SCHEMA`), and None when a key schema of the batch cannot be read;
-    ``refused``: value schema texts the batch cannot be read with, and why (their records get that problem).
-    ``raw``: the raw table, for errors. ``time_zone``: the source's, in which a batch's wall-clock times become
-    instants after a ``timestamp -> timestamptz`` ALTER."""
+    """Postgres envelopes or flattened rows of the value ``schemas`` (in order of appearance) and the
+    wrapper schema ``texts``, parsed, with the declared ``columns``' types; ``guessed``: the schemas are
+    the last batch's, and records of others are marked (:data:`refine.records.parse.OTHER_SCHEMA`), and None
+    when a key schema of the batch cannot be read; ``refused``: value schema texts the batch cannot be
+    read with, and why (their records get that problem). ``raw``: the raw table, for errors. ``time_zone``: the
+    source's, in which a batch's wall-clock times become instants after a ``timestamp -> timestamptz`` ALTER."""
     flattened = is_flattened(schemas[-1])
     envelopes = [as_envelope(schema) if flattened else schema for schema in schemas]
     value_schema = merged_schema(envelopes)

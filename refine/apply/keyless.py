@@ -250,7 +250,7 @@ def columns_now(newest_schema: int | None, columns: list[str], columns_by_schema
     all the batch's ``columns`` when that is not known. A column dropped within the batch is no part of a row's
     image, and records from before an ALTER sent again after it (Kafka Connect delivers at least once) do not
     take the columns it added away."""
-    if newest_schema is None or newest_schema >= len(columns_by_schema):
+    if newest_schema is None:
         return columns
     return [column for column in columns_by_schema[newest_schema] if column in columns]
 

@@ -255,9 +255,12 @@ VALUE_SCHEMA = "_value_schema"
 
 def schema_index(text: Column, schema_texts: Sequence[str]) -> Column:
     """The index in ``schema_texts`` of the schema whose compact wrapper ``text`` is (null: none's)."""
-    index = F.lit(None).cast("int")
-    for number, schema_text in reversed(list(enumerate(schema_texts))):
-        index = F.when(has_schema(text, schema_text), F.lit(number)).otherwise(index)
+    if not schema_texts:
+        return F.lit(None).cast("int")
+    first, *others = schema_texts
+    index = F.when(has_schema(text, first), F.lit(0))
+    for number, schema_text in enumerate(others, start=1):
+        index = index.when(has_schema(text, schema_text), F.lit(number))
     return index
 
 
