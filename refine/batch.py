@@ -29,6 +29,7 @@ from refine.apply.keyless import applied_location, merge_keyless_batch
 from refine.apply.merge import declare_features, declare_schema_rules
 from refine.apply.rules import TableRules, history_table_name
 from refine.apply.schema_changes import SchemaChangePolicy, misfit, with_renamed_columns
+from refine.apply.snapshots import with_lone_snapshot_starts
 from refine.batch_schemas import readable_value_schemas
 from refine.config import Connector, RefineJobConfig, refined_table_location
 from refine.mongo.documents import has_bare_mongo_envelopes, is_mongo, refine_mongo_batch
@@ -295,6 +296,8 @@ class RefineBatch:
             columns = [field.field_name for field in batch.value_schema.field_named("after").fields or ()]
             if batch.no_readable_key:
                 return True
+            if facts.lone_reads:
+                valid, facts = with_lone_snapshot_starts(spark, valid, facts, self.refined)
             self._merge(spark, valid, batch, columns, facts)
             return True
         finally:

@@ -9,7 +9,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from refine.apply.latest import SnapshotStart, last_snapshot_start
+from refine.apply.latest import SnapshotStart, last_snapshot_start, lone_snapshot_reads
 from refine.apply.rekey import is_key_change
 from refine.records.envelope import Op
 from refine.records.parse import OTHER_SCHEMA
@@ -22,6 +22,7 @@ class BatchFacts(NamedTuple):
     problems: int  # records that did not decode
     truncated_at: tuple[int, int] | None  # source position of the last truncate
     snapshot_from: SnapshotStart | None  # the last snapshot start (see resets_table)
+    lone_reads: tuple[SnapshotStart, ...]  # snapshot reads that may start a snapshot (see lone_snapshot_reads)
     key_changes: bool  # a primary-key change (Debezium's key headers)
     deletes: bool
     placeholders: bool  # a TOAST placeholder in a row image after a change
@@ -39,6 +40,7 @@ def batch_facts(changes: DataFrame) -> BatchFacts:
         F.count(F.when(F.col("problem").isNotNull(), 1)).alias("problems"),
         F.max(F.when(F.col("op") == Op.TRUNCATE.value, F.struct("source_lsn", "kafka_offset"))).alias("truncate"),
         last_snapshot_start().alias("snapshot"),
+        *lone_snapshot_reads(),
         F.coalesce(F.max(is_key_change(F.col("kafka_headers"))), F.lit(False)).alias("key_changes"),
         F.coalesce(F.max(F.col("op") == Op.DELETE.value), F.lit(False)).alias("deletes"),
         F.coalesce(F.max(has_placeholder(F.col("after"), row_type_of(changes))), F.lit(False)).alias("toast"),
@@ -50,6 +52,7 @@ def batch_facts(changes: DataFrame) -> BatchFacts:
         row.problems,
         truncate,
         SnapshotStart.of(row.snapshot),
+        SnapshotStart.lone(row),
         row.key_changes,
         row.deletes,
         row.toast,

@@ -52,6 +52,23 @@ class SnapshotStart(NamedTuple):
         """The value of :func:`last_snapshot_start` (a Row, or None) as a SnapshotStart."""
         return None if found is None else cls(found.partition, found.offset, found.lsn)
 
+    @classmethod
+    def lone(cls, aggregated) -> tuple[SnapshotStart, ...]:
+        """The values of :func:`lone_snapshot_reads` in the Row ``aggregated``: per snapshot (partition and LSN)
+        that the batch reads only with last reads, the first of those."""
+        others = {(read.partition, read.lsn) for read in aggregated.snapshot_other_reads}
+        lone: dict[tuple[int, int], SnapshotStart] = {}
+        for read in aggregated.snapshot_end_reads:
+            snapshot = (read.partition, read.lsn)
+            if snapshot not in others and (snapshot not in lone or read.offset < lone[snapshot].offset):
+                lone[snapshot] = cls(read.partition, read.offset, read.lsn)
+        return tuple(sorted(lone.values(), key=lambda start: (start.offset, start.partition)))
+
+    @property
+    def order(self) -> tuple[int, int, int]:
+        """Its place among the starts of a batch, as :func:`last_snapshot_start` orders them."""
+        return self.offset, self.partition, self.lsn
+
 
 def last_snapshot_start() -> Column:
     """Aggregate of parsed changes: the last snapshot start among them (null if none; see SnapshotStart.of)."""
@@ -61,6 +78,30 @@ def last_snapshot_start() -> Column:
         F.col("source_lsn").alias("lsn"),
     )
     return F.max(F.when(F.col("source_snapshot_start"), where))
+
+
+def lone_snapshot_reads() -> list[Column]:
+    """Aggregates of parsed changes (read by :meth:`SnapshotStart.lone`): the last reads of snapshots, and the
+    snapshots (partition, LSN: reads of one snapshot share its LSN) of the other reads.
+
+    Debezium marks a snapshot's first read of a table ``first`` or ``first_in_data_collection``, except when the
+    table has one row: its one read is marked as a last (``last``, ``last_in_data_collection``). A last read with
+    no other read of its snapshot in the batch either is such a one-row snapshot, which starts a snapshot, or
+    ends one begun in an earlier batch: :func:`refine.apply.snapshots.with_lone_snapshot_starts` tells them
+    apart by the refined table."""
+    read = F.struct(F.col("kafka_partition").alias("partition"), F.col("source_lsn").alias("lsn"))
+    end = F.struct(
+        F.col("kafka_partition").alias("partition"),
+        F.col("source_lsn").alias("lsn"),
+        F.col("kafka_offset").alias("offset"),
+    )
+    other_read = (F.col("op") == Op.READ.value) & ~F.col("source_snapshot_end")
+    return [
+        F.collect_set(F.when(F.col("source_snapshot_end") & F.col("source_lsn").isNotNull(), end)).alias(
+            "snapshot_end_reads"
+        ),
+        F.collect_set(F.when(other_read, read)).alias("snapshot_other_reads"),
+    ]
 
 
 def from_snapshot_start(start: SnapshotStart) -> Column:

@@ -365,7 +365,7 @@ def change_columns(
     last_commit_lsn: Column,
     committed_at: Column,
     problem: Column,
-    snapshot_start: Column | None = None,
+    snapshot_marker: Column | None = None,
 ) -> list[Column | str]:
     """The columns of a parsed change, in order, from a frame that has ``op``, ``key``, ``value``
     and :func:`record_columns`: what every parser of Postgres changes returns.
@@ -375,8 +375,10 @@ def change_columns(
     form carries none). Debezium streams transactions in commit order, so it orders changes of different
     transactions as they were streamed, where their own LSNs interleave (see :mod:`refine.apply.keyless`).
 
-    ``snapshot_start`` is true for the first read of a snapshot of the table (:func:`snapshot_start`):
-    the table is read whole again from there, so it resets the table as a truncate does."""
+    ``snapshot_marker`` is a read's ``source.snapshot`` (:func:`snapshot_marker`). ``source_snapshot_start`` is
+    true for the first read of a snapshot of the table: the table is read whole again from there, so it resets
+    the table as a truncate does. ``source_snapshot_end`` is true for its last read, which may be its only one
+    (see :func:`refine.apply.snapshots.lone_snapshot_reads`)."""
     return [
         "op",
         "key",
@@ -384,9 +386,8 @@ def change_columns(
         after.alias("after"),
         source_lsn.alias("source_lsn"),
         last_commit_lsn.alias("source_last_commit_lsn"),
-        (F.lit(False) if snapshot_start is None else F.coalesce(snapshot_start, F.lit(False))).alias(
-            "source_snapshot_start"
-        ),
+        _marked(snapshot_marker, SNAPSHOT_START_MARKERS).alias("source_snapshot_start"),
+        _marked(snapshot_marker, SNAPSHOT_END_MARKERS).alias("source_snapshot_end"),
         committed_at.alias("source_committed_at"),
         "kafka_partition",
         "kafka_offset",
@@ -405,19 +406,26 @@ def last_commit_lsn(envelope_schema: ConnectSchema) -> Column:
     return F.get_json_object(F.col("envelope.source.sequence"), "$[0]").try_cast("long")  # JSON null: text null
 
 
-# source.snapshot of the first record of a table's snapshot: the snapshot's very first record, or the
-# first of a later table in it. A table of one row has only a "last" marker, an empty one no record.
+# source.snapshot of the first read of a table's snapshot: the snapshot's very first record, or the first
+# of a later table in it; of the last read: the snapshot's very last record, or the last of a table in it.
+# A table of one row has one read, marked as a last (or "first", as the snapshot's first table); an empty
+# one no record.
 SNAPSHOT_START_MARKERS = ("first", "first_in_data_collection")
+SNAPSHOT_END_MARKERS = ("last", "last_in_data_collection")
 
 
-def snapshot_start(envelope_schema: ConnectSchema) -> Column:
-    """Whether the change is the first read of a snapshot of its table (Debezium's ``source.snapshot``
-    marker; false where the schema has no string ``snapshot``, as before Debezium 1.x)."""
+def snapshot_marker(envelope_schema: ConnectSchema) -> Column | None:
+    """A snapshot read's ``source.snapshot`` marker (null for other changes; None where the schema has no string
+    ``snapshot``, as before Debezium 1.x)."""
     source = envelope_schema.field_named("source")
     marker = next((field for field in source.fields or () if field.field == "snapshot"), None)
     if marker is None or marker.type != ConnectType.STRING:
-        return F.lit(False)
-    return (F.col("envelope.op") == Op.READ.value) & F.col("envelope.source.snapshot").isin(*SNAPSHOT_START_MARKERS)
+        return None
+    return F.when(F.col("envelope.op") == Op.READ.value, F.col("envelope.source.snapshot"))
+
+
+def _marked(marker: Column | None, markers: tuple[str, ...]) -> Column:
+    return F.lit(False) if marker is None else F.coalesce(marker.isin(*markers), F.lit(False))
 
 
 class ChangeParser:
@@ -507,7 +515,7 @@ class ChangeParser:
             last_commit_lsn(value_schema),
             F.timestamp_millis(F.col("envelope.source.ts_ms")),
             problem,
-            snapshot_start(value_schema),
+            snapshot_marker(value_schema),
         )
 
     def __call__(self, raw: DataFrame) -> DataFrame:

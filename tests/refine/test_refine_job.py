@@ -14,6 +14,7 @@ from pyspark.testing import assertDataFrameEqual
 from cdc.core.errors import CdcError
 from cdc.core.tables import is_delta_table, raw_table_location
 from cdc.raw.table import RAW_SCHEMA, create_raw_table
+from cdc.stack.postgres import add_to_publication
 from cdc.stack.workload import run_workload
 from refine.apply.merge import METADATA_COLUMNS
 from refine.config import refined_table_location
@@ -260,6 +261,62 @@ def test_a_recreated_connectors_snapshot_leaves_the_refined_tables_equal_to_post
         assert reads, reads
         assert reads[0] in ("first", "first_in_data_collection"), reads
         assert reads[-1].startswith("last"), reads
+
+
+def test_a_recreated_connectors_snapshot_of_a_one_row_table_removes_the_rows_deleted_while_away(
+    spark, kafka, stack_config, postgres_connector, recreate_postgres_connector, tmp_path, unique_name, land_and_refine
+):
+    """A table of one row gets one snapshot read, marked ``last`` or ``last_in_data_collection``, never
+    ``first``: it still starts the new snapshot, so the rows deleted while no connector ran go (a keyed table
+    with its history, and a keyless one). The names sort the tables after every other, so neither is the
+    snapshot's first table (whose one read would be marked ``first``)."""
+    dsn, warehouse = stack_config.postgres.dsn(), str(tmp_path)
+    tables = {"keyed": f"zz_{unique_name}_keyed", "keyless": f"zz_{unique_name}_keyless"}
+    topics = {kind: f"{postgres_connector.topic_prefix}.shop.{table}" for kind, table in tables.items()}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE shop.{tables['keyed']} (id int PRIMARY KEY, note text)")
+        conn.execute(f"CREATE TABLE shop.{tables['keyless']} (n int, note text)")
+        conn.execute(f"ALTER TABLE shop.{tables['keyless']} REPLICA IDENTITY FULL")
+        for table in tables.values():
+            add_to_publication(conn, postgres_connector.name, f"shop.{table}")
+            conn.execute(f"INSERT INTO shop.{table} VALUES (1, 'one'), (2, 'two'), (3, 'three')")
+
+    def source(kind: str):
+        with psycopg.connect(dsn) as conn:
+            rows = conn.execute(f"SELECT * FROM shop.{tables[kind]}").fetchall()
+        return spark.createDataFrame(rows, "id int, note string" if kind == "keyed" else "n int, note string")
+
+    def refined_equal_to_source() -> None:
+        for _ in range(2):  # a rerun changes nothing
+            for kind, topic in topics.items():
+                land_and_refine(warehouse, topic, history=kind == "keyed")
+                refined = spark.read.format("delta").load(refined_table_location(warehouse, topic))
+                assertDataFrameEqual(refined.select(*source(kind).columns), source(kind))
+        history = spark.read.format("delta").load(refined_table_location(warehouse, f"{topics['keyed']}__history"))
+        assertDataFrameEqual(history.where("_cdc_is_current").select("id", "note"), source("keyed"))
+
+    try:
+        for topic in topics.values():
+            kafka.wait_for_last_value(topic, lambda value: value is not None and b"three" in value)
+        refined_equal_to_source()
+        streamed = {kind: len(kafka.records(topic)) for kind, topic in topics.items()}
+
+        def while_away() -> None:  # deletes no connector streams
+            with psycopg.connect(dsn) as conn:
+                for table in tables.values():
+                    conn.execute(f"DELETE FROM shop.{table} WHERE note <> 'two'")
+
+        recreate_postgres_connector(while_away)
+        for kind, topic in topics.items():
+            kafka.wait_for_last_value(topic, lambda value: value is not None and b'"op":"r"' in value)
+            records = [value for *_, value, _ in kafka.records(topic)]
+            reads = [json.loads(value)["payload"]["source"]["snapshot"] for value in records if value is not None]
+            assert reads[streamed[kind] :] in (["last"], ["last_in_data_collection"]), reads
+        refined_equal_to_source()
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for table in tables.values():
+                conn.execute(f"DROP TABLE shop.{table}")
 
 
 ORDERS_WITH_NOTE = (

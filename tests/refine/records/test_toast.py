@@ -19,7 +19,7 @@ CHANGES = (
     "op string, key struct<id:bigint>, after struct<id:bigint, note:string, blob:binary, tags:array<string>, n:int, "
     "scores:array<int>, counts:array<bigint>, blobs:array<binary>, attrs:map<string,string>>, "
     "source_lsn bigint, kafka_offset bigint, kafka_headers array<struct<key:string, value:binary>>, problem string, "
-    "source_snapshot_start boolean, kafka_partition int"
+    "source_snapshot_start boolean, source_snapshot_end boolean, kafka_partition int"
 )
 PLACEHOLDER_BYTES = list(TOAST_PLACEHOLDER.encode())
 
@@ -37,7 +37,7 @@ def change(
     attrs=None,
 ) -> tuple:
     after = (key, note, blob, tags, 7, scores, counts, blobs, attrs)
-    return (op, (key,), None if op == "d" else after, lsn, lsn, None, None, False, 0)
+    return (op, (key,), None if op == "d" else after, lsn, lsn, None, None, False, False, 0)
 
 
 def test_placeholders_are_found_in_every_shape_debezium_sends_them(spark):
