@@ -18,6 +18,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from cdc.core.errors import CdcError
+from cdc.core.frames import computed_once
 from cdc.core.shared_tables import retrying_conflicts
 from cdc.core.streaming import batch_error
 from cdc.core.tables import is_delta_table, raw_table_location
@@ -292,13 +293,20 @@ class RefineBatch:
                     parsed.where("problem IS NOT NULL"),
                 )
             records.unpersist()  # the parsed changes are cached now
-            valid = (parsed.where("problem IS NULL") if facts.problems else parsed).drop("raw_value")
             columns = [field.field_name for field in batch.value_schema.field_named("after").fields or ()]
             if batch.no_readable_key:
                 return True
-            if facts.lone_reads:
-                valid, facts = with_lone_snapshot_starts(spark, valid, facts, self.refined)
-            self._merge(spark, valid, batch, columns, facts)
+            # The MERGEs plan over a leaf, not the parsing's plan (hundreds of expressions per schema): planned
+            # again by each of their queries, it took minutes and most of a 2 GB driver for a batch of 20
+            # changes with a history and a child table.
+            valid = (parsed.where("problem IS NULL") if facts.problems else parsed).drop("raw_value")
+            with computed_once(valid) as decoded:
+                to_apply, facts = (
+                    with_lone_snapshot_starts(spark, decoded, facts, self.refined)
+                    if facts.lone_reads
+                    else (decoded, facts)
+                )
+                self._merge(spark, to_apply, batch, columns, facts)
             return True
         finally:
             parsed.unpersist()
