@@ -378,7 +378,7 @@ def change_columns(
     ``snapshot_marker`` is a read's ``source.snapshot`` (:func:`snapshot_marker`). ``source_snapshot_start`` is
     true for the first read of a snapshot of the table: the table is read whole again from there, so it resets
     the table as a truncate does. ``source_snapshot_end`` is true for its last read, which may be its only one
-    (see :func:`refine.apply.snapshots.lone_snapshot_reads`)."""
+    (see :func:`refine.apply.latest.lone_snapshot_reads`)."""
     return [
         "op",
         "key",
