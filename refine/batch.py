@@ -302,11 +302,7 @@ class RefineBatch:
             # not the parsing's estimate (checkpointed in place of the cache, a batch's rerun took 107 s, not 80 s).
             valid = (parsed.where("problem IS NULL") if facts.problems else parsed).drop("raw_value")
             with computed_once(valid) as decoded:
-                to_apply, facts = (
-                    with_lone_snapshot_starts(spark, decoded, facts, self.refined)
-                    if facts.lone_reads
-                    else (decoded, facts)
-                )
+                to_apply, facts = with_lone_snapshot_starts(spark, decoded, facts, self.refined)
                 self._merge(spark, to_apply, batch, columns, facts)
             return True
         finally:
