@@ -14,6 +14,7 @@ nothing is skipped.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -106,10 +107,29 @@ def spark():
     from cdc.core.session import build_spark_session, job_spark_config
 
     # As a `cdc` job that runs and ends (the parallel collector: less CPU than G1 on two cores).
-    config = SparkConfig(app_name="cdc-tests", shuffle_partitions=2, driver_memory="2g")
+    config = SparkConfig(app_name="cdc-tests", shuffle_partitions=2, driver_memory="4g")
     session = build_spark_session(job_spark_config(config, refines_continuously=False))
     yield session
     session.stop()
+
+
+@pytest.fixture(autouse=True)
+def spark_state_released_after_each_test() -> Iterator[None]:
+    """After each test, what the session keeps of its tables is let go: every test writes tables of its
+    own, which no later test reads, while a job's driver keeps refining the same ones. Delta caches each
+    table's log and its state until an hour after the table's last use (Delta's own test sessions bound
+    that cache to 3 tables). DataFrames and streaming queries only Python still references (a stopped
+    query keeps its last batch's plan, broadcast tables included) wait for Python's collector to free
+    them in the JVM, which a long worker's heap cannot wait for."""
+    yield
+    from pyspark.sql import SparkSession
+
+    session = SparkSession._instantiatedSession
+    if session is None:
+        return
+    session.catalog.clearCache()
+    session.sparkContext._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
+    gc.collect()
 
 
 @pytest.fixture(scope="session")

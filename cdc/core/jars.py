@@ -26,15 +26,17 @@ from cdc.core.errors import DependencyError
 
 # The engine's versions, stated once (docs/concepts/engine.md says why each is pinned). pyproject.toml pins
 # the same pyspark and delta-spark wheels; tests/cdc/core/test_jars.py checks that the two agree.
-SPARK_VERSION = "4.0.0"
+SPARK_VERSION = "4.2.0"
 SCALA_BINARY = "2.13"
-DELTA_VERSION = "4.0.0"
+DELTA_VERSION = "4.4.0"
+# From Delta 4.1 on, Delta's artifacts carry the Spark minor they are built for in their name.
+DELTA_ARTIFACT = f"delta-spark_{SPARK_VERSION.rsplit('.', 1)[0]}_{SCALA_BINARY}"
 KAFKA_VERSION = "4.3.1"
 DEBEZIUM_VERSION = "3.6.3.Final"
 LOG4J_VERSION = "2.25.4"
-# hadoop-aws must be the version of pyspark's own Hadoop client (hadoop-client-api-3.4.1.jar).
-HADOOP_VERSION = "3.4.1"
-AWS_SDK_VERSION = "2.29.52"
+# hadoop-aws must be the version of pyspark's own Hadoop client (hadoop-client-api-3.5.0.jar).
+HADOOP_VERSION = "3.5.0"
+AWS_SDK_VERSION = "2.35.4"
 S3PROXY_VERSION = "4.1.0"
 
 MANIFEST = "manifest.txt"
@@ -62,15 +64,14 @@ class Bundle:
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-# Spark 4.0.0 because it is the newest release whose Kafka connector has all its jars on Maven
-# Central as this project's machines reach it (spark-token-provider-kafka 4.0.1+ is missing there).
+# Spark 4.2.0 with the Delta built for it (docs/concepts/engine.md says why this pair).
 # spark-avro decodes Avro event topics (from_avro; Avro itself ships with pyspark). spark-protobuf,
 # which would decode Protobuf ones, is not on Maven Central as this project's machines reach it:
 # they are decoded in Python instead (cdc/pipeline/events/protobuf.py).
 SPARK_BUNDLE = Bundle(
     "spark",
     (
-        f"io.delta:delta-spark_{SCALA_BINARY}:{DELTA_VERSION}",
+        f"io.delta:{DELTA_ARTIFACT}:{DELTA_VERSION}",
         f"org.apache.spark:spark-sql-kafka-0-10_{SCALA_BINARY}:{SPARK_VERSION}",
         f"org.apache.spark:spark-avro_{SCALA_BINARY}:{SPARK_VERSION}",
     ),
@@ -110,10 +111,8 @@ DEBEZIUM_MONGODB_BUNDLE = Bundle(
 
 
 # S3A, Hadoop's connector for s3a:// URIs, with the few AWS SDK v2 modules it loads instead of the SDK's
-# shaded `bundle` (~500 MB, every AWS service): these jars are ~10 MB. The SDK is of the 2.29 line: hadoop-aws
-# 3.4.1's own (2.24.6) lacks s3-transfer-manager on Maven Central as these machines reach it, and from 2.30
-# on the SDK adds request checksums by default, which hadoop-aws 3.4.1 predates and many S3-compatible
-# servers do not take.
+# shaded `bundle` (~500 MB, every AWS service): these jars are ~13 MB. The SDK is hadoop-aws 3.5.0's own
+# (hadoop-project's aws-java-sdk-v2.version).
 # Added to the session only when the warehouse is s3a:// (cdc.core.object_store).
 S3A_BUNDLE = Bundle(
     "hadoop-aws",

@@ -561,7 +561,7 @@ def decode_protobuf(records: DataFrame, decoding: ProtobufDecoding) -> DataFrame
         ]
     )
     # pyspark types the function as taking an Iterable; Spark passes an iterator, as DecodeBatches declares.
-    decoded = values.mapInArrow(DecodeBatches(decoding), decoded_schema)  # type: ignore[arg-type]
+    decoded = values.mapInArrow(DecodeBatches(decoding), decoded_schema)
     return decoded.select("event", "kafka_partition", "kafka_offset", "problem", F.hex("value").alias("raw_value"))
 
 

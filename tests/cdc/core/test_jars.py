@@ -73,4 +73,6 @@ def test_the_wheels_and_the_jars_are_of_one_engine():
     assert version("delta-spark") == jars.DELTA_VERSION
     hadoop = {path.name for path in (Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar")}
     assert hadoop == {f"hadoop-client-api-{jars.HADOOP_VERSION}.jar"}, "hadoop-aws must match pyspark's Hadoop"
-    assert f"io.delta:delta-spark_2.13:{jars.DELTA_VERSION}" in jars.SPARK_BUNDLE.coordinates
+    spark_minor = ".".join(version("pyspark").split(".")[:2])
+    # Delta's jar names the Spark minor it is built for (from Delta 4.1 on).
+    assert f"io.delta:delta-spark_{spark_minor}_2.13:{jars.DELTA_VERSION}" in jars.SPARK_BUNDLE.coordinates

@@ -82,9 +82,9 @@ def test_local_jars_folder_goes_on_the_classpath(tmp_path):
 def test_maven_jars_put_delta_the_kafka_source_and_the_helpers_on_the_classpath():
     jars = spark_conf(SparkConfig())["spark.jars"].split(",")
     names = {path.rsplit("/", 1)[1] for path in jars}
-    assert "delta-spark_2.13-4.0.0.jar" in names
+    assert "delta-spark_4.2_2.13-4.4.0.jar" in names
     assert "cdc-helpers.jar" in names
-    assert "spark-sql-kafka-0-10_2.13-4.0.0.jar" in names
+    assert "spark-sql-kafka-0-10_2.13-4.2.0.jar" in names
     assert not any(name.startswith("scala-library") for name in names), "pyspark ships Scala already"
 
 
@@ -167,7 +167,7 @@ def _jobs_of_an_append(spark, location: str, group: str) -> int:
 
 
 def test_a_commit_costs_the_same_jobs_in_a_jvm_outside_utc(spark, tmp_path):
-    """Delta 4.0 re-reads a table's file list after each commit where the JVM's zone is not UTC, unless
+    """Delta re-reads a table's file list after each commit where the JVM's zone is not UTC, unless
     the session turns that check off."""
     location = str(tmp_path / "table")
     spark.range(1).write.format("delta").save(location)
