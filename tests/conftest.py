@@ -586,7 +586,7 @@ def cdc_process(kafka: KafkaTestClient):
     env = {
         **os.environ,
         "CDC_KAFKA__BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
-        "CDC_SPARK__DRIVER_MEMORY": "1g",
+        "CDC_SPARK__DRIVER_MEMORY": "2g",
         "CDC_SPARK__SHUFFLE_PARTITIONS": "2",
         # These jobs live a minute at most: with the C1 compiler alone, a JVM reaches its first Delta
         # commit ~3 s sooner (C2 compiles for long runs, on the cores the job needs now).

@@ -187,8 +187,8 @@ def job_spark_config(config: SparkConfig, *, refines_continuously: bool) -> Spar
 # traceback too). Shown under `cdc --debug`, which sets this.
 show_failure_logs = False
 _STREAM_ENGINES = (
-    "org.apache.spark.sql.execution.streaming.MicroBatchExecution",
-    "org.apache.spark.sql.execution.streaming.StreamExecution",
+    "org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution",
+    "org.apache.spark.sql.execution.streaming.runtime.StreamExecution",
 )
 _FAILURE_LOGGERS = ("DataFrameQueryContextLogger", "SQLQueryContextLogger", "py4j.clientserver")
 

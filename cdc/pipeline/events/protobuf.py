@@ -509,7 +509,8 @@ class DecodeBatches:
         from pyspark.sql.pandas.types import to_arrow_type
 
         reader = _Reader(self.decoding)
-        event_type = to_arrow_type(self.decoding.event_schema)
+        # Timestamps as instants in UTC (pyspark asks for a time zone for them, and UTC is what mapInArrow reads).
+        event_type = to_arrow_type(self.decoding.event_schema, timezone="UTC")
         for batch in batches:
             read = [reader.read(value) for value in batch.column("value").to_pylist()]
             events, problems = _arrow_events(
