@@ -32,7 +32,6 @@ from cdc.core.config import load_settings
 from cdc.core.session import build_spark_session, job_spark_config
 from cdc.core.tables import raw_table_location
 from cdc.raw.table import create_raw_table
-from refine.apply.merge import declare_features
 from refine.config import refined_table_location
 
 
@@ -52,8 +51,7 @@ def main() -> None:
     features = FEATURES["plain"]
     with tempfile.TemporaryDirectory(prefix="bench-first-batch-") as warehouse:
         refined, raw = refined_table_location(warehouse, TOPIC), raw_table_location(warehouse, TOPIC)
-        declare_features(refined, features)
-        refined_snapshot(spark, refined, args.size, None)
+        refined_snapshot(spark, refined, args.size, None, features)
         create_raw_table(spark, raw, TOPIC)
         append_raw_changes(spark, raw, args.size, 0, 1000)
         refine(spark, warehouse, features)  # the table's first refinement, in this process

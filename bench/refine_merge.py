@@ -54,7 +54,7 @@ from cdc.core.tables import TableFeatures, raw_table_location
 from cdc.raw.rows import raw_rows
 from cdc.raw.table import create_raw_table
 from refine.apply.latest import latest_per_key
-from refine.apply.merge import LSN, OP, declare_features, ensure_refined_table, refined_rows
+from refine.apply.merge import LSN, OP, TableSettings, ensure_refined_table, refined_rows
 from refine.config import refined_table_location
 from refine.job import RefineJobConfig, run_refine_job
 from refine.records.envelope import COMMON_SOURCE_FIELDS, ConnectSchema
@@ -154,10 +154,16 @@ def row_image(id_: str, version: str) -> str:
     )
 
 
-def refined_snapshot(spark: SparkSession, location: str, size: int, rows_per_file: int | None) -> None:
-    """The refined table as a finished snapshot of ``size`` rows leaves it, written directly as typed
-    rows (generating and parsing 10M envelopes would only slow the set-up), in key order, in files of
-    ``rows_per_file`` rows (None: as many files as Spark has cores)."""
+def refined_snapshot(
+    spark: SparkSession,
+    location: str,
+    size: int,
+    rows_per_file: int | None,
+    features: TableFeatures | None = None,
+) -> None:
+    """The refined table (with ``features``) as a finished snapshot of ``size`` rows leaves it, written
+    directly as typed rows (generating and parsing 10M envelopes would only slow the set-up), in key order,
+    in files of ``rows_per_file`` rows (None: as many files as Spark has cores)."""
     one = spark.range(1).selectExpr(
         "'r' AS op",
         f"{row_image('id', '0')} AS after",
@@ -188,7 +194,7 @@ def refined_snapshot(spark: SparkSession, location: str, size: int, rows_per_fil
         )
         .toDF(*schema.fieldNames())
     )
-    ensure_refined_table(spark, location, schema)
+    ensure_refined_table(spark, location, TableSettings(features or TableFeatures()), schema)
     rows.select(*[F.col(f.name).cast(f.dataType) for f in schema]).write.format("delta").mode("append").save(location)
 
 
@@ -365,9 +371,8 @@ def bench_size(
     with tempfile.TemporaryDirectory(prefix="bench-refine-") as warehouse:
         refined = refined_table_location(warehouse, TOPIC)
         raw = raw_table_location(warehouse, TOPIC)
-        declare_features(refined, features)
         started = time.monotonic()
-        refined_snapshot(spark, refined, size, rows_per_file)
+        refined_snapshot(spark, refined, size, rows_per_file, features)
         print(f"  {size:,}-row refined table written in {time.monotonic() - started:.0f} s", flush=True)
         create_raw_table(spark, raw, TOPIC)
         append_raw_changes(spark, raw, size, 0, changes, workload)

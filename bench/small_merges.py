@@ -28,7 +28,7 @@ from refine_merge import refined_snapshot
 
 from cdc.core.config import load_settings
 from cdc.core.session import build_spark_session
-from refine.apply.merge import AUTO_COMPACT_PROPERTY, LSN, merge_changes
+from refine.apply.merge import AUTO_COMPACT_PROPERTY, LSN, TableSettings, merge_changes
 
 
 def merge_two_rows(spark: SparkSession, location: str, rows: int, batch: int) -> float:
@@ -42,7 +42,7 @@ def merge_two_rows(spark: SparkSession, location: str, rows: int, batch: int) ->
     )
     changes.count()  # as the job hands the MERGE a cached batch
     started = time.monotonic()
-    merge_changes(spark, location, changes, ["id"], None, keys=changes.select("id"))
+    merge_changes(spark, location, TableSettings(), changes, ["id"], None, keys=changes.select("id"))
     elapsed = time.monotonic() - started
     changes.unpersist()
     return elapsed

@@ -27,7 +27,7 @@ from refine.apply.deleted import deleted_location
 from refine.apply.flatten import child_table_name
 from refine.apply.keyed import KeyedTables, merge_keyed_batch
 from refine.apply.keyless import applied_location, merge_keyless_batch
-from refine.apply.merge import declare_features, declare_schema_rules
+from refine.apply.merge import TableSettings
 from refine.apply.rules import TableRules, history_table_name
 from refine.apply.schema_changes import SchemaChangePolicy, misfit, with_renamed_columns
 from refine.apply.snapshots import with_lone_snapshot_starts
@@ -37,32 +37,21 @@ from refine.mongo.documents import has_bare_mongo_envelopes, is_mongo, refine_mo
 from refine.mongo.unwrapped_documents import (
     as_mongo_envelopes,
     has_unwrapped_documents,
-    is_marked_unwrapped,
-    mark_unwrapped,
     may_be_unwrapped_documents,
-    refuse_envelopes_after_unwrapped,
     refuse_mixed_forms,
-    refuse_rows_after_envelopes,
 )
 from refine.parse_batch import ParsedBatch, parse_rows, parse_schemaless
 from refine.quality.quarantine import quarantine, quarantine_location
 from refine.records.envelope import ConnectSchema
 from refine.records.flattened import is_flattened, remember_schema, remembered_schema
 from refine.records.parse import VALUE_NOT_UTF8, first_wrapper_schemas, record_columns, refused_schema, wrapper_schemas
+from refine.state import TableState
 
-_KNOWN = 16  # wrapper schemas remembered per raw table and column
 _BOTH_FORMS = "holds both the MongoDB connector's envelopes and ExtractNewDocumentState's rows"
 UNWRAPPED_ROW = (
     "value is a JSON object but no Debezium envelope: rows flattened by ExtractNewRecordState are refined "
     "with their {schema, payload} wrapper (schemas.enable=true)"
 )
-
-# Wrapper schemas each raw table showed, by column, for the life of the process: a later run of
-# the table in the same process (`--available-now`, a pipeline's refresh) starts from them.
-_SCHEMAS_SEEN: dict[str, dict[str, list[str]]] = {}
-# The wrapper schemas, by column, of each raw table's last batch (the newest of them, when it held
-# several): the guess the next batch is parsed with (RefineBatch._refine_with_guessed_schemas).
-_LAST_SCHEMAS: dict[str, dict[str, list[str]] | None] = {}
 
 
 def _has_bare_envelopes(records: DataFrame) -> bool:
@@ -71,17 +60,18 @@ def _has_bare_envelopes(records: DataFrame) -> bool:
 
 
 class RefineBatch:
-    """The foreachBatch function of `cdc refine`."""
+    """The foreachBatch function of `cdc refine`: one table's micro-batches, with what its job knows of
+    the table between them (``state``: a new job's, unless given)."""
 
-    def __init__(self, config: RefineJobConfig, *, raw_location: str | None = None) -> None:
+    def __init__(
+        self, config: RefineJobConfig, *, raw_location: str | None = None, state: TableState | None = None
+    ) -> None:
         self.config = config
         # Another warehouse's raw table: a rebuild (refine/rebuild.py) refines into staging tables.
         self.raw = raw_location or raw_table_location(config.warehouse, config.table)
         self.refined = refined_table_location(config.warehouse, config.target)
-        declare_features(self.refined, config.features)
+        self.state = state or TableState.of(self.refined, TableSettings(config.features, config.schema_rules))
         self.deleted = deleted_location(config.warehouse, config.target)
-        for location in (self.refined, self.deleted):
-            declare_schema_rules(location, config.schema_rules)
         self.applied = applied_location(config.warehouse, config.target)
         history = refined_table_location(config.warehouse, history_table_name(config.target))
         self.tables = KeyedTables(
@@ -93,14 +83,13 @@ class RefineBatch:
                 for path in config.explode
             },
             history=history if config.history else None,
+            settings=self.state.settings,
         )
         self.error: CdcError | None = None
         self.rules = config.rules or TableRules(table=config.target, topic=config.table, warehouse=config.warehouse)
         self.batch_id = -1
         self.records_read: dict[int, int] = {}  # records of each batch (by id), counted once
         self.conflicts: dict[int, int] = {}  # how often each batch (by id) ran again after a conflict
-        # Wrapper schemas seen, by column: the next batch's start (a hint: only those found are used).
-        self.known_schemas = _SCHEMAS_SEEN.setdefault(self.raw, {})
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         self.batch_id = batch_id
@@ -124,15 +113,17 @@ class RefineBatch:
 
     def _refine_with_guessed_schemas(self, spark: SparkSession, records: DataFrame) -> bool:
         """Refine a batch of Postgres envelopes or flattened rows in one pass over its records, parsed
-        with the wrapper schemas of the last batch (in a new process: of the raw table's first record,
+        with the wrapper schemas of the last batch (in a new job: of the raw table's first record,
         read apart from the batch): most batches hold just those. False, with nothing written, when a
         record holds another, or is no compact wrapper: the batch is then refined as :meth:`_refine` does.
 
         The one pass saves caching the records (Debezium's JSON, ~2 KB each) and the pass that finds
         their schemas: a warm refine of 300k changes into 1M rows took ~6.9 s instead of ~8.5 s."""
-        if self.raw not in _LAST_SCHEMAS:
-            _LAST_SCHEMAS[self.raw] = first_wrapper_schemas(spark.read.format("delta").load(self.raw))
-        if (texts := _LAST_SCHEMAS[self.raw]) is None:
+        state = self.state
+        if not state.last_schemas_known:
+            state.last_schemas = first_wrapper_schemas(spark.read.format("delta").load(self.raw))
+            state.last_schemas_known = True
+        if (texts := state.last_schemas) is None:
             return False
         schemas, _, refused = readable_value_schemas(texts["value"])
         if refused or is_mongo(schemas[0]) or self._may_be_documents(schemas[0]):
@@ -149,7 +140,8 @@ class RefineBatch:
         # A table refined from flattened rows keeps their schema: an envelope in its topic is refused.
         remembered = remembered_schema(spark, self.refined)
         schemas, value_texts, refused = readable_value_schemas(texts["value"], holds_rows=remembered is not None)
-        _LAST_SCHEMAS[self.raw] = {"value": value_texts[-1:], "key": texts["key"][-1:]} if value_texts else None
+        self.state.last_schemas = {"value": value_texts[-1:], "key": texts["key"][-1:]} if value_texts else None
+        self.state.last_schemas_known = True
         bare_mongo = not texts["value"] and has_bare_mongo_envelopes(records)  # documents need no declared columns
         bare_envelopes = not texts["value"] and not bare_mongo and _has_bare_envelopes(records)
         # ExtractNewDocumentState's rows are refined as the documents they are, each of its own shape.
@@ -157,12 +149,12 @@ class RefineBatch:
             spark, records, schemas, bare_rows=not (texts["value"] or bare_mongo or bare_envelopes)
         ):
             self._refine_mongo(spark, as_mongo_envelopes(records))
-            mark_unwrapped(spark, self.refined)
+            self.state.unwrapped.set(spark)
             return None
         if bare_envelopes:
             return self._refine_schemaless(spark, records)
         if bare_mongo or (schemas and is_mongo(schemas[-1])):
-            refuse_envelopes_after_unwrapped(spark, self.refined)
+            self.state.unwrapped.refuse_envelopes(spark)
             if bare_mongo and has_unwrapped_documents(records):
                 refuse_mixed_forms(self.refined, _BOTH_FORMS)
             return self._refine_mongo(spark, records)
@@ -189,7 +181,7 @@ class RefineBatch:
             return False
         if any(map(is_mongo, schemas)):
             refuse_mixed_forms(self.refined, _BOTH_FORMS)
-        if is_marked_unwrapped(spark, self.refined):
+        if self.state.unwrapped.is_set(spark):
             return True
         if connector is Connector.MONGODB:  # rows, not a batch of tombstones alone
             documents = bool(schemas) or not records.where(F.col("value").isNotNull()).isEmpty()
@@ -197,15 +189,15 @@ class RefineBatch:
             candidates = bare_rows or any(map(may_be_unwrapped_documents, schemas))
             documents = candidates and has_unwrapped_documents(records)
         if documents:
-            refuse_rows_after_envelopes(spark, self.refined)
+            self.state.unwrapped.refuse_rows(spark)
         return documents
 
     def _wrapper_schemas(self, records: DataFrame) -> dict[str, list[str]]:
         """The batch's distinct wrapper schemas by column (a handful of strings, not data), found from
         those seen before, which they join."""
-        texts = wrapper_schemas(records, {column: self.known_schemas.get(column, []) for column in ("value", "key")})
-        for column, found in texts.items():
-            self.known_schemas[column] = list(dict.fromkeys([*found, *self.known_schemas.get(column, ())]))[:_KNOWN]
+        seen = self.state.seen_schemas
+        texts = wrapper_schemas(records, {column: seen.get(column, []) for column in ("value", "key")})
+        self.state.saw_schemas(texts)
         return texts
 
     def _refine_mongo(self, spark: SparkSession, records: DataFrame) -> None:
@@ -213,6 +205,7 @@ class RefineBatch:
             spark,
             records,
             refined=self.refined,
+            settings=self.state.settings,
             raw=self.raw,
             topic=self.config.table,
             quarantine_at=quarantine_location(self.config.warehouse),
@@ -263,8 +256,9 @@ class RefineBatch:
         if parsed is None:
             return False
         applied = self._apply(spark, records, parsed, guessed)
-        if applied and is_flattened(schemas[-1]):
+        if applied and is_flattened(schemas[-1]) and self.state.flattened_schema != schemas[-1]:
             remember_schema(spark, self.refined, schemas[-1])
+            self.state.flattened_schema = schemas[-1]
         return applied
 
     def _refine_schemaless(self, spark: SparkSession, records: DataFrame) -> None:
@@ -340,6 +334,7 @@ class RefineBatch:
                 columns,
                 columns_by_schema=batch.columns_by_schema,
                 location=self.refined,
+                settings=self.state.settings,
                 applied_at=self.applied,
                 rules=self.rules,
                 explode=self.config.explode,

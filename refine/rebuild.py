@@ -59,7 +59,6 @@ from refine.apply.keyless import applied_location, read_applied, write_applied
 from refine.apply.rules import TableRules, history_table_name
 from refine.batch import RefineBatch
 from refine.config import RefineJobConfig, refined_table_location
-from refine.mongo.unwrapped_documents import forget_marks
 from refine.quality.quarantine import add_quarantined, quarantine_location
 
 # Raw records refined as one micro-batch of the rebuild (whole raw micro-batches: a chunk may hold more).
@@ -118,7 +117,6 @@ def rebuild_refined_table(
     staging = rebuild_location(config.warehouse, config.target)
     storage = Storage(spark)
     storage.delete(staging)  # what a rebuild cut short left
-    forget_marks(refined_table_location(staging, config.target))
     pairs = _table_pairs(config, staging)
     started = {live: _version_if_table(spark, live) for live, _ in pairs}
     rules = config.rules or TableRules(table=config.target, topic=config.table, warehouse=config.warehouse)
@@ -140,7 +138,6 @@ def rebuild_refined_table(
     if is_delta_table(spark, refined):
         spark.sql(f"ALTER TABLE delta.`{refined}` SET TBLPROPERTIES ('{REBUILT_FROM_PROPERTY}' = '{raw_version}')")
     storage.delete(staging)
-    forget_marks(refined_table_location(staging, config.target), refined)
     for table in replaced:
         before = "new" if table.version_before is None else f"version {table.version_before} -> {table.version_after}"
         say(f"rebuild {config.target}: {table.location} replaced ({before})")

@@ -35,7 +35,7 @@ from pyspark.sql.types import StructField, StructType
 
 from cdc.core.tables import delta_properties, is_delta_table
 from refine.apply.latest import at_or_after
-from refine.apply.merge import LSN, OFFSET, OP, declared_schema_rules, ensure_refined_table
+from refine.apply.merge import LSN, OFFSET, OP, TableSettings, ensure_refined_table
 from refine.apply.rekey import with_state_before
 from refine.apply.schema_changes import conformed
 from refine.records.envelope import Op
@@ -73,25 +73,27 @@ def _strictly_after(newer: str, older: str) -> Column:
     )
 
 
-def _ensure_side_table(spark: SparkSession, location: str, rows: DataFrame) -> StructType:
-    return ensure_refined_table(
-        spark, location, StructType([StructField(f.name, f.dataType) for f in rows.schema]), kind=DELETED_KIND
-    )
+def _ensure_side_table(spark: SparkSession, location: str, settings: TableSettings, rows: DataFrame) -> StructType:
+    schema = StructType([StructField(f.name, f.dataType) for f in rows.schema])
+    return ensure_refined_table(spark, location, settings.side(), schema, kind=DELETED_KIND)
 
 
-def record_deletes(spark: SparkSession, location: str, rows: DataFrame) -> None:
-    """Append the deletes among a batch's refined ``rows`` (the last change per key) to the side table."""
-    side_table = _ensure_side_table(spark, location, rows)
-    zone = declared_schema_rules(location).source_time_zone
+def record_deletes(spark: SparkSession, location: str, settings: TableSettings, rows: DataFrame) -> None:
+    """Append the deletes among a batch's refined ``rows`` (the last change per key) to the side table
+    (of the refined table's ``settings``, without its features)."""
+    side_table = _ensure_side_table(spark, location, settings, rows)
+    zone = settings.schema_rules.source_time_zone
     deletes = conformed(rows.where(F.col(OP) == Op.DELETE.value), side_table, True, zone)
     deletes.write.format("delta").mode("append").save(location)
 
 
-def record_truncate(spark: SparkSession, location: str, rows: DataFrame, truncated_at: tuple[int, int]) -> None:
+def record_truncate(
+    spark: SparkSession, location: str, settings: TableSettings, rows: DataFrame, truncated_at: tuple[int, int]
+) -> None:
     """Keep the position of the table's last truncate (a property of the side table, created with the
     columns of the batch's refined ``rows`` if this is its first entry): every row older than it is
     deleted, and no change older than it may come back."""
-    _ensure_side_table(spark, location, rows)
+    _ensure_side_table(spark, location, settings, rows)
     if (last := _truncated_at(spark, location)) is None or truncated_at > last:
         spark.sql(
             f"ALTER TABLE delta.`{location}` SET TBLPROPERTIES "
@@ -102,6 +104,7 @@ def record_truncate(spark: SparkSession, location: str, rows: DataFrame, truncat
 def record_snapshot_removals(
     spark: SparkSession,
     location: str,
+    settings: TableSettings,
     refined: str,
     rows: DataFrame,
     key_columns: list[str],
@@ -126,7 +129,7 @@ def record_snapshot_removals(
             for f in rows.schema
         ]
     )
-    record_deletes(spark, location, removed)
+    record_deletes(spark, location, settings, removed)
 
 
 def _truncated_at(spark: SparkSession, location: str) -> tuple[int, int] | None:

@@ -42,7 +42,7 @@ from refine.apply.merge import (
     OP,
     REFINED_AT,
     SOURCE_POSITION,
-    declared_schema_rules,
+    TableSettings,
     ensure_refined_table,
     refined_rows,
 )
@@ -209,6 +209,7 @@ def closing_versions(
 def apply_history(
     spark: SparkSession,
     location: str,
+    settings: TableSettings,
     changes: DataFrame,
     spec: HistorySpec,
     unchanged: dict[str, ValueTest] | None = None,
@@ -228,10 +229,10 @@ def apply_history(
             StructField(IS_DELETED, BooleanType()),
         ]
     )
-    table = ensure_refined_table(spark, location, schema, kind=HISTORY_KIND, source_columns=whole_rows)
+    table = ensure_refined_table(spark, location, settings, schema, kind=HISTORY_KIND, source_columns=whole_rows)
     # Of the table's types; a column the source dropped is NULL in the versions after the drop.
     versions = StructType([f for f in table if f.name not in (VALID_TO, IS_CURRENT)])
-    arriving = conformed(arriving, versions, whole_rows, declared_schema_rules(location).source_time_zone)
+    arriving = conformed(arriving, versions, whole_rows, settings.schema_rules.source_time_zone)
     history = spark.read.format("delta").load(location)
     existing = history.join(arriving.select(*spec.key_columns).distinct(), spec.key_columns, "left_semi")
     updates = history_updates(existing, arriving, spec, unchanged)
@@ -249,6 +250,7 @@ def apply_history(
 def record_debezium_history(
     spark: SparkSession,
     location: str,
+    settings: TableSettings,
     changes: DataFrame,
     key_columns: list[str],
     columns: list[str],
@@ -276,16 +278,16 @@ def record_debezium_history(
         at = [F.lit(reset.source_lsn), F.lit(reset.kafka_offset)]
         part = versions.where(~at_or_after(position, at))
         earlier = part if done is None else part.where(at_or_after(position, done))
-        apply_history(spark, location, earlier, spec, unchanged, whole_rows)
+        apply_history(spark, location, settings, earlier, spec, unchanged, whole_rows)
         history = spark.read.format("delta").load(location)
         if reset.op == Op.READ.value and not history.where(at_or_after(position, at)).isEmpty():
             done = at
             continue  # a replayed old snapshot: the history already holds what came after it
         closing = _closed_by_reset(history, spec, versions.schema, reset, row_changes, key_columns)
-        apply_history(spark, location, closing, spec, unchanged, whole_rows)
+        apply_history(spark, location, settings, closing, spec, unchanged, whole_rows)
         done = at
     later = versions if done is None else versions.where(at_or_after(position, done))
-    apply_history(spark, location, later, spec, unchanged, whole_rows)
+    apply_history(spark, location, settings, later, spec, unchanged, whole_rows)
 
 
 def _batch_resets(changes: DataFrame) -> list[Row]:

@@ -25,7 +25,7 @@ from refine.apply.deleted import (
 from refine.apply.flatten import array_element
 from refine.apply.history import record_debezium_history
 from refine.apply.latest import latest_per_key
-from refine.apply.merge import ensure_refined_table, merge_changes, refined_rows, refresh_children
+from refine.apply.merge import TableSettings, ensure_refined_table, merge_changes, refined_rows, refresh_children
 from refine.apply.rekey import batch_states, fill_from_old_keys, stored_states
 from refine.apply.rules import TableRules
 from refine.records.envelope import ConnectSchema
@@ -40,6 +40,7 @@ class KeyedTables:
     deleted: str  # the deleted keys (refine/apply/deleted.py)
     children: dict[str, str]  # exploded array path -> its child table's location
     history: str | None  # the history table's location, when one is kept
+    settings: TableSettings  # what the job declares for them (the deleted keys: settings.side())
 
 
 def merge_keyed_batch(
@@ -68,6 +69,7 @@ def merge_keyed_batch(
         record_debezium_history(
             spark,
             tables.history,
+            tables.settings,
             filled,
             key_columns,
             columns,
@@ -82,9 +84,9 @@ def _follow_schema(spark: SparkSession, changes: DataFrame, columns: list[str], 
     before the batch reads them: a table rewritten after a read of it would fail that read."""
     if is_delta_table(spark, tables.refined):
         schema = StructType([StructField(f.name, f.dataType) for f in refined_rows(changes, columns).schema])
-        ensure_refined_table(spark, tables.refined, schema, source_columns=True)
+        ensure_refined_table(spark, tables.refined, tables.settings, schema, source_columns=True)
         if is_delta_table(spark, tables.deleted):
-            ensure_refined_table(spark, tables.deleted, schema, kind=DELETED_KIND)
+            ensure_refined_table(spark, tables.deleted, tables.settings.side(), schema, kind=DELETED_KIND)
 
 
 def _check_explode(row_type: StructType, tables: KeyedTables) -> None:
@@ -122,16 +124,24 @@ def _write_rows(
     MERGE those that bring back no deleted row, and refresh the child tables of their keys."""
     truncated_at = facts.truncated_at
     if facts.deletes:
-        record_deletes(spark, tables.deleted, rows)
+        record_deletes(spark, tables.deleted, tables.settings, rows)
     if truncated_at is not None:
-        record_truncate(spark, tables.deleted, rows, truncated_at)
+        record_truncate(spark, tables.deleted, tables.settings, rows, truncated_at)
     snapshot_at = None if facts.snapshot_from is None else facts.snapshot_from.position
     if snapshot_at is not None:
-        record_snapshot_removals(spark, tables.deleted, tables.refined, rows, key_columns, snapshot_at)
+        record_snapshot_removals(spark, tables.deleted, tables.settings, tables.refined, rows, key_columns, snapshot_at)
     guarded = without_resurrections(spark, tables.deleted, rows, key_columns)
     keys = rows.select(*[F.col(f"`{key}`") for key in key_columns])  # cached with rows
     merge_changes(
-        spark, tables.refined, guarded, key_columns, truncated_at, keys=keys, snapshot_at=snapshot_at, whole_rows=True
+        spark,
+        tables.refined,
+        tables.settings,
+        guarded,
+        key_columns,
+        truncated_at,
+        keys=keys,
+        snapshot_at=snapshot_at,
+        whole_rows=True,
     )
     for path, child in tables.children.items():
-        refresh_children(spark, tables.refined, child, keys, key_columns, path, truncated=facts.resets)
+        refresh_children(spark, tables.refined, child, tables.settings, keys, key_columns, path, truncated=facts.resets)

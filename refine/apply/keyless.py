@@ -37,7 +37,7 @@ from pyspark.sql.types import StructField, StructType
 from cdc.core.errors import ConfigError
 from cdc.core.tables import delta_properties, is_delta_table
 from refine.apply.latest import SnapshotStart, at_or_after, from_snapshot_start, last_snapshot_start
-from refine.apply.merge import COMMITTED_AT, LSN, OFFSET, OP, REFINED_AT, declared_schema_rules, ensure_refined_table
+from refine.apply.merge import COMMITTED_AT, LSN, OFFSET, OP, REFINED_AT, TableSettings, ensure_refined_table
 from refine.apply.rules import TableRules
 from refine.apply.schema_changes import overwrite_table
 from refine.records.envelope import Op
@@ -170,7 +170,9 @@ def copies(nets: DataFrame, existing: DataFrame | None, columns: list[str]) -> D
     )
 
 
-def keyless_table(spark: SparkSession, location: str, rows: DataFrame, columns: list[str]) -> StructType:
+def keyless_table(
+    spark: SparkSession, location: str, settings: TableSettings, rows: DataFrame, columns: list[str]
+) -> StructType:
     """Make the keyless table at ``location`` take a batch's parsed ``rows`` (of the source ``columns``), as
     :func:`refine.apply.merge.ensure_refined_table` does, with its row hashes those of the images the batch's are
     computed from (:func:`row_images`); returns the image's columns and types.
@@ -184,9 +186,9 @@ def keyless_table(spark: SparkSession, location: str, rows: DataFrame, columns: 
         # Hashed over every source column as the table stores them (before this property existed).
         before = spark.read.format("delta").load(location).schema
         hashed = _set_image(spark, location, StructType([f for f in before if not f.name.startswith("_cdc_")]))
-    table = ensure_refined_table(spark, location, stored, source_columns=True)
+    table = ensure_refined_table(spark, location, settings, stored, source_columns=True)
     # A renamed column's old one is no part of a row's image: its values are under the new name.
-    renamed = {old for old, new in declared_schema_rules(location).renames.items() if new in table.names}
+    renamed = {old for old, new in settings.schema_rules.renames.items() if new in table.names}
     image = StructType([StructField(c, table[c].dataType) for c in columns if c in table.names and c not in renamed])
     if not existed:
         _set_image(spark, location, image)
@@ -258,6 +260,7 @@ def columns_now(newest_schema: int | None, columns: list[str], columns_by_schema
 def merge_keyless_changes(
     spark: SparkSession,
     location: str,
+    settings: TableSettings,
     applied_at: str,
     changes: DataFrame,
     columns: list[str],
@@ -286,7 +289,7 @@ def merge_keyless_changes(
         if (snapshot := SnapshotStart.of(mark.snapshot)) is not None:
             counted = counted.where(from_snapshot_start(snapshot))
         reset = mark.truncate is not None or snapshot is not None
-        image = keyless_table(spark, location, counted, columns)
+        image = keyless_table(spark, location, settings, counted, columns)
         counted, columns = row_images(counted, image), image.names
         if not reset:
             existing = spark.read.format("delta").load(location)
@@ -304,6 +307,7 @@ def merge_keyless_batch(
     columns: list[str],
     *,
     location: str,
+    settings: TableSettings,
     applied_at: str,
     rules: TableRules,
     explode: list[str],
@@ -321,4 +325,4 @@ def merge_keyless_batch(
             raise ConfigError(
                 f"{setting} needs a primary key: the source table has none (Kafka keys are null)", table=table
             )
-    merge_keyless_changes(spark, location, applied_at, changes, columns, columns_by_schema)
+    merge_keyless_changes(spark, location, settings, applied_at, changes, columns, columns_by_schema)

@@ -11,10 +11,11 @@ source column name Debezium produces for Postgres):
 A change applies only when it is at or after the row's position, so replays and late duplicates
 never overwrite newer state.
 
-A refined table's Delta features (:class:`cdc.core.tables.TableFeatures`: deletion vectors, Change
-Data Feed) are declared by its job once (:func:`declare_features`, by location) and hold for the
-tables beside it too (``<location>__<child>``, ``<location>__history``, ``<location>/<split value>``);
-a table no job declared (the side tables under ``_cdc/``) has neither.
+What a job declares for the tables it writes travels with each write as a :class:`TableSettings`: a
+refined table's Delta features (:class:`cdc.core.tables.TableFeatures`: deletion vectors, Change Data
+Feed), held by the tables beside it too (its history, child and split tables), and how they follow the
+source's schema changes; the side tables under ``_cdc/`` follow the rules without the features
+(:meth:`TableSettings.side`).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from functools import reduce
-from typing import TypeVar
 
 from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -77,40 +79,31 @@ AUTO_COMPACT_PROPERTY = "delta.autoOptimize.autoCompact"
 # What refined tables are created with beyond their features, and what one created
 # by an earlier version is given when it lacks it (see cdc/raw/table.py for the checkpoint interval).
 MAINTENANCE_PROPERTIES = {AUTO_COMPACT_PROPERTY: "true", **CHECKPOINT_PROPERTIES}
-_PROPERTIES_CHECKED: set[str] = set()  # tables whose settings this process has seen
-_DECLARED_FEATURES: dict[str, TableFeatures] = {}  # by the refined table's location
-_DECLARED_SCHEMA_RULES: dict[str, SchemaChangeRules] = {}  # by the refined table's location
 
 
-def declare_features(location: str, features: TableFeatures) -> None:
-    """The features of the refined table at ``location`` and of the tables beside it, for this process."""
-    _DECLARED_FEATURES[location] = features
+@dataclass(frozen=True)
+class TableSettings:
+    """What a job declares for a table it writes, and what it has checked of the tables so declared.
 
+    One object per refined table, owned by the job that refines it and shared by the tables beside it
+    (history, child and split tables); :meth:`side` gives the side tables under ``_cdc/`` theirs.
 
-def declared_features(location: str) -> TableFeatures:
-    """The features declared for the table at ``location`` or for the refined table it belongs to."""
-    return _declared(_DECLARED_FEATURES, location) or TableFeatures()
+    Example::
 
+        settings = TableSettings(TableFeatures(change_data_feed=True), SchemaChangeRules())
+        merge_latest(spark, "/data/warehouse/refined/games", settings, rows, ["id"], ["updated_at"])
+    """
 
-def declare_schema_rules(location: str, rules: SchemaChangeRules) -> None:
-    """How the refined table at ``location`` and the tables beside it follow the source's schema changes."""
-    _DECLARED_SCHEMA_RULES[location] = rules
+    features: TableFeatures = dataclass_field(default_factory=TableFeatures)
+    """The Delta features the table is created with (and an existing one is given)."""
+    schema_rules: SchemaChangeRules = dataclass_field(default_factory=SchemaChangeRules)
+    """How the table follows the source's schema changes (:mod:`refine.apply.schema_changes`)."""
+    checked: set[str] = dataclass_field(default_factory=set, compare=False)
+    """The locations whose Delta properties the job has checked: once per table and job, not per batch."""
 
-
-def declared_schema_rules(location: str) -> SchemaChangeRules:
-    """The schema-change rules declared for the table at ``location`` or the refined table it belongs to
-    (the ``deleted`` side table under ``_cdc/`` follows its refined table's, declared for it by its job)."""
-    return _declared(_DECLARED_SCHEMA_RULES, location) or SchemaChangeRules()
-
-
-_Declared = TypeVar("_Declared")
-
-
-def _declared(declarations: dict[str, _Declared], location: str) -> _Declared | None:
-    for declared, value in declarations.items():
-        if location == declared or location.startswith((f"{declared}__", f"{declared}/")):
-            return value
-    return None
+    def side(self) -> TableSettings:
+        """The settings of a side table (deleted keys): the same rules and checks, no features."""
+        return TableSettings(TableFeatures(), self.schema_rules, self.checked)
 
 
 def refined_rows(latest: DataFrame, columns: list[str]) -> DataFrame:
@@ -129,16 +122,17 @@ def refined_rows(latest: DataFrame, columns: list[str]) -> DataFrame:
 def ensure_refined_table(
     spark: SparkSession,
     location: str,
+    settings: TableSettings,
     schema: StructType,
     kind: str = "refined",
     source_columns: bool = False,
 ) -> StructType:
-    """Create the table (with its :func:`declared_features`, ``cdc.kind=kind``), or make it take rows of
-    ``schema`` as its :func:`declared_schema_rules` say (:mod:`refine.apply.schema_changes`): columns the source
+    """Create the table (with the ``settings``' features, ``cdc.kind=kind``), or make it take rows of
+    ``schema`` as the ``settings``' schema rules say (:mod:`refine.apply.schema_changes`): columns the source
     gained are added, widened ones retyped, renamed and (with ``source_columns``, ``schema`` holding every
-    source column) dropped ones followed. Returns the table's schema. An existing table is given its declared
-    features (and the maintenance settings an earlier version did not set) once per process."""
-    features = declared_features(location)
+    source column) dropped ones followed. Returns the table's schema. An existing table is given the declared
+    features (and the maintenance settings an earlier version did not set) once per ``settings``."""
+    features = settings.features
     if not is_delta_table(spark, location):
         clear_interrupted_creation(Storage(spark), location)  # a job killed while creating it
         builder = (
@@ -147,17 +141,17 @@ def ensure_refined_table(
         for key, value in {**features.creation_properties(), **MAINTENANCE_PROPERTIES}.items():
             builder = builder.property(key, value)
         builder.execute()
-        _PROPERTIES_CHECKED.add(location)
+        settings.checked.add(location)
         register_table(spark, location)
         return schema
-    if location not in _PROPERTIES_CHECKED:
+    if location not in settings.checked:
         present = delta_properties(spark, location)
         add_missing_properties(spark, location, MAINTENANCE_PROPERTIES, present)
         apply_features(spark, location, features, present)
-        _PROPERTIES_CHECKED.add(location)
+        settings.checked.add(location)
         register_table(spark, location)  # a table created before the catalog was on
     stored = DeltaTable.forPath(spark, location).toDF().schema
-    rules = declared_schema_rules(location)
+    rules = settings.schema_rules
     plan = plan_schema_change(location, stored, schema, rules, source_columns)
     mark_absent_columns(spark, location, stored, plan)
     if plan.rewrites:
@@ -175,6 +169,7 @@ def ensure_refined_table(
 def merge_changes(
     spark: SparkSession,
     location: str,
+    settings: TableSettings,
     rows: DataFrame,
     key_columns: list[str],
     truncated_at: tuple[int, int] | None,
@@ -190,8 +185,8 @@ def merge_changes(
     ``rows`` (or more): then a large table's rows that none of them matches skip the MERGE's join
     (:func:`key_filter`). ``whole_rows``: ``rows`` hold every column of the source (Debezium's row images),
     so a column of the table they lack was dropped at the source, and is NULL in the rows they write."""
-    table_schema = ensure_refined_table(spark, location, _schema_of(rows), source_columns=whole_rows)
-    rows = conformed(rows, table_schema, whole_rows, declared_schema_rules(location).source_time_zone)
+    table_schema = ensure_refined_table(spark, location, settings, _schema_of(rows), source_columns=whole_rows)
+    rows = conformed(rows, table_schema, whole_rows, settings.schema_rules.source_time_zone)
     newer = at_or_after([F.col(f"s.`{c}`") for c in position], [F.col(f"t.`{c}`") for c in position])
     is_delete = F.col(f"s.{OP}") == Op.DELETE.value
     updates: dict[str, str | Column] = {}
@@ -262,12 +257,17 @@ def _schema_of(rows: DataFrame) -> StructType:
 
 
 def merge_latest(
-    spark: SparkSession, location: str, rows: DataFrame, key_columns: list[str], position: list[str]
+    spark: SparkSession,
+    location: str,
+    settings: TableSettings,
+    rows: DataFrame,
+    key_columns: list[str],
+    position: list[str],
 ) -> None:
     """Upsert one row per key; a row replaces the table's only when its ``position`` (the ordering
     column, then ``_cdc_partition``, ``_cdc_offset``) is at or after the stored one."""
-    zone = declared_schema_rules(location).source_time_zone
-    rows = conformed(rows, ensure_refined_table(spark, location, _schema_of(rows)), time_zone=zone)
+    zone = settings.schema_rules.source_time_zone
+    rows = conformed(rows, ensure_refined_table(spark, location, settings, _schema_of(rows)), time_zone=zone)
     newer = at_or_after([F.col(f"s.`{c}`") for c in position], [F.col(f"t.`{c}`") for c in position])
     values: dict[str, str | Column] = {f"`{field.name}`": F.col(f"s.`{field.name}`") for field in rows.schema}
     (
@@ -280,21 +280,30 @@ def merge_latest(
     )
 
 
-def append_rows(spark: SparkSession, location: str, rows: DataFrame, app_id: str, version: int) -> None:
+def append_rows(
+    spark: SparkSession, location: str, settings: TableSettings, rows: DataFrame, app_id: str, version: int
+) -> None:
     """Append ``rows`` once: a replay of the same (``app_id``, ``version``) writes nothing (Delta's
     idempotent writes, as in raw landing)."""
-    ensure_refined_table(spark, location, _schema_of(rows))
+    ensure_refined_table(spark, location, settings, _schema_of(rows))
     rows.write.format("delta").mode("append").option("txnAppId", app_id).option("txnVersion", version).save(location)
 
 
 def replace_children(
-    spark: SparkSession, location: str, children: DataFrame, parents: DataFrame, key_columns: list[str]
+    spark: SparkSession,
+    location: str,
+    settings: TableSettings,
+    children: DataFrame,
+    parents: DataFrame,
+    key_columns: list[str],
 ) -> None:
     """Make the child rows of ``parents`` (their key columns) exactly ``children``, in one MERGE:
     changed elements are updated, new ones inserted, and the parent's other child rows (a shrunk
     array, a parent deleted or left with no array) deleted. Other parents' children are untouched."""
-    zone = declared_schema_rules(location).source_time_zone
-    children = conformed(children, ensure_refined_table(spark, location, _schema_of(children)), time_zone=zone)
+    zone = settings.schema_rules.source_time_zone
+    children = conformed(
+        children, ensure_refined_table(spark, location, settings, _schema_of(children)), time_zone=zone
+    )
     match = [*key_columns, POSITION]
     target = DeltaTable.forPath(spark, location)
     gone = (
@@ -320,6 +329,7 @@ def refresh_children(
     spark: SparkSession,
     refined: str,
     location: str,
+    settings: TableSettings,
     keys: DataFrame,
     key_columns: list[str],
     array_path: str,
@@ -332,7 +342,7 @@ def refresh_children(
     stored = spark.read.format("delta").load(refined)
     parents = stored.join(keys, key_columns, "left_semi")
     children = child_rows(parents, key_columns, array_path).withColumn(REFINED_AT, F.current_timestamp())
-    replace_children(spark, location, children, keys, key_columns)
+    replace_children(spark, location, settings, children, keys, key_columns)
     if truncated:
         (
             DeltaTable.forPath(spark, location)

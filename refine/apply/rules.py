@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 from cdc.core.config import _Strict
 from cdc.core.errors import ConfigError
 from refine.apply.history import ChangeOp, HistorySpec, apply_history
-from refine.apply.merge import OFFSET, OP, PARTITION, refined_rows
+from refine.apply.merge import OFFSET, OP, PARTITION, TableSettings, refined_rows
 from refine.quality.expectations import (
     Expectation,
     ExpectationsConfig,
@@ -116,12 +116,19 @@ class TableRules(_Strict):
         passing, _ = split_by_expectations(versions.where(~deleted), self.expectations)
         return passing.unionByName(versions.where(deleted))
 
-    def record_history(self, spark: SparkSession, location: str, versions: DataFrame, op: Column | None = None) -> None:
+    def record_history(
+        self,
+        spark: SparkSession,
+        location: str,
+        settings: TableSettings,
+        versions: DataFrame,
+        op: Column | None = None,
+    ) -> None:
         """MERGE the batch's ``versions`` (one row per change; ``op`` its :class:`ChangeOp`, default
-        upsert) into the history table."""
+        upsert) into the history table (of the refined table's ``settings``)."""
         if self.history is not None:
             op = F.lit(ChangeOp.UPSERT.value) if op is None else op
-            apply_history(spark, location, versions.withColumn(self.history.op_column, op), self.history)
+            apply_history(spark, location, settings, versions.withColumn(self.history.op_column, op), self.history)
 
 
 @contextmanager

@@ -68,6 +68,7 @@ from refine.apply.merge import (
     OP,
     PARTITION,
     REFINED_AT,
+    TableSettings,
     ensure_refined_table,
     merge_changes,
     refresh_children,
@@ -598,7 +599,9 @@ def add_nested_columns(spark: SparkSession, location: str, table: StructType, ty
         spark.sql(f"ALTER TABLE delta.`{location}` ADD COLUMNS ({', '.join(nested)})")
 
 
-def ensure_json_columns(spark: SparkSession, location: str, names: list[str], kind: str) -> None:
+def ensure_json_columns(
+    spark: SparkSession, location: str, settings: TableSettings, names: list[str], kind: str
+) -> None:
     """Make ``names`` JSON-text columns of the table at ``location`` (created when missing, of
     ``kind``): a typed column is converted, its rows' values to their JSON text, in one overwrite
     (the old version stays for time travel); a missing one is added."""
@@ -606,6 +609,7 @@ def ensure_json_columns(spark: SparkSession, location: str, names: list[str], ki
         ensure_refined_table(
             spark,
             location,
+            settings,
             StructType(
                 [
                     StructField(ID, StringType()),
@@ -668,7 +672,9 @@ def _type_at(data_type: DataType, path: Path) -> DataType | None:
     return data_type
 
 
-def settle_untyped_arrays(spark: SparkSession, location: str, columns: Columns, kind: str) -> None:
+def settle_untyped_arrays(
+    spark: SparkSession, location: str, settings: TableSettings, columns: Columns, kind: str
+) -> None:
     """Make the table at ``location`` (created when missing, of ``kind``) hold the batch's untyped arrays
     as ``columns`` has them, before the MERGE: a column whose untyped arrays have taken a type (or
     deepened: ``[]``, then ``[[]]``) is converted in one overwrite with its new comment (the old version
@@ -679,6 +685,7 @@ def settle_untyped_arrays(spark: SparkSession, location: str, columns: Columns, 
             ensure_refined_table(
                 spark,
                 location,
+                settings,
                 StructType([StructField(ID, StringType()), *[columns.types[n] for n in columns.untyped]]),
                 kind=kind,
             )
@@ -741,6 +748,7 @@ def refine_mongo_batch(
     records: DataFrame,
     *,
     refined: str,
+    settings: TableSettings,
     quarantine_at: str,
     raw: str,
     topic: str,
@@ -749,7 +757,8 @@ def refine_mongo_batch(
     children: dict[str, str],
     history_at: str | None,
 ) -> None:
-    """Refine one batch of raw MongoDB connector records into the ``refined`` table; documents are
+    """Refine one batch of raw MongoDB connector records into the ``refined`` table (and the tables beside
+    it, of the ``settings`` its job declares); documents are
     checked against the ``rules``' expectations first (deletes pass unchecked). ``children`` maps
     array paths to exploded child tables' locations; a path no document has had yet gives no children.
     With ``history_at``, every document state of the batch is a version in that history table."""
@@ -769,12 +778,12 @@ def refine_mongo_batch(
         flagged = flag_misfits(changes, columns).persist()
         try:
             if columns.json:  # before the MERGE, which refuses a column whose type changed
-                ensure_json_columns(spark, refined, list(columns.json), "refined")
+                ensure_json_columns(spark, refined, settings, list(columns.json), "refined")
                 if history_at is not None:
-                    ensure_json_columns(spark, history_at, list(columns.json), HISTORY_KIND)
-            settle_untyped_arrays(spark, refined, columns, "refined")
+                    ensure_json_columns(spark, history_at, settings, list(columns.json), HISTORY_KIND)
+            settle_untyped_arrays(spark, refined, settings, columns, "refined")
             if history_at is not None:
-                settle_untyped_arrays(spark, history_at, columns, HISTORY_KIND)
+                settle_untyped_arrays(spark, history_at, settings, columns, HISTORY_KIND)
             # Read again: columns may have been added or converted (a table created above holds no document yet).
             if exists:
                 add_nested_columns(spark, refined, data_columns, columns.types)
@@ -783,8 +792,8 @@ def refine_mongo_batch(
             try:
                 quarantine(spark, quarantine_at, raw, topic, _mongo_problems(flagged, latest))
                 if history_at is not None:  # before the MERGE: the states build on the table's rows as they were
-                    _record_mongo_history(spark, history_at, flagged, columns, shapes, table, rules)
-                _merge_documents(spark, refined, latest, columns, children, rules, batch_id)
+                    _record_mongo_history(spark, history_at, settings, flagged, columns, shapes, table, rules)
+                _merge_documents(spark, refined, settings, latest, columns, children, rules, batch_id)
             finally:
                 latest.unpersist()
         finally:
@@ -814,6 +823,7 @@ def _mongo_problems(flagged: DataFrame, latest: DataFrame) -> DataFrame:
 def _record_mongo_history(
     spark: SparkSession,
     history_at: str,
+    settings: TableSettings,
     flagged: DataFrame,
     columns: Columns,
     shapes: list[Shape],
@@ -828,6 +838,7 @@ def _record_mongo_history(
     apply_history(
         spark,
         history_at,
+        settings,
         rules.passing_versions(versions, F.col(OP) == Op.DELETE.value),
         debezium_history_spec([ID], list(POSITION)),
     )
@@ -836,6 +847,7 @@ def _record_mongo_history(
 def _merge_documents(
     spark: SparkSession,
     refined: str,
+    settings: TableSettings,
     latest: DataFrame,
     columns: Columns,
     children: dict[str, str],
@@ -849,21 +861,21 @@ def _merge_documents(
     nulls so far, or one inside its elements, took a type)."""
     rows = refined_documents(latest, columns)
     with rules.enforced(spark, rows, [ID], batch_id, deleted=F.col(OP) == Op.DELETE.value) as passing:
-        merge_changes(spark, refined, passing.drop(PARTITION), [ID], None, POSITION, keys=latest.select(ID))
+        merge_changes(spark, refined, settings, passing.drop(PARTITION), [ID], None, POSITION, keys=latest.select(ID))
     stored = spark.read.format("delta").load(refined)  # as the MERGE left it
     for path, location in children.items():
         if path.split(".")[0] in columns.json:
-            refresh_json_children(spark, refined, location, latest.select(ID), path)
+            refresh_json_children(spark, refined, location, settings, latest.select(ID), path)
             continue
         if not has_path(stored.schema, path):
             continue
         every = child_rows(stored, [ID], path).withColumn(REFINED_AT, F.current_timestamp())
         exists = is_delta_table(spark, location)
         if exists and _same_types(spark.read.format("delta").load(location).schema, every.schema):
-            refresh_children(spark, refined, location, latest.select(ID), [ID], path)
+            refresh_children(spark, refined, location, settings, latest.select(ID), [ID], path)
             continue
         if not exists:
-            ensure_refined_table(spark, location, every.schema)
+            ensure_refined_table(spark, location, settings, every.schema)
         every.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(location)
 
 
@@ -896,16 +908,19 @@ def is_json_children(schema: StructType) -> bool:
     return len(elements) == 1 and elements[0].name == ELEMENT and is_json_text(elements[0])
 
 
-def refresh_json_children(spark: SparkSession, refined: str, location: str, keys: DataFrame, array_path: str) -> None:
+def refresh_json_children(
+    spark: SparkSession, refined: str, location: str, settings: TableSettings, keys: DataFrame, array_path: str
+) -> None:
     """Make the child rows of ``keys`` (a batch's ids) the elements of the array at ``array_path``
     of their documents, whose top-level field is a JSON-text column (it drifted): each element's
     JSON text in ``value``. A child table whose elements were typed columns is rewritten first, from
     every document of the refined table, in one overwrite (the old version stays for time travel)."""
     stored = spark.read.format("delta").load(refined)
     if is_delta_table(spark, location) and is_json_children(spark.read.format("delta").load(location).schema):
-        replace_children(spark, location, json_child_rows(stored.join(keys, ID, "left_semi"), array_path), keys, [ID])
+        children = json_child_rows(stored.join(keys, ID, "left_semi"), array_path)
+        replace_children(spark, location, settings, children, keys, [ID])
         return
     rows = json_child_rows(stored, array_path)
     if not is_delta_table(spark, location):
-        ensure_refined_table(spark, location, rows.schema)
+        ensure_refined_table(spark, location, settings, rows.schema)
     rows.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(location)

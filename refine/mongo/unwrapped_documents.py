@@ -42,7 +42,6 @@ DOCUMENT_ID, KEY_ID = "_id", "id"
 # The refined table's mark: its topic holds ExtractNewDocumentState's rows, so a batch of tombstones
 # alone (deletes, in the transform's default handling) is refined as documents too.
 UNWRAPPED_PROPERTY = "cdc.mongodb.unwrapped"
-_MARKS: dict[str, bool] = {}  # whether each refined table this process has looked at is marked
 # The fields the transform adds (``add.fields``: ``__op``, ``__ts_ms``, ``__source_*``...), not the document's.
 _TRANSFORM_FIELDS = ("__deleted", "__op", "__ts_ms", "__collection", "__db")
 
@@ -129,40 +128,53 @@ def as_mongo_envelopes(records: DataFrame) -> DataFrame:
     )
 
 
-def is_marked_unwrapped(spark: SparkSession, refined: str) -> bool:
-    """Whether the ``refined`` table was refined from ExtractNewDocumentState's rows (read once per process)."""
-    if refined not in _MARKS:
-        if not is_delta_table(spark, refined):
-            return False
-        _MARKS[refined] = UNWRAPPED_PROPERTY in delta_properties(spark, refined)
-    return _MARKS[refined]
+class UnwrappedMark:
+    """Whether a ``refined`` table was refined from ExtractNewDocumentState's rows: its mark, a table
+    property read once by the job that refines it (one object per table, which the job owns).
 
+    Example::
 
-def mark_unwrapped(spark: SparkSession, refined: str) -> None:
-    """Mark the ``refined`` table (once it exists) as refined from ExtractNewDocumentState's rows."""
-    if not is_marked_unwrapped(spark, refined) and is_delta_table(spark, refined):
-        add_missing_properties(spark, refined, {UNWRAPPED_PROPERTY: "true"})
-        _MARKS[refined] = True
+        mark = UnwrappedMark("/data/warehouse/refined/inventory")
+        if not mark.is_set(spark):
+            mark.set(spark)  # once the table exists
+    """
 
+    def __init__(self, refined: str) -> None:
+        self.refined = refined
+        self._marked: bool | None = None  # not read yet
 
-def refuse_envelopes_after_unwrapped(spark: SparkSession, refined: str) -> None:
-    """Raise :class:`TableError` when the ``refined`` table was refined from ExtractNewDocumentState's rows:
-    the connector's envelopes now in its topic key some ids otherwise (an ObjectId as ``{"$oid": ...}``,
-    not its hex text), so their documents would be rows of their own."""
-    if is_marked_unwrapped(spark, refined):
-        refuse_mixed_forms(
-            refined, "was refined from ExtractNewDocumentState's rows, and now holds the connector's envelopes"
-        )
+    def is_set(self, spark: SparkSession) -> bool:
+        """Whether the table is marked (False while it does not exist)."""
+        if self._marked is None:
+            if not is_delta_table(spark, self.refined):
+                return False
+            self._marked = UNWRAPPED_PROPERTY in delta_properties(spark, self.refined)
+        return self._marked
 
+    def set(self, spark: SparkSession) -> None:
+        """Mark the table (once it exists)."""
+        if not self.is_set(spark) and is_delta_table(spark, self.refined):
+            add_missing_properties(spark, self.refined, {UNWRAPPED_PROPERTY: "true"})
+            self._marked = True
 
-def refuse_rows_after_envelopes(spark: SparkSession, refined: str) -> None:
-    """Raise :class:`TableError` when the ``refined`` table holds documents refined from the connector's
-    envelopes (a source position) and is not marked: ExtractNewDocumentState's rows key some ids otherwise."""
-    unmarked = is_delta_table(spark, refined) and not is_marked_unwrapped(spark, refined)
-    if unmarked and not spark.read.format("delta").load(refined).where(F.col(TS_MS) > 0).isEmpty():
-        refuse_mixed_forms(
-            refined, "was refined from the connector's envelopes, and now holds ExtractNewDocumentState's rows"
-        )
+    def refuse_envelopes(self, spark: SparkSession) -> None:
+        """Raise :class:`TableError` when the table was refined from ExtractNewDocumentState's rows: the
+        connector's envelopes now in its topic key some ids otherwise (an ObjectId as ``{"$oid": ...}``,
+        not its hex text), so their documents would be rows of their own."""
+        if self.is_set(spark):
+            refuse_mixed_forms(
+                self.refined, "was refined from ExtractNewDocumentState's rows, and now holds the connector's envelopes"
+            )
+
+    def refuse_rows(self, spark: SparkSession) -> None:
+        """Raise :class:`TableError` when the table holds documents refined from the connector's envelopes
+        (a source position) and is not marked: ExtractNewDocumentState's rows key some ids otherwise."""
+        unmarked = is_delta_table(spark, self.refined) and not self.is_set(spark)
+        if unmarked and not spark.read.format("delta").load(self.refined).where(F.col(TS_MS) > 0).isEmpty():
+            refuse_mixed_forms(
+                self.refined,
+                "was refined from the connector's envelopes, and now holds ExtractNewDocumentState's rows",
+            )
 
 
 def refuse_mixed_forms(refined: str, what: str) -> None:
@@ -172,9 +184,3 @@ def refuse_mixed_forms(refined: str, what: str) -> None:
         "topic of its own",
         table=refined,
     )
-
-
-def forget_marks(*refined: str) -> None:
-    """Forget what this process knows of the marks of tables deleted or replaced (a rebuild)."""
-    for location in refined:
-        _MARKS.pop(location, None)

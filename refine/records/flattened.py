@@ -50,7 +50,6 @@ from refine.records.parse import (
 
 ENVELOPE_FIELDS = ("op", "source")
 SCHEMA_PROPERTY = "cdc.flattened.schema"  # the refined table's last row schema (Connect JSON)
-_REMEMBERED: dict[str, ConnectSchema] = {}  # the schema each refined table holds, as this process set it
 _MAX_LSN = 2**63 - 1
 # The ops ExtractNewRecordState writes in ``__op`` (a truncate it drops).
 _TRANSFORM_OPS = (Op.READ.value, Op.CREATE.value, Op.UPDATE.value, Op.DELETE.value)
@@ -216,11 +215,9 @@ def remembered_schema(spark: SparkSession, refined: str) -> ConnectSchema | None
 
 
 def remember_schema(spark: SparkSession, refined: str, row_schema: ConnectSchema) -> None:
-    # Known in this process: most batches have their table's last schema, and reading the table's
-    # properties to see so is a Delta command per batch.
-    if _REMEMBERED.get(refined) == row_schema:
-        return
+    """Keep ``row_schema`` as the one the ``refined`` table was last refined with (a table property), unless
+    it is that already. The job that refines the table calls this only when the schema differs from the last
+    it kept: reading the table's properties to see so is a Delta command per batch."""
     if (known := remembered_schema(spark, refined)) is None or known != row_schema:
         escaped = row_schema.model_dump_json(exclude_none=True).replace("\\", "\\\\").replace("'", "\\'")
         spark.sql(f"ALTER TABLE delta.`{refined}` SET TBLPROPERTIES ('{SCHEMA_PROPERTY}' = '{escaped}')")
-    _REMEMBERED[refined] = row_schema

@@ -429,10 +429,9 @@ def test_scripted_workload_refines_equal_to_postgres(
 def test_batches_are_parsed_with_the_last_schemas_or_again_when_a_record_has_another(
     spark, kafka, stack_config, postgres_connector, tmp_path, orders_note_column, land, refined_table, monkeypatch
 ):
-    """A batch is parsed in one pass with the wrapper schemas of the last batch (in a new process:
+    """A batch is parsed in one pass with the wrapper schemas of the last batch (in a new job:
     of the raw table's first record); a batch holding another is parsed again from its records, and
     its changes are still counted once."""
-    import refine.batch
     from cdc.core.config import validate
     from cdc.core.tables import raw_table_location
     from refine.batch import RefineBatch
@@ -449,7 +448,7 @@ def test_batches_are_parsed_with_the_last_schemas_or_again_when_a_record_has_ano
         conn.execute("INSERT INTO shop.orders VALUES (0, 101, 'pending', 5, '2026-03-03 00:00:00', 'first note')")
     kafka.wait_for_last_value(topic, lambda value: value is not None and b"first note" in value)
     land(warehouse, topic)
-    monkeypatch.setattr(refine.batch, "_LAST_SCHEMAS", {})  # as in a new process
+    # Each run is a new job, which guesses from the raw table's first record.
     parsed_again = []
     refine_again = RefineBatch._refine
     monkeypatch.setattr(RefineBatch, "_refine", lambda self, *args: parsed_again.append(1) or refine_again(self, *args))

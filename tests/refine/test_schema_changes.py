@@ -385,7 +385,7 @@ def test_a_column_dropped_then_added_again_holds_none_of_its_earlier_values(spar
     cleared, of a type holding them and the new ones; a history keeps them in its earlier versions."""
     from pyspark.sql.types import StructType
 
-    from refine.apply.merge import ensure_refined_table
+    from refine.apply.merge import TableSettings, ensure_refined_table
 
     for history in (False, True):
         location = str(tmp_path / f"items{history}")
@@ -393,8 +393,10 @@ def test_a_column_dropped_then_added_again_holds_none_of_its_earlier_values(spar
         rows = [(1, "g1", True), (1, "g0", False)] if history else [(1, "g1")]
         spark.createDataFrame(rows, stored).write.format("delta").save(location)
         source = StructType.fromDDL("id int")
-        ensure_refined_table(spark, location, source, source_columns=True)  # dropped: kept, marked
-        ensure_refined_table(spark, location, StructType.fromDDL("id int, gone int"), source_columns=True)  # back
+        settings = TableSettings()
+        ensure_refined_table(spark, location, settings, source, source_columns=True)  # dropped: kept, marked
+        back = StructType.fromDDL("id int, gone int")
+        ensure_refined_table(spark, location, settings, back, source_columns=True)  # added again
         table = spark.read.format("delta").load(location)
         assert table.schema["gone"].dataType.simpleString() == "string"  # holds "g0" and the new ints
         assert sorted(row.gone or "" for row in table.collect()) == (["", "g0"] if history else [""])

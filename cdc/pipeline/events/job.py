@@ -42,8 +42,8 @@ from refine.apply.merge import (
     OFFSET,
     PARTITION,
     REFINED_AT,
+    TableSettings,
     append_rows,
-    declare_features,
     merge_latest,
     replace_children,
 )
@@ -224,7 +224,8 @@ class EventsBatch:
         self.schema = schema
         self.decode = decode or (lambda records: decode_json(records, schema))
         self.raw = raw_table_location(config.warehouse, config.topic)
-        declare_features(refined_table_location(config.warehouse, config.name), config.features)
+        # Its tables' (history, child and split tables too), for the job's life.
+        self.settings = TableSettings(config.features)
         self.rules = config.rules or TableRules(table=config.name, topic=config.topic, warehouse=config.warehouse)
         self.error: CdcError | None = None
         self.conflicts: dict[int, int] = {}  # how often each batch (by id) ran again after a conflict
@@ -286,12 +287,13 @@ class EventsBatch:
         parents = self.flat_rows(nested).withColumn(REFINED_AT, F.current_timestamp())
         location = self._location(self.config.name, split_value)
         if not table.keys:
-            append_rows(spark, location, parents, app_id, batch_id)
+            append_rows(spark, location, self.settings, parents, app_id, batch_id)
             for path in table.explode:
                 children = child_rows(nested, list(EVENT_POSITION), path).withColumn(REFINED_AT, F.current_timestamp())
                 append_rows(
                     spark,
                     self._location(child_table_name(self.config.name, path), split_value),
+                    self.settings,
                     children,
                     app_id,
                     batch_id,
@@ -300,9 +302,10 @@ class EventsBatch:
         keys = [flat_name(path) for path in table.keys]
         assert table.ordering is not None  # required with keys (cdc/pipeline/checks.py)
         position = [flat_name(table.ordering), *EVENT_POSITION]
-        merge_latest(spark, location, parents, keys, position)
+        merge_latest(spark, location, self.settings, parents, keys, position)
         history = self._location(history_table_name(self.config.name), split_value)
-        self.rules.record_history(spark, history, self.flat_rows(events))  # every event of the batch: a version
+        # Every event of the batch: a version.
+        self.rules.record_history(spark, history, self.settings, self.flat_rows(events))
         if not table.explode:
             return
         # The parents whose event is now the stored one: a replayed older event changes no children.
@@ -315,6 +318,7 @@ class EventsBatch:
                 replace_children(
                     spark,
                     self._location(child_table_name(self.config.name, path), split_value),
+                    self.settings,
                     children.withColumn(REFINED_AT, F.current_timestamp()),
                     applied,
                     keys,

@@ -45,33 +45,31 @@ from cdc.core import catalog
 from cdc.core.errors import TableError
 from cdc.pipeline.business import BusinessTableConfig, refresh_business_table
 from cdc.raw.table import create_raw_table
-from refine.apply import merge
-from refine.apply.merge import ensure_refined_table
+from refine.apply.merge import TableSettings, ensure_refined_table
 
 # `cdc raw`'s batch writer and two `cdc refine` runs of train.public.items (the class archive's training run).
 _land_and_refine(spark, warehouse)
 items = f"{warehouse}/refined/train.public.items"
 added = StructType([*spark.read.format("delta").load(items).schema, StructField("email", StringType())])
-ensure_refined_table(spark, items, added)  # the source gained a column: refine adds it so
+ensure_refined_table(spark, items, TableSettings(), added)  # the source gained a column: refine adds it so
 
 schema = StructType([StructField("id", LongType()), StructField("name", StringType())])
 customers = f"{warehouse}/refined/Customers"
 for run in range(2):  # a job run twice: creation, then (as in a new process) tables met again and registered
     catalog._REGISTERED.clear()
     catalog._SCHEMAS.clear()
-    merge._PROPERTIES_CHECKED.clear()
     create_raw_table(spark, f"{warehouse}/raw/demo.shop.customers", "demo.shop.customers")
-    ensure_refined_table(spark, customers, schema)
+    ensure_refined_table(spark, customers, TableSettings(), schema)  # a new job's settings
 spark.createDataFrame([(1, "ann")], schema).write.format("delta").mode("append").save(customers)
 wider = StructType([*schema, StructField("email", StringType())])
-ensure_refined_table(spark, customers, wider)  # the source gained a column
+ensure_refined_table(spark, customers, TableSettings(), wider)  # the source gained a column
 spark.createDataFrame([(2, "bob", "b@x")], wider).write.format("delta").mode("append").save(customers)
 for run in range(2):  # a business table's query reads the refined table by its catalog name
     refresh_business_table(spark, BusinessTableConfig(
         name="counts", query="SELECT count(*) AS n FROM silver.customers", location=f"{warehouse}/business/counts"
     ))
 try:  # another table whose name meets the first's in the catalog
-    ensure_refined_table(spark, f"{warehouse}/refined/customers", schema)
+    ensure_refined_table(spark, f"{warehouse}/refined/customers", TableSettings(), schema)
 except TableError as error:
     out["conflict"] = str(error)
 schemas = ("raw", "silver", "business")

@@ -16,7 +16,7 @@ from cdc.pipeline.business import (
     refresh_business_table,
     run_business_tables,
 )
-from refine.apply.merge import ensure_refined_table
+from refine.apply.merge import TableSettings, ensure_refined_table
 
 SESSIONS = "player string, session_id long, started_at timestamp"
 PER_PLAYER = (
@@ -174,8 +174,8 @@ def test_a_query_naming_a_column_its_source_no_longer_has_is_told_so(spark, tmp_
     location = str(tmp_path / "items")
     stored = StructType([StructField("id", IntegerType()), StructField("gone", StringType())])
     spark.createDataFrame([(1, "g1")], stored).write.format("delta").save(location)
-    ensure_refined_table(spark, location, StructType([stored["id"]]), source_columns=True)  # the source dropped it
-    ensure_refined_table(spark, location, StructType([stored["id"]]), source_columns=True)  # and a later batch
+    ensure_refined_table(spark, location, TableSettings(), StructType([stored["id"]]), source_columns=True)  # dropped
+    ensure_refined_table(spark, location, TableSettings(), StructType([stored["id"]]), source_columns=True)  # again
     business = BusinessTableConfig(
         name="gone_by_id",
         query="SELECT id, gone, 'gone' AS label FROM items",
@@ -187,7 +187,7 @@ def test_a_query_naming_a_column_its_source_no_longer_has_is_told_so(spark, tmp_
         "renamed there): rows written since hold NULL in it"
     )
     assert refresh_business_table(spark, business).warnings == (told,)
-    ensure_refined_table(spark, location, stored, source_columns=True)  # added again at the source
+    ensure_refined_table(spark, location, TableSettings(), stored, source_columns=True)  # added again at the source
     spark.createDataFrame([(2, "g2")], stored).write.format("delta").mode("append").save(location)
     assert refresh_business_table(spark, business).warnings == ()
     versions = DeltaTable.forPath(spark, location).history().select("operation").collect()

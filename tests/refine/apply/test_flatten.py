@@ -5,7 +5,7 @@ from pyspark.testing import assertDataFrameEqual
 
 from cdc.core.errors import ConfigError
 from refine.apply.flatten import child_rows, child_table_name, flat_columns, flatten
-from refine.apply.merge import replace_children
+from refine.apply.merge import TableSettings, replace_children
 
 EVENT = (
     "player string, time timestamp, device struct<os: string, screen: struct<w: int, h: int>>, "
@@ -69,9 +69,8 @@ def apply(spark, location, parents: list[str], items: dict[str, list[tuple]]) ->
     """Replace the children of ``parents`` by ``items`` (a parent missing from ``items`` has none)."""
     rows = [(player, pos, *item) for player, elements in items.items() for pos, item in enumerate(elements)]
     children = spark.createDataFrame(rows, CHILD)
-    replace_children(
-        spark, location, children, spark.createDataFrame([(p,) for p in parents], "player string"), ["player"]
-    )
+    parent_rows = spark.createDataFrame([(p,) for p in parents], "player string")
+    replace_children(spark, location, TableSettings(), children, parent_rows, ["player"])
 
 
 def stored(spark, location):

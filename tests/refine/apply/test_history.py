@@ -9,6 +9,7 @@ from pyspark.testing import assertDataFrameEqual
 
 from cdc.core.errors import ConfigError
 from refine.apply.history import HistorySpec, apply_history, closing_versions, op_of_debezium
+from refine.apply.merge import TableSettings
 
 SPEC = HistorySpec(key_columns=["id"], position_columns=["seq"], valid_from_column="changed_at")
 CHANGES = "id long, seq long, name string, changed_at timestamp, op string"
@@ -31,7 +32,7 @@ def version(key: int, seq: int, name: str | None, valid_to: int | None, current=
 
 
 def apply(spark, location: str, *changes: tuple) -> None:
-    apply_history(spark, location, spark.createDataFrame(list(changes), CHANGES), SPEC)
+    apply_history(spark, location, TableSettings(), spark.createDataFrame(list(changes), CHANGES), SPEC)
 
 
 def history(spark, location: str):
@@ -137,7 +138,7 @@ def test_replayed_changes_change_nothing(spark, tmp_path):
 def test_a_missing_column_is_a_config_error(spark, tmp_path):
     changes = spark.createDataFrame([change(1, 1, "a")], CHANGES).drop("seq")
     with pytest.raises(ConfigError, match="no position column 'seq'"):
-        apply_history(spark, str(tmp_path / "history"), changes, SPEC)
+        apply_history(spark, str(tmp_path / "history"), TableSettings(), changes, SPEC)
 
 
 def test_debezium_ops_map_to_upserts_and_deletes(spark):
@@ -154,17 +155,16 @@ def test_an_unchanged_marker_takes_the_previous_versions_value_even_a_null(spark
     apply_history(
         spark,
         location,
+        TableSettings(),
         spark.createDataFrame([change(1, 1, "a"), change(1, 2, MARK), change(2, 1, None)], CHANGES),
         SPEC,
         unchanged,
     )
     # Later batches: the previous version is in the table; a late marker takes the value before it.
-    apply_history(
-        spark, location, spark.createDataFrame([change(1, 3, MARK), change(2, 2, MARK)], CHANGES), SPEC, unchanged
-    )
-    apply_history(
-        spark, location, spark.createDataFrame([change(1, 0, "late"), change(1, 4, "b")], CHANGES), SPEC, unchanged
-    )
+    later = spark.createDataFrame([change(1, 3, MARK), change(2, 2, MARK)], CHANGES)
+    apply_history(spark, location, TableSettings(), later, SPEC, unchanged)
+    late = spark.createDataFrame([change(1, 0, "late"), change(1, 4, "b")], CHANGES)
+    apply_history(spark, location, TableSettings(), late, SPEC, unchanged)
     assertDataFrameEqual(
         history(spark, location),
         expected(
@@ -186,7 +186,7 @@ def test_closing_versions_delete_every_key_open_before_a_truncate(spark, tmp_pat
     changes = spark.createDataFrame([], CHANGES)
     closing = closing_versions(history(spark, location), SPEC, changes.schema, {"seq": 5}, {"changed_at": F.lit(at(5))})
     assertDataFrameEqual(closing, spark.createDataFrame([(1, 5, None, at(5), "delete")], CHANGES))
-    apply_history(spark, location, closing, SPEC)
+    apply_history(spark, location, TableSettings(), closing, SPEC)
     assertDataFrameEqual(
         history(spark, location),
         expected(

@@ -17,7 +17,7 @@ from refine.apply.merge import (
     OFFSET,
     OP,
     REFINED_AT,
-    declare_features,
+    TableSettings,
     ensure_refined_table,
     key_filter,
     merge_changes,
@@ -102,8 +102,8 @@ def test_a_merge_with_the_key_filter_equals_one_without(spark, tmp_path, monkeyp
         ],
     )
     for _ in range(2):  # a rerun of the batch changes nothing
-        merge_changes(spark, filtered, batch, KEYS, None, keys=batch.select(*KEYS))
-        merge_changes(spark, plain, batch, KEYS, None)
+        merge_changes(spark, filtered, TableSettings(), batch, KEYS, None, keys=batch.select(*KEYS))
+        merge_changes(spark, plain, TableSettings(), batch, KEYS, None)
         read = [spark.read.format("delta").load(location).drop(REFINED_AT) for location in (filtered, plain)]
         assertDataFrameEqual(read[0], read[1])
     assert len(built) == 2
@@ -130,19 +130,20 @@ def test_no_key_filter_with_a_truncate(spark, tmp_path, monkeypatch):
     location = str(tmp_path / "refined")
     table_rows(spark, 100).write.format("delta").save(location)
     batch = changes(spark, [(1_000, "eu", "after the truncate", 200, "c")])
-    merge_changes(spark, location, batch, KEYS, (150, 0), keys=batch.select(*KEYS))
+    merge_changes(spark, location, TableSettings(), batch, KEYS, (150, 0), keys=batch.select(*KEYS))
     assert built == []
     assert [row.id for row in spark.read.format("delta").load(location).collect()] == [1_000]
 
 
 def test_refined_tables_compact_their_small_files(spark, tmp_path):
     location = str(tmp_path / "refined")
-    declare_features(location, TableFeatures(change_data_feed=True))  # its feed is read below
+    settings = TableSettings(TableFeatures(change_data_feed=True))  # its feed is read below
     # Delta compacts once 50 small files are there; 4 keep the test short.
     spark.conf.set("spark.databricks.delta.autoCompact.minNumFiles", "4")
     try:
         for lsn in range(200, 206):
-            merge_changes(spark, location, changes(spark, [(lsn, "eu", f"name {lsn}", lsn, "c")]), KEYS, None)
+            rows = changes(spark, [(lsn, "eu", f"name {lsn}", lsn, "c")])
+            merge_changes(spark, location, settings, rows, KEYS, None)
     finally:
         spark.conf.unset("spark.databricks.delta.autoCompact.minNumFiles")
     table = DeltaTable.forPath(spark, location)
@@ -169,7 +170,7 @@ def test_a_refined_table_of_an_earlier_version_gets_compaction_and_checkpoint_se
         if own:
             settings = ", ".join(f"'{key}' = '{value}'" for key, value in own.items())
             spark.sql(f"ALTER TABLE delta.`{location}` SET TBLPROPERTIES ({settings})")
-        merge_changes(spark, location, changes(spark, [(2, "us", "two", 100, "c")]), KEYS, None)
+        merge_changes(spark, location, TableSettings(), changes(spark, [(2, "us", "two", 100, "c")]), KEYS, None)
         properties = DeltaTable.forPath(spark, location).detail().head().properties
         assert {key: properties.get(key) for key in defaults} == (defaults | own)
 
@@ -177,7 +178,7 @@ def test_a_refined_table_of_an_earlier_version_gets_compaction_and_checkpoint_se
 def test_a_refined_table_whose_creation_was_cut_short_is_created(spark, tmp_path):
     table = tmp_path / "refined"
     (table / "_delta_log" / "_staged_commits").mkdir(parents=True)  # a kill -9 while Delta created it
-    ensure_refined_table(spark, str(table), spark.range(0).schema)
+    ensure_refined_table(spark, str(table), TableSettings(), spark.range(0).schema)
     assert spark.read.format("delta").load(str(table)).columns == ["id"]
 
 
@@ -192,12 +193,13 @@ def _deletion_vectors_added(spark, location: str) -> int:
     return sum(int(row.operationMetrics.get("numTargetDeletionVectorsAdded", 0)) for row in metrics)
 
 
-def _changes_leaving_deletion_vectors(spark, location: str) -> None:
+def _changes_leaving_deletion_vectors(spark, location: str, settings: TableSettings) -> None:
     """Inserts in one file, then an update and a delete of two of its rows: with deletion vectors on,
     the MERGE marks them in a deletion vector instead of rewriting the file."""
-    merge_changes(spark, location, changes(spark, [(i, "eu", f"name {i}", 100, "c") for i in range(20)]), KEYS, None)
+    inserts = changes(spark, [(i, "eu", f"name {i}", 100, "c") for i in range(20)])
+    merge_changes(spark, location, settings, inserts, KEYS, None)
     later = changes(spark, [(3, "eu", "three", 200, "u"), (4, "eu", None, 200, "d")])
-    merge_changes(spark, location, later, KEYS, None)
+    merge_changes(spark, location, settings, later, KEYS, None)
 
 
 def test_refined_tables_get_the_declared_features_and_by_default_delta_rs_reads_them(
@@ -208,10 +210,10 @@ def test_refined_tables_get_the_declared_features_and_by_default_delta_rs_reads_
         (TableFeatures(deletion_vectors=True, change_data_feed=True), (True, True)),
     ]:
         location = str(tmp_path / f"refined-{expected[0]}")
-        declare_features(location, features)
-        _changes_leaving_deletion_vectors(spark, location)
-        history = f"{location}__history"  # a table beside it: the same features
-        ensure_refined_table(spark, history, spark.range(0).schema)
+        settings = TableSettings(features)
+        _changes_leaving_deletion_vectors(spark, location, settings)
+        history = f"{location}__history"  # a table beside it: the same settings
+        ensure_refined_table(spark, history, settings, spark.range(0).schema)
         assert _feature_state(spark, location) == _feature_state(spark, history) == expected
         assert (_deletion_vectors_added(spark, location) > 0) == expected[0]
         stored = spark.read.format("delta").load(location)
@@ -221,28 +223,24 @@ def test_refined_tables_get_the_declared_features_and_by_default_delta_rs_reads_
 
 
 def test_features_set_on_an_existing_table_are_applied_and_unset_ones_leave_it_as_it_is(
-    spark, tmp_path, read_with_delta_rs, monkeypatch
+    spark, tmp_path, read_with_delta_rs
 ):
     location = str(tmp_path / "refined")
-    declare_features(location, TableFeatures(deletion_vectors=True, change_data_feed=True))
-    _changes_leaving_deletion_vectors(spark, location)
+    _changes_leaving_deletion_vectors(
+        spark, location, TableSettings(TableFeatures(deletion_vectors=True, change_data_feed=True))
+    )
     assert _deletion_vectors_added(spark, location) > 0
-
-    def next_process_declares(features: TableFeatures) -> None:  # applied at a table's first batch in a process
-        monkeypatch.setattr(refine.apply.merge, "_PROPERTIES_CHECKED", set())
-        declare_features(location, features)
-
-    next_process_declares(TableFeatures())
-    merge_changes(spark, location, changes(spark, [(30, "us", "thirty", 300, "c")]), KEYS, None)
+    # Each TableSettings is a new job's: applied at its table's first batch.
+    merge_changes(spark, location, TableSettings(), changes(spark, [(30, "us", "thirty", 300, "c")]), KEYS, None)
     assert _feature_state(spark, location) == (True, True)
     # Both off: the deletion vectors are purged and the feature leaves the protocol.
-    next_process_declares(TableFeatures(deletion_vectors=False, change_data_feed=False))
-    merge_changes(spark, location, changes(spark, [(31, "us", "thirty-one", 300, "c")]), KEYS, None)
+    off = TableSettings(TableFeatures(deletion_vectors=False, change_data_feed=False))
+    merge_changes(spark, location, off, changes(spark, [(31, "us", "thirty-one", 300, "c")]), KEYS, None)
     assert _feature_state(spark, location) == (False, False)
     stored = spark.read.format("delta").load(location)
     assert sorted(row.id for row in stored.collect()) == [*[i for i in range(20) if i != 4], 30, 31]
     assertDataFrameEqual(read_with_delta_rs(location), stored)
     # On again: a Change Data Feed from the next version on, deletion vectors for the next MERGE.
-    next_process_declares(TableFeatures(deletion_vectors=True, change_data_feed=True))
-    merge_changes(spark, location, changes(spark, [(5, "eu", "five", 400, "u")]), KEYS, None)
+    on = TableSettings(TableFeatures(deletion_vectors=True, change_data_feed=True))
+    merge_changes(spark, location, on, changes(spark, [(5, "eu", "five", 400, "u")]), KEYS, None)
     assert _feature_state(spark, location) == (True, True)
