@@ -27,7 +27,17 @@ from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
 from cdc.core.catalog import folder_under, registered_location
-from cdc.core.config import KafkaConnection, Settings, SparkConfig, load_settings, validate
+from cdc.core.config import (
+    AvailableNow,
+    Continuous,
+    KafkaConnection,
+    Settings,
+    SparkConfig,
+    Trigger,
+    checked,
+    load_settings,
+    validate,
+)
 from cdc.core.errors import ConfigError, TableError
 from cdc.core.object_store import load_s3_connection, object_store_spark_config
 from cdc.core.session import build_spark_session, job_spark_config
@@ -38,11 +48,11 @@ from cdc.maintenance import OptimizeResult, VacuumResult, optimize_table, resolv
 from cdc.pipeline.config import Pipeline
 from cdc.pipeline.load import load_pipeline
 from cdc.pipeline.run import PipelineRefineConfig, raw_job_config, run_pipeline_refine
-from cdc.raw.config import RawJobConfig
+from cdc.raw.config import GapPolicy, RawJobConfig, TopicList, TopicPattern
 from cdc.raw.job import TopicSummary, run_raw_job
 from cdc.status import WarehouseStatus, warehouse_status
 from cdc.status_page import write_status_page
-from cdc.sync import SyncJobConfig, run_sync_job
+from cdc.sync import PipelineRefinement, SyncJobConfig, TopicsRefinement, run_sync_job
 from refine.config import RefineJobConfig, refined_table_location
 from refine.job import run_refine_job
 from refine.rebuild import RebuiltTable, rebuild_refined_table
@@ -83,13 +93,13 @@ class Lakehouse:
         self.say = say
 
     @property
-    def kafka(self) -> dict[str, Any]:
-        """The Kafka connection's settings: ``CDC_KAFKA__*``, the secrets file's over them, ``kafka`` over both."""
+    def kafka(self) -> KafkaConnection:
+        """The Kafka connection: ``CDC_KAFKA__*``, the secrets file's settings over them, ``kafka`` over both."""
         document = self.settings.kafka.model_dump()
         if self.settings.kafka_secrets_file:
             document |= load_secrets_file(self.settings.kafka_secrets_file)
         given = self._kafka.model_dump() if isinstance(self._kafka, KafkaConnection) else dict(self._kafka or {})
-        return document | given
+        return validate(KafkaConnection, document | given, "Kafka settings")
 
     def spark(self, *, refines_continuously: bool = False) -> SparkSession:
         """The session jobs run on: the one given, else the project's own, built on the first call.
@@ -133,28 +143,32 @@ class Lakehouse:
             for summary in lake.land(pattern=r"shop\\.public\\..*"):
                 print(summary.topic, summary.rows)
         """
-        options: dict[str, Any] = {
-            "warehouse": self.warehouse,
-            "trigger": _trigger(continuous, interval_s),
-            "kafka": self.kafka,
-            "on_gap": "record" if allow_gaps else None,
-            "max_offsets_per_trigger": max_offsets_per_trigger,
-            "reset": reset,
-            "force_destroy_raw_data": force_destroy_raw_data,
-        }
         if sum(choice is not None for choice in (topics, pattern, pipeline)) != 1:
             raise ConfigError("land needs exactly one of topics, pattern and pipeline")
+        on_gap = GapPolicy.RECORD if allow_gaps else None
         if pipeline is not None:
-            config = raw_job_config(_pipeline(pipeline), options)
+            config = raw_job_config(
+                _pipeline(pipeline),
+                warehouse=self.warehouse,
+                trigger=_trigger(continuous, interval_s),
+                kafka=self.kafka,
+                on_gap=on_gap,
+                max_offsets_per_trigger=max_offsets_per_trigger,
+                reset=reset,
+                force_destroy_raw_data=force_destroy_raw_data,
+            )
         else:
-            selection = (
-                {"kind": "topics", "topics": list(topics)} if topics else {"kind": "pattern", "pattern": pattern}
-            )
-            config = validate(
-                RawJobConfig,
-                {**options, "topics": selection, "on_gap": options["on_gap"] or "fail"},
-                "raw job settings",
-            )
+            with checked("raw job settings"):
+                config = RawJobConfig(
+                    topics=TopicList(topics=list(topics)) if topics else TopicPattern(pattern=pattern or ""),
+                    warehouse=self.warehouse,
+                    trigger=_trigger(continuous, interval_s),
+                    kafka=self.kafka,
+                    on_gap=on_gap or GapPolicy.FAIL,
+                    max_offsets_per_trigger=max_offsets_per_trigger,
+                    reset=reset,
+                    force_destroy_raw_data=force_destroy_raw_data,
+                )
         return run_raw_job(self.spark(), config, say=self.say, stop=stop)
 
     def refine(
@@ -199,15 +213,15 @@ class Lakehouse:
         # Every setting is checked before Spark starts.
         if pipeline is not None:
             loaded = _pipeline(pipeline)
-            run = {
-                "warehouse": self.warehouse,
-                "trigger": trigger,
-                "reinfer_schema": reinfer_schema,
-                "rebuild": rebuild,
-                "fail_on_quarantine": fail_on_quarantine,
-                "schema_changes": schema_changes,
-            }
-            config = validate(PipelineRefineConfig, run, "refine job settings")
+            with checked("refine job settings"):
+                config = PipelineRefineConfig(
+                    warehouse=self.warehouse,
+                    trigger=trigger,
+                    reinfer_schema=reinfer_schema,
+                    rebuild=rebuild,
+                    fail_on_quarantine=fail_on_quarantine,
+                    schema_changes=schema_changes,
+                )
             spark = self.spark(refines_continuously=continuous)
             return run_pipeline_refine(spark, loaded, config, say=self.say, stop=stop)
         if reinfer_schema:
@@ -264,32 +278,36 @@ class Lakehouse:
         """
         if (topics is None) == (pipeline is None):
             raise ConfigError("sync needs exactly one of topics and pipeline")
-        run = {"warehouse": self.warehouse, "trigger": _trigger(continuous, interval_s)}
-        raw = {
-            **run,
-            "kafka": self.kafka,
-            "max_offsets_per_trigger": max_offsets_per_trigger,
-            "on_gap": "record" if allow_gaps else None,
-        }
-        if pipeline is not None:
-            loaded = _pipeline(pipeline)
-            document: dict[str, Any] = {
-                "raw": raw_job_config(loaded, raw),
-                "refine": {"kind": "pipeline", "pipeline": loaded, "run": {**run, "schema_changes": schema_changes}},
-            }
-        else:
-            assert topics is not None  # one of the two, checked above
-            document = {
-                "raw": {**raw, "topics": {"kind": "topics", "topics": list(topics)}, "on_gap": raw["on_gap"] or "fail"},
-                "refine": {
-                    "kind": "topics",
-                    "jobs": [
-                        {**run, "table": topic, **({"schema_changes": schema_changes} if schema_changes else {})}
-                        for topic in topics
-                    ],
-                },
-            }
-        config = validate(SyncJobConfig, document, "sync job settings")
+        trigger = _trigger(continuous, interval_s)
+        on_gap = GapPolicy.RECORD if allow_gaps else None
+        with checked("sync job settings"):
+            if pipeline is not None:
+                loaded = _pipeline(pipeline)
+                raw = raw_job_config(
+                    loaded,
+                    warehouse=self.warehouse,
+                    trigger=trigger,
+                    kafka=self.kafka,
+                    on_gap=on_gap,
+                    max_offsets_per_trigger=max_offsets_per_trigger,
+                )
+                run = PipelineRefineConfig(warehouse=self.warehouse, trigger=trigger, schema_changes=schema_changes)
+                refinement: TopicsRefinement | PipelineRefinement = PipelineRefinement(pipeline=loaded, run=run)
+            else:
+                assert topics is not None  # one of the two, checked above
+                raw = RawJobConfig(
+                    topics=TopicList(topics=list(topics)),
+                    warehouse=self.warehouse,
+                    trigger=trigger,
+                    kafka=self.kafka,
+                    on_gap=on_gap or GapPolicy.FAIL,
+                    max_offsets_per_trigger=max_offsets_per_trigger,
+                )
+                jobs = [
+                    self._refine_config(topic, None, None, trigger, schema_changes=schema_changes) for topic in topics
+                ]
+                refinement = TopicsRefinement(jobs=jobs)
+            config = SyncJobConfig(raw=raw, refine=refinement)
         return run_sync_job(self.spark(refines_continuously=continuous), config, say=self.say, stop=stop)
 
     def status(self) -> WarehouseStatus:
@@ -301,8 +319,7 @@ class Lakehouse:
             for table in lake.status().raw_tables:
                 print(table.topic, [p.lag for p in table.partitions])
         """
-        kafka = validate(KafkaConnection, self.kafka, "Kafka settings")
-        return warehouse_status(self.spark(), self.warehouse, kafka)
+        return warehouse_status(self.spark(), self.warehouse, self.kafka)
 
     def status_page(self, output: str | Path, *, pipeline: PipelineSource | None = None) -> Path:
         """Write the warehouse's status as a page (``cdc status --html``): the DAG of ``pipeline`` (else of
@@ -372,22 +389,22 @@ class Lakehouse:
         table: str,
         columns: Mapping[str, str] | None,
         key: Sequence[str] | None,
-        trigger: dict[str, Any],
+        trigger: Trigger,
         fail_on_quarantine: bool = False,
         connector: str = "auto",
         schema_changes: str | None = None,
     ) -> RefineJobConfig:
-        document = {
-            **({"schema_changes": schema_changes} if schema_changes is not None else {}),
-            "table": table,
-            "warehouse": self.warehouse,
-            "columns": dict(columns) if columns else None,
-            "key": list(key) if key else None,
-            "trigger": trigger,
-            "fail_on_quarantine": fail_on_quarantine,
-            "connector": connector,
-        }
-        return validate(RefineJobConfig, document, "refine job settings")
+        with checked("refine job settings"):
+            return RefineJobConfig(
+                table=table,
+                warehouse=self.warehouse,
+                columns=dict(columns) if columns else None,
+                key=list(key) if key else None,
+                trigger=trigger,
+                fail_on_quarantine=fail_on_quarantine,
+                connector=connector,
+                **({"schema_changes": schema_changes} if schema_changes is not None else {}),
+            )
 
 
 def with_metastore_under(config: SparkConfig, warehouse: str) -> SparkConfig:
@@ -401,8 +418,9 @@ def with_metastore_under(config: SparkConfig, warehouse: str) -> SparkConfig:
     )
 
 
-def _trigger(continuous: bool, interval_s: float) -> dict[str, Any]:
-    return {"kind": "continuous", "interval_s": interval_s} if continuous else {"kind": "available_now"}
+def _trigger(continuous: bool, interval_s: float) -> Trigger:
+    with checked("trigger"):
+        return Continuous(interval_s=interval_s) if continuous else AvailableNow()
 
 
 def _pipeline(pipeline: PipelineSource) -> Pipeline:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
@@ -532,8 +534,22 @@ def _merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
 
 def validate(model: type[ModelT], document: dict[str, Any], what: str) -> ModelT:
     """``model`` from ``document``, or a ConfigError naming each invalid key (dotted) and the reason."""
-    try:
+    with checked(what):
         return model.model_validate(document)
+
+
+@contextmanager
+def checked(what: str) -> Iterator[None]:
+    """Configuration models built inside raise the ConfigError :func:`validate` does, naming each invalid
+    field (dotted) and the reason, instead of pydantic's ValidationError.
+
+    Example::
+
+        with checked("refine job settings"):
+            config = RefineJobConfig(table=topic, warehouse=warehouse, trigger=AvailableNow())
+    """
+    try:
+        yield
     except ValidationError as error:
         problems = "; ".join(
             f"{'.'.join(str(part) for part in item['loc']) or what}: {item['msg']}" for item in error.errors()

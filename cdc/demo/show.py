@@ -13,7 +13,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from cdc.core.config import Settings, validate
+from cdc.core.config import AvailableNow, KafkaConnection, Settings
 from cdc.core.tables import is_delta_table
 from cdc.pipeline.config import BusinessTable, Pipeline
 from cdc.pipeline.graph import write_graph
@@ -27,11 +27,10 @@ CELL = 24  # characters a cell shows at most (an ISO time with milliseconds)
 def land_and_refine(spark: SparkSession, settings: Settings, pipeline: Pipeline, say: Say) -> None:
     """`cdc raw --pipeline` then `cdc refine --pipeline`, both --available-now, on the stack's Kafka."""
     say(f"landing and refining pipeline {pipeline.name} into {settings.warehouse} (Spark) ...")
-    once = {"kind": "available_now"}
-    kafka = {"bootstrap_servers": settings.stack.kafka.bootstrap_servers}
-    raw = raw_job_config(pipeline, {"warehouse": settings.warehouse, "trigger": once, "kafka": kafka})
+    kafka = KafkaConnection(bootstrap_servers=settings.stack.kafka.bootstrap_servers)
+    raw = raw_job_config(pipeline, warehouse=settings.warehouse, trigger=AvailableNow(), kafka=kafka)
     run_raw_job(spark, raw, say=say)
-    refine = validate(PipelineRefineConfig, {"warehouse": raw.warehouse, "trigger": once}, "refine job settings")
+    refine = PipelineRefineConfig(warehouse=raw.warehouse, trigger=AvailableNow())
     run_pipeline_refine(spark, pipeline, refine, say=say)
 
 

@@ -14,13 +14,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
 
 from pydantic import Field
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from cdc.core.config import AvailableNow, Continuous, validate
+from cdc.core.config import AvailableNow, Continuous, KafkaConnection, Trigger, checked
 from cdc.core.errors import ConfigError
 from cdc.core.streaming import JobThreads, stop_queries
 from cdc.core.tables import TableFeatures
@@ -38,7 +37,7 @@ from cdc.pipeline.config import (
 )
 from cdc.pipeline.events.job import EventsBatch, EventsRefineJobConfig, events_batch, history_spec
 from cdc.pipeline.sql_text import sql_tables
-from cdc.raw.config import RawJobConfig
+from cdc.raw.config import GapPolicy, RawJobConfig, TopicList
 from refine.apply.rules import TableRules
 from refine.apply.schema_changes import SchemaChangePolicy
 from refine.batch import RefineBatch
@@ -69,16 +68,40 @@ class PipelineRefineConfig(RefineRun):
     )
 
 
-def raw_job_config(pipeline: Pipeline, options: dict[str, Any]) -> RawJobConfig:
-    """`cdc raw` over every source's topic: the file's landing settings, then ``options`` (warehouse,
-    trigger, kafka, reset...; those that are None leave the file's setting)."""
-    document = {
-        "topics": {"kind": "topics", "topics": [source.topic for source in pipeline.sources.values()]},
-        "on_gap": pipeline.raw.on_gap.value,
-        "max_offsets_per_trigger": pipeline.raw.max_offsets_per_trigger,
-        **{key: value for key, value in options.items() if value is not None},
-    }
-    return validate(RawJobConfig, document, "raw job settings")
+def raw_job_config(
+    pipeline: Pipeline,
+    *,
+    warehouse: str,
+    trigger: Trigger,
+    kafka: KafkaConnection | None = None,
+    on_gap: GapPolicy | None = None,
+    max_offsets_per_trigger: int | None = None,
+    reset: bool = False,
+    force_destroy_raw_data: bool = False,
+) -> RawJobConfig:
+    """`cdc raw` over every source's topic: the file's landing settings (``on_gap``,
+    ``max_offsets_per_trigger``) unless given, and where, when and how to land as :class:`RawJobConfig` has them.
+
+    Example::
+
+        config = raw_job_config(
+            load_pipeline("pipelines/shop.yaml"),
+            warehouse="/data",
+            trigger=AvailableNow(),
+            kafka=KafkaConnection(bootstrap_servers="broker:9092"),
+        )
+    """
+    with checked("raw job settings"):
+        return RawJobConfig(
+            topics=TopicList(topics=[source.topic for source in pipeline.sources.values()]),
+            warehouse=warehouse,
+            trigger=trigger,
+            kafka=kafka or KafkaConnection(),
+            on_gap=on_gap or pipeline.raw.on_gap,
+            max_offsets_per_trigger=max_offsets_per_trigger or pipeline.raw.max_offsets_per_trigger,
+            reset=reset,
+            force_destroy_raw_data=force_destroy_raw_data,
+        )
 
 
 def _debezium(source: Source) -> bool:

@@ -103,3 +103,32 @@ def test_the_embedded_metastore_is_kept_under_a_local_warehouse_unless_a_folder_
     chosen = SparkConfig(catalog={"enabled": True, "metastore_dir": str(tmp_path / "m")})
     assert with_metastore_under(chosen, "/w").catalog.metastore_dir == tmp_path / "m"
     assert with_metastore_under(SparkConfig(), "/w").catalog.metastore_dir is None  # no catalog, no metastore
+
+
+def test_settings_reach_the_jobs_as_config_models_not_dicts():
+    """Between the API and the jobs, every setting travels in a config model: no function of the API or of
+    the orchestration that builds job configs takes or returns an untyped ``dict[str, Any]``."""
+    import ast
+    from pathlib import Path
+
+    root = Path(cdc.__file__).parent
+    untyped = []
+    for module in ("api.py", "sync.py", "pipeline/run.py"):
+        functions = [
+            node for node in ast.walk(ast.parse((root / module).read_text())) if isinstance(node, ast.FunctionDef)
+        ]
+        untyped += [
+            f"cdc/{module}: {function.name}"
+            for function in functions
+            for annotation in [
+                *(a.annotation for a in [*function.args.args, *function.args.kwonlyargs]),
+                function.returns,
+            ]
+            if annotation is not None and ast.unparse(annotation) == "dict[str, Any]"
+        ]
+    assert untyped == []
+
+
+def test_an_invalid_trigger_interval_is_a_config_error_naming_it(tmp_path):
+    with pytest.raises(ConfigError, match=r"^invalid trigger: interval_s: Input should be greater than 0"):
+        Lakehouse(str(tmp_path)).refine("demo.shop.orders", continuous=True, interval_s=0)

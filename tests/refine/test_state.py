@@ -44,9 +44,13 @@ def module_state_changed_by_functions(path: Path) -> set[str]:
             elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store | ast.Del):
                 if isinstance(node.value, ast.Name):
                     changed.add(node.value.id)
-            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-                if node.func.attr in MUTATORS and isinstance(node.func.value, ast.Name):
-                    changed.add(node.func.value.id)
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in MUTATORS
+                and isinstance(node.func.value, ast.Name)
+            ):
+                changed.add(node.func.value.id)
     return changed & module_names
 
 

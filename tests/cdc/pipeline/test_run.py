@@ -9,6 +9,7 @@ from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from cdc.cli import main
+from cdc.core.config import AvailableNow
 from cdc.core.errors import ConfigError, ExpectationError
 from cdc.core.tables import is_delta_table, raw_table_location
 from cdc.pipeline.config import Pipeline
@@ -37,19 +38,14 @@ SHOP = {
 
 def test_raw_lands_every_source_with_the_file_settings_unless_overridden(tmp_path):
     pipeline = Pipeline.model_validate(SHOP)
-    options = {
-        "warehouse": str(tmp_path),
-        "trigger": {"kind": "available_now"},
-        "on_gap": None,
-        "max_offsets_per_trigger": None,
-    }
-    config = raw_job_config(pipeline, options)
+    config = raw_job_config(pipeline, warehouse=str(tmp_path), trigger=AvailableNow())
     assert (config.topics.topics, config.on_gap, config.max_offsets_per_trigger) == (
         ["demo.shop.orders", "clicks"],
         GapPolicy.RECORD,
         500,
     )
-    assert raw_job_config(pipeline, {**options, "max_offsets_per_trigger": 10}).max_offsets_per_trigger == 10
+    overridden = raw_job_config(pipeline, warehouse=str(tmp_path), trigger=AvailableNow(), max_offsets_per_trigger=10)
+    assert overridden.max_offsets_per_trigger == 10
 
 
 def test_refine_builds_one_job_per_refined_table(tmp_path):
