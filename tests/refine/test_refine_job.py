@@ -429,9 +429,9 @@ def test_scripted_workload_refines_equal_to_postgres(
 def test_batches_are_parsed_with_the_last_schemas_or_again_when_a_record_has_another(
     spark, kafka, stack_config, postgres_connector, tmp_path, orders_note_column, land, refined_table, monkeypatch
 ):
-    """A batch is parsed in one pass with the wrapper schemas of the last batch (in a new job:
-    of the raw table's first record); a batch holding another is parsed again from its records, and
-    its changes are still counted once."""
+    """A batch is parsed in one pass with the wrapper schemas of the last batch (in a new job: of a record
+    of the raw table's newest commit); a batch holding another is parsed again from its records, and its
+    changes are still counted once."""
     from cdc.core.config import validate
     from cdc.core.tables import raw_table_location
     from refine.batch import RefineBatch
@@ -448,7 +448,7 @@ def test_batches_are_parsed_with_the_last_schemas_or_again_when_a_record_has_ano
         conn.execute("INSERT INTO shop.orders VALUES (0, 101, 'pending', 5, '2026-03-03 00:00:00', 'first note')")
     kafka.wait_for_last_value(topic, lambda value: value is not None and b"first note" in value)
     land(warehouse, topic)
-    # Each run is a new job, which guesses from the raw table's first record.
+    # Each run is a new job, which guesses from the raw table's newest commit.
     parsed_again = []
     refine_again = RefineBatch._refine
     monkeypatch.setattr(RefineBatch, "_refine", lambda self, *args: parsed_again.append(1) or refine_again(self, *args))
@@ -462,14 +462,15 @@ def test_batches_are_parsed_with_the_last_schemas_or_again_when_a_record_has_ano
         return lines[-1]
 
     records = spark.read.format("delta").load(raw_table_location(warehouse, topic)).count()
-    # The first record has the schema before the column was added: the batch is parsed again.
+    # The batch holds the schemas from before and after the column was added: it is parsed again.
     assert refine_and_compare().startswith(f"refine {topic}: {records:,} changes")
     assert parsed_again == [1]
     with psycopg.connect(dsn) as conn:
         conn.execute("UPDATE shop.orders SET note = 'second note' WHERE order_no = 101")
     kafka.wait_for_last_value(topic, lambda value: value is not None and b"second note" in value)
     land(warehouse, topic)
-    assert refine_and_compare().startswith(f"refine {topic}: 1 changes")  # parsed with the last batch's schemas
+    # A new job: its guess, the newest commit's schema, is the batch's.
+    assert refine_and_compare().startswith(f"refine {topic}: 1 changes")
     assert parsed_again == [1]
 
 
