@@ -55,7 +55,7 @@ def test_a_table_that_is_not_a_raw_table(cli, spark, kafka, tmp_path, unique_nam
 def test_invalid_option_names_the_setting(cli, tmp_path):
     code, _, err = cli("raw", "--topic", "bad topic!", "--warehouse", str(tmp_path), "--available-now")
     assert code == 2
-    assert "topics.topics.0: String should match pattern" in err
+    assert "invalid raw job settings: topics.0: String should match pattern" in err
 
 
 def test_secrets_are_never_echoed(cli, tmp_path, monkeypatch):
