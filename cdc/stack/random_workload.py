@@ -384,9 +384,11 @@ def compare(
     spark, dsn: str, tables: RandomTables, warehouse: str, refined_names: dict[str, str], samples: int = 5
 ) -> list[Comparison]:
     """Each refined table (named by ``refined_names``, by source table), the keyed tables' history
-    current versions and the child table of ``tags``, against Postgres read with psycopg (a column the
-    refined table lacks counts as NULLs: no change since it was added). A refined column whose Spark type is
-    not the one its Postgres type refines to is a mismatch of its own (``<table> types``)."""
+    current versions (and the shape of all their versions) and the child table of ``tags``, against Postgres
+    read with psycopg (a column the refined table lacks counts as NULLs: no change since it was added). A
+    refined column whose Spark type is not the one its Postgres type refines to is a mismatch of its own
+    (``<table> types``)."""
+    from pyspark.sql import Window
     from pyspark.sql import functions as F
     from pyspark.sql.types import ArrayType, DataType, IntegerType, LongType, StringType, StructField, StructType
 
@@ -451,12 +453,32 @@ def compare(
         values, types = actual
         results.extend([diff(name, expected, values), types])
 
+    def history_chain(name: str, key: list[str]) -> Comparison:
+        """Versions that break the history's shape: a change held twice (same key, LSN and kind: one delivered
+        again), a validity that does not end where the key's next version starts (a delete's where it
+        starts), a current flag on any but a key's last version, unless that is a delete."""
+        history = spark.read.format("delta").load(refined_table_location(warehouse, name))
+        order = Window.partitionBy(*key).orderBy("_cdc_lsn", "_cdc_offset")
+        last = F.lead("_cdc_valid_from").over(order)
+        is_last = F.lead(F.lit(True)).over(order).isNull()
+        held_twice = F.count(F.lit(1)).over(Window.partitionBy(*key, "_cdc_lsn", "_cdc_is_deleted")) > 1
+        wrong = (
+            history.withColumn("_twice", held_twice)
+            .withColumn("_to", F.when(F.col("_cdc_is_deleted"), F.col("_cdc_valid_from")).otherwise(last))
+            .withColumn("_current", is_last & ~F.col("_cdc_is_deleted"))
+            .where("_twice OR NOT _cdc_valid_to <=> _to OR _cdc_is_current != _current")
+            .select(*key, "_cdc_lsn", "_cdc_offset", "_cdc_is_deleted", "_cdc_valid_to", "_to", "_twice")
+        )
+        count = wrong.count()
+        return Comparison(f"{name} versions", history.count(), [], [tuple(r) for r in wrong.take(samples)], count)
+
     for table in tables.names:
         topic, columns = refined_names[table], columns_of(table)
         rows = source(f"SELECT {', '.join(columns)} FROM {SCHEMA}.{table}", columns)
         compared(table, rows, refined(topic, columns))
         if table != tables.bag:
             compared(f"{table} history", rows, refined(history_table_name(topic), columns, current_only=True))
+            results.append(history_chain(history_table_name(topic), ["id"] if table == tables.keyed else ["a", "b"]))
     child_columns: dict[str, DataType] = {"id": IntegerType(), "pos": IntegerType(), "value": StringType()}
     children = source(
         f"SELECT k.id, t.ord::int - 1, t.v FROM {SCHEMA}.{tables.keyed} k, unnest(k.tags) WITH ORDINALITY AS t(v, ord)",

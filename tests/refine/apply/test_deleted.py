@@ -1,4 +1,5 @@
-"""Deleted rows stay deleted when Debezium's records are delivered again; a genuine re-insert comes back."""
+"""Deleted rows stay deleted when Debezium's records are delivered again; a genuine re-insert comes back; a
+change delivered again is no new version in the history."""
 
 import psycopg
 from pyspark.testing import assertDataFrameEqual
@@ -67,6 +68,34 @@ def test_a_truncate_in_a_tables_first_batch_with_no_delete(
             current = spark.read.format("delta").load(f"{warehouse}/refined/{topic}__history").where("_cdc_is_current")
             assertDataFrameEqual(refined_table(warehouse, topic).select("id", "note"), [(2, "after"), (3, "after")])
             assertDataFrameEqual(current.select("id", "note"), [(2, "after"), (3, "after")])
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE shop.{table}")
+
+
+def test_records_delivered_again_add_no_history_version(
+    spark, kafka, stack_config, postgres_connector, tmp_path, unique_name, land_and_refine
+):
+    """Versions written in Postgres, one per statement; their records delivered again (at new offsets, as a
+    restarted Kafka Connect task sends them) leave the history as it was."""
+    dsn, warehouse, table = stack_config.postgres.dsn(), str(tmp_path), f"t{unique_name}"
+    topic = f"{postgres_connector.topic_prefix}.shop.{table}"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE shop.{table} (id int PRIMARY KEY, note text)")
+        add_to_publication(conn, postgres_connector.name, f"shop.{table}")
+        for statement in ("INSERT INTO {} VALUES (1, 'a'), (2, 'x')", "UPDATE {} SET note = 'b' WHERE id = 1"):
+            conn.execute(statement.format(f"shop.{table}"))
+        conn.execute(f"DELETE FROM shop.{table} WHERE id = 2")
+    expected = [(1, "a", False, False), (1, "b", True, False), (2, "x", False, False), (2, None, False, True)]
+    try:
+        records = kafka.wait_for_last_value(topic, lambda value: value is None)  # the delete's tombstone
+        land_and_refine(warehouse, topic, history=True)
+        kafka.produce_again(topic, records)
+        for _ in range(2):  # the records again, then a rerun
+            land_and_refine(warehouse, topic, history=True)
+            history = spark.read.format("delta").load(f"{warehouse}/refined/{topic}__history")
+            versions = history.select("id", "note", "_cdc_is_current", "_cdc_is_deleted")
+            assertDataFrameEqual(versions, expected)
     finally:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f"DROP TABLE shop.{table}")
