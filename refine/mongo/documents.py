@@ -78,11 +78,13 @@ from refine.apply.rules import TableRules
 from refine.mongo.extended_json import (
     ELEMENT_STEP,
     JSON_TEXT_METADATA,
+    NUMBER_DECIMAL_TYPE,
     Path,
     commented_untyped,
     decode,
     document_type,
     fits,
+    inexact_decimals,
     is_json_text,
     is_null,
     json_text,
@@ -301,6 +303,7 @@ class Columns:
     unsupported: dict[tuple[str, str], str] = field(default_factory=dict)  # (kind, path) -> reason
     json: dict[str, list[str]] = field(default_factory=dict)  # JSON-text column -> the batch's shapes of its values
     untyped: dict[str, list[Path]] = field(default_factory=dict)  # column -> where its untyped arrays are
+    decimals: dict[str, DataType] = field(default_factory=dict)  # update path -> its type, which holds decimals
 
     def paths(self, kind: str, shapes: list[Shape]) -> list[str]:
         """The batch's update paths of ``kind`` that change a column."""
@@ -428,6 +431,10 @@ def column_types(table: StructType, shapes: list[Shape]) -> Columns:
                         f"{'field' if shape.kind == 'field' else 'update path'} {shape.name}: a value of shape "
                         f"{shape.shape} does not fit the column {name} {column.simpleString()}"
                     )
+                elif shape.kind == "set":
+                    leaf = leaf_type(columns.types, resolve(columns.types, shape.name))
+                    if leaf is not None and inexact_decimals(leaf, shape.name):
+                        columns.decimals[shape.name] = leaf
             else:
                 resolve(columns.types, shape.name)
         except ValueError as error:
@@ -479,6 +486,24 @@ def flag_misfits(changes: DataFrame, columns: Columns) -> DataFrame:
             "truncate": F.array_contains(F.col("patch.truncated.field"), path),
         }[kind]
         problem = problem.when(patch & F.coalesce(touched, F.lit(False)), F.lit(reason))
+    # A Decimal128 the decimal column would round or overflow: the record waits in the quarantine.
+    inexact = [
+        (kind, path, test(member(F.col(value), name)))
+        for kind, value, named in [
+            (Kind.IMAGE, "document", {f.name: f.dataType for f in columns.types.fields if f.name not in columns.json}),
+            (Kind.PATCH, "patch.updated", columns.decimals),
+        ]
+        for name, data_type in named.items()
+        for path, test in inexact_decimals(data_type, name)
+    ]
+    for kind, path, found in inexact:
+        problem = problem.when(
+            (F.col("kind") == kind) & found,
+            F.lit(
+                f"{'field' if kind == Kind.IMAGE else 'update path'} {path}: a Decimal128 value that "
+                f"{NUMBER_DECIMAL_TYPE.simpleString()} cannot hold exactly"
+            ),
+        )
     for column in columns.types.fields:
         raw = member(F.col("document"), column.name)
         problem = problem.when(

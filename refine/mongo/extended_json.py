@@ -14,7 +14,8 @@ Extended JSON                                      column type
 plain integers                                     the key loses the distinction too)
 plain fractions, ``{"$numberDouble": "NaN"}``,     double
 bare ``NaN`` / ``Infinity`` tokens
-``{"$numberDecimal": "..."}``                      decimal(38,18)
+``{"$numberDecimal": "..."}``                      decimal(38,18) (a value it cannot hold exactly
+                                                   is quarantined, never rounded)
 ``{"$date": millis | "ISO" | {"$numberLong"}}``    timestamp
 ``{"$binary": ...}`` (legacy and v2 forms)         binary
 documents / arrays                                 structs / arrays
@@ -314,7 +315,12 @@ def decode(value: Column, column: DataType) -> Column:
         text = F.coalesce(_as(binary, "string", "$.base64"), _as(binary, "string"))
         decoded = F.try_to_binary(text, F.lit("base64"))
     elif isinstance(column, DecimalType):
-        decoded = _as(value, "string", '$["$numberDecimal"]').try_cast(column)
+        text = decimal_text(value)
+        zero = ~F.concat(*[F.regexp_extract(text, _DECIMAL_TEXT, group) for group in (1, 2)]).rlike("[1-9]")
+        # Never rounded; a zero at any exponent is 0 (a cast refuses 0E+6111).
+        decoded = F.when(
+            decimal_text_fits(text, column), F.when(zero, F.lit(0).cast(column)).otherwise(text.try_cast(column))
+        )
     elif isinstance(column, LongType):
         decoded = F.coalesce(
             *[_as(value, "bigint", f'$["{w}"]') for w in ("$numberLong", "$numberInt")], _as(value, "bigint")
@@ -332,6 +338,59 @@ def decode(value: Column, column: DataType) -> Column:
     else:
         raise ValueError(f"no Extended JSON decoding into {column.simpleString()}")
     return F.when(~is_null(value), decoded)
+
+
+# Decimal128 text: sign, integer digits, fraction digits, exponent ("1.50", "-0E-6176", "1E+40", "NaN").
+_DECIMAL_TEXT = r"^[+-]?([0-9]*)(?:\.([0-9]*))?(?:[eE]([+-]?[0-9]+))?$"
+
+
+def decimal_text_fits(text: Column, column: DecimalType = NUMBER_DECIMAL_TYPE) -> Column:
+    """Whether the Decimal128 ``text`` is a number ``column`` holds exactly: at most its scale of fraction
+    digits and its precision less scale of integer digits, trailing zeros aside (a cast would round the
+    rest away, or overflow to null). Zero at any exponent fits; NaN and Infinity do not."""
+    whole, fraction = F.regexp_extract(text, _DECIMAL_TEXT, 1), F.regexp_extract(text, _DECIMAL_TEXT, 2)
+    exponent = F.coalesce(F.regexp_extract(text, _DECIMAL_TEXT, 3).try_cast("int"), F.lit(0))
+    digits = F.regexp_replace(F.concat(whole, fraction), "^0+", "")  # significant, trailing zeros kept
+    scale = F.length(fraction) - exponent  # digits after the point, as written
+    trailing_zeros = F.length(digits) - F.length(F.regexp_replace(digits, "0+$", ""))
+    return (
+        text.rlike(_DECIMAL_TEXT)
+        & (F.length(F.concat(whole, fraction)) > 0)
+        & (
+            (F.length(digits) == 0)
+            | ((scale - trailing_zeros <= column.scale) & (F.length(digits) - scale <= column.precision - column.scale))
+        )
+    )
+
+
+def decimal_text(value: Column) -> Column:
+    """The text of a variant ``{"$numberDecimal": ...}`` (null for any other value)."""
+    return _as(value, "string", '$["$numberDecimal"]')
+
+
+def inexact_decimals(column: DataType, path: str) -> list[tuple[str, Callable[[Column], Column]]]:
+    """For each decimal in a value of ``column`` (at ``path``; ``[]`` marks an array's elements): its path
+    and a test of a variant value of the column that holds a Decimal128 there the decimal cannot hold
+    exactly (see :func:`decimal_text_fits`)."""
+    if isinstance(column, DecimalType):
+        return [(path, lambda v: F.coalesce(~decimal_text_fits(decimal_text(v), column), F.lit(False)))]
+
+    # (Closures made by functions: Spark reads a lambda's parameters, so none may have a default.)
+    def in_member(test: Callable[[Column], Column], name: str) -> Callable[[Column], Column]:
+        return lambda v: test(member(v, name))
+
+    def in_elements(test: Callable[[Column], Column]) -> Callable[[Column], Column]:
+        return lambda v: F.coalesce(F.exists(_as(v, "array<variant>"), test), F.lit(False))
+
+    if isinstance(column, StructType):
+        return [
+            (inner_path, in_member(test, f.name))
+            for f in column.fields
+            for inner_path, test in inexact_decimals(f.dataType, f"{path}.{f.name}")
+        ]
+    if isinstance(column, ArrayType):
+        return [(inner, in_elements(test)) for inner, test in inexact_decimals(column.elementType, f"{path}[]")]
+    return []
 
 
 # A field whose values have had types no one column type holds (an int, then a string) is stored as

@@ -1,9 +1,11 @@
 """Extended JSON (strict, as in ``after``; relaxed, as in ``updatedFields``) to typed Spark values."""
 
+import decimal
 import json
 import math
+import random
 from datetime import UTC, datetime
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 
 import pytest
 from pyspark.sql import functions as F
@@ -23,6 +25,7 @@ from pyspark.sql.types import (
 from refine.mongo.extended_json import (
     ELEMENT_STEP,
     commented_untyped,
+    decimal_text_fits,
     decode,
     document_type,
     fits,
@@ -239,3 +242,52 @@ def test_untyped_arrays_are_stored_as_string_arrays_and_read_back_untyped():
     # A column named untyped whose arrays have held typed elements since (a comment left behind) stays typed.
     typed = StructField("tags", ArrayType(LongType()), True, untyped_comment([()]))
     assert read_untyped(typed).dataType == ArrayType(LongType())
+
+
+def _decimal128_texts(rng: random.Random, count: int) -> list[str]:
+    """Decimal128 texts as MongoDB writes them: up to 34 digits, signs, points, exponents, zeros, NaN."""
+    texts = ["0", "-0", "0E-6176", "0E+6111", "NaN", "-Infinity", "1E+19", "1E+20", "99999999999999999999"]
+    texts += ["100000000000000000000", "0.000000000000000001", "0.0000000000000000010", "0.0000000000000000001"]
+    for _ in range(count):
+        digits = "".join(rng.choice("0123456789") for _ in range(rng.randint(1, 34)))
+        point = rng.randint(0, len(digits))
+        text = digits[:point] + ("." + digits[point:] if point < len(digits) or rng.random() < 0.2 else "")
+        text = rng.choice(["", "-", "+"]) + text
+        if rng.random() < 0.5:
+            text += f"E{rng.randint(-45, 45):+d}"
+        texts.append(text)
+    return texts
+
+
+def test_decimal128_texts_fit_a_decimal_as_pythons_decimal_says(spark):
+    """The oracle: Python's decimal module. A text fits decimal(38,18) when it is a finite number below 10^20
+    whose value has no digit beyond the 18th after the point; it then decodes to exactly that value."""
+    texts = _decimal128_texts(random.Random(7), 3000)
+
+    exact = decimal.Context(prec=200)  # quantizes any text here exactly
+
+    def expected(text: str) -> Decimal | None:
+        try:
+            number = Decimal(text)
+        except InvalidOperation:
+            return None
+        if (
+            not number.is_finite()
+            or abs(number) >= 10**20
+            or number != number.quantize(Decimal("1E-18"), rounding=decimal.ROUND_DOWN, context=exact)
+        ):
+            return None
+        return number
+
+    rows = spark.createDataFrame(
+        [(t, json.dumps({"m": {"$numberDecimal": t}})) for t in texts], "text string, doc string"
+    )
+    decoded = rows.select(
+        "text",
+        decimal_text_fits(F.col("text")).alias("fits"),
+        decode(to_variant(F.col("doc")), StructType([StructField("m", DecimalType(38, 18))]))["m"].alias("m"),
+    ).collect()
+    wrong = [
+        (r.text, r.fits, r.m) for r in decoded if r.fits != (expected(r.text) is not None) or r.m != expected(r.text)
+    ]
+    assert not wrong, wrong[:10]

@@ -335,6 +335,67 @@ def test_mongo_documents_are_refined_to_typed_columns(spark, kafka, land_and_ref
     )
 
 
+def test_decimal128_values_a_decimal_cannot_hold_exactly_are_quarantined(
+    spark, kafka, land_and_refine, unique_name, tmp_path
+):
+    """Decimal128 has 34 digits at any exponent; decimal(38,18) holds 20 integer and 18 fraction digits. A
+    value it holds exactly (trailing zeros, exponents and zero aside) is refined exactly; any other, at the
+    top, nested or in an update path, quarantines its record with the path: a cast would round or null it."""
+    topic, warehouse = kafka.create_topic(f"{unique_name}.shop.ledger"), str(tmp_path)
+    k = lambda document_id: key(topic, document_id)  # noqa: E731
+    v = lambda *args, **kwargs: value(topic, *args, **kwargs)  # noqa: E731
+    d = lambda text: f'{{"$numberDecimal": "{text}"}}'  # noqa: E731
+    kafka.produce(
+        topic,
+        [
+            (
+                k('"a"'),
+                v(
+                    "c",
+                    T0,
+                    1,
+                    after=f'{{"_id": "a","balance": {d("0.123456789012345678")},"line": {{"price": {d("1.5E+3")}}},'
+                    f'"items": [{{"p": {d("1.50000000000000000000000")}}}]}}',
+                ),
+            ),
+            (
+                k('"b"'),
+                v(
+                    "c",
+                    T0,
+                    2,
+                    after=f'{{"_id": "b","balance": {d("0E-6176")},'
+                    f'"line": {{"price": {d("-99999999999999999999.999999999999999999")}}},"items": []}}',
+                ),
+            ),
+            (k('"c"'), v("c", T0, 3, after=f'{{"_id": "c","balance": {d("0.1234567890123456789")}}}')),
+            (k('"d"'), v("c", T0, 4, after=f'{{"_id": "d","balance": {d("1E+40")}}}')),
+            (k('"e"'), v("c", T0, 5, after=f'{{"_id": "e","line": {{"price": {d("1.0000000000000000001")}}}}}')),
+            (k('"f"'), v("c", T0, 6, after=f'{{"_id": "f","items": [{{"p": {d("1")}}},{{"p": {d("NaN")}}}]}}')),
+            (k('"a"'), v("u", T0 + 1000, 1, updated=f'{{"balance": {d("2.0000000000000000001")}}}')),
+            (k('"a"'), v("u", T0 + 1000, 2, updated=f'{{"line.price": {d("100000000000000000000")}}}')),
+            (k('"b"'), v("u", T0 + 1000, 3, updated=f'{{"balance": {d("12.5E-1")}}}')),
+        ],
+    )
+    inexact = "a Decimal128 value that decimal(38,18) cannot hold exactly"
+    for _ in range(2):  # a rerun changes nothing
+        land_and_refine(warehouse, topic)
+        rows = refined(spark, warehouse, topic, ["_id", "balance", "line.price", "items.p"]).collect()
+        assert sorted(tuple(row) for row in rows) == [
+            ('"a"', Decimal("0.123456789012345678"), Decimal(1500), [Decimal("1.5")]),
+            ('"b"', Decimal("1.25"), Decimal("-99999999999999999999.999999999999999999"), []),
+        ]
+        quarantined = spark.read.format("delta").load(quarantine_location(warehouse))
+        assert sorted((row.offset, row.reason) for row in quarantined.collect()) == [
+            (2, f"field balance: {inexact}"),
+            (3, f"field balance: {inexact}"),
+            (4, f"field line.price: {inexact}"),
+            (5, f"field items[].p: {inexact}"),
+            (6, f"update path balance: {inexact}"),
+            (7, f"update path line.price: {inexact}"),
+        ]
+
+
 def check_history_and_orders(spark, pipeline_run) -> None:
     """The history's current versions are the refined rows; the child table holds their orders."""
     people = pipeline_run.table("people")
