@@ -126,11 +126,21 @@ def is_delta_table(spark: SparkSession, location: str) -> bool:
     return storage.exists(f"{log}/{0:020d}.json") or storage.exists(f"{log}/_last_checkpoint")
 
 
+# What SHOW TBLPROPERTIES shows for a value Spark's redaction settings match: by default any value holding
+# "url", "token", "password" or "secret" (a topic `app.tokens`, a stored schema with a `password_hash` column).
+REDACTED = "*********(redacted)"
+
+
 def delta_properties(spark: SparkSession, location: str) -> dict[str, str]:
-    """The Delta table's properties, from its metadata alone. (``DeltaTable.detail()`` also counts
-    the table's files: it rebuilds the state of every new version, ~0.5 s on a warm JVM for a small
-    table and more with every file, where this takes ~25 ms.)"""
-    return {row.key: row.value for row in spark.sql(f"SHOW TBLPROPERTIES delta.`{location}`").collect()}
+    """The Delta table's properties, from its metadata alone (``DeltaTable.detail()`` also counts the
+    table's files: it rebuilds the state of every new version, ~0.5 s on a warm JVM for a small table
+    and more with every file, where this takes ~25 ms). A value SHOW TBLPROPERTIES redacts is read
+    from DESCRIBE DETAIL, which gives it as it is."""
+    properties = {row.key: row.value for row in spark.sql(f"SHOW TBLPROPERTIES delta.`{location}`").collect()}
+    if REDACTED in properties.values():
+        [detail] = spark.sql(f"DESCRIBE DETAIL delta.`{location}`").select("properties").collect()
+        properties |= detail.properties
+    return properties
 
 
 def add_missing_properties(

@@ -2,7 +2,7 @@
 
 from delta.tables import DeltaTable
 
-from cdc.core.tables import table_snapshot, table_version
+from cdc.core.tables import delta_properties, table_snapshot, table_version
 
 
 def test_a_tables_snapshot_is_its_last_commit_and_the_size_delta_reports(spark, tmp_path):
@@ -25,3 +25,14 @@ def test_a_commit_of_another_session_is_seen(spark, tmp_path):
     assert table_version(spark, location) == 0
     spark.newSession().range(10).write.format("delta").mode("append").save(location)
     assert table_version(spark, location) == 1
+
+
+def test_properties_whose_values_spark_redacts_are_read_as_they_are(spark, tmp_path):
+    """Spark's SHOW TBLPROPERTIES redacts values holding "url", "token", "password" or "secret": a raw table
+    of topic ``app.tokens`` must still tell its topic (its job refused its second run)."""
+    location = str(tmp_path / "table")
+    values = {"cdc.topic": "app.tokens", "cdc.schema": '{"password_hash": "string"}', "cdc.other": "url_safe"}
+    settings = ", ".join(f"'{key}' = '{value}'" for key, value in values.items())
+    spark.sql(f"CREATE TABLE delta.`{location}` (id int) USING delta TBLPROPERTIES ({settings}, 'cdc.plain' = 'x')")
+    properties = delta_properties(spark, location)
+    assert {key: properties[key] for key in [*values, "cdc.plain"]} == {**values, "cdc.plain": "x"}
