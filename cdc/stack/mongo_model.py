@@ -71,14 +71,17 @@ def canonical(value: Any) -> Any:
 
 def as_json(value: Any) -> Any:
     """``value`` as the refined table's JSON shows it (``to_json`` of the refined row): ObjectIds as
-    their hex digits, dates as ISO text in UTC, binary as base64, decimals as numbers; fields holding
-    null are left out, as ``to_json`` leaves them out."""
+    their hex digits, dates as ISO text in UTC, binary as base64, decimals and doubles as exact numbers
+    (Decimal: read that JSON with ``parse_float=Decimal``); fields holding null are left out, as
+    ``to_json`` leaves them out."""
     if isinstance(value, (ObjectId,)):
         return value.hex
     if isinstance(value, Int64):
         return value.value
     if isinstance(value, Decimal128):
-        return float(Decimal(value.text))
+        return Decimal(value.text)
+    if isinstance(value, float):
+        return Decimal(repr(value))  # the shortest text that reads back as the double, as to_json writes it
     if isinstance(value, Date):
         moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=value.millis)
         return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
@@ -262,7 +265,19 @@ def _values(rng: random.Random) -> dict[str, list]:
         ],
         "price": [
             lambda: rng.choice([0.5, 2.25, -1e10, 3.0]),
-            lambda: Decimal128(rng.choice(["10.50", "-0.001", "12345.678"])),
+            lambda: Decimal128(
+                rng.choice(
+                    # each exact in decimal(38,18), none in a double
+                    [
+                        "10.50",
+                        "-0.001",
+                        "0.123456789012345678",
+                        "-99999999999999999999.5",
+                        "1.5E+3",
+                        "7.10000000000000000000000",
+                    ]
+                )
+            ),
         ],
         "when": [lambda: Date(rng.randint(-(10**12), 2 * 10**12)), lambda: rng.randint(0, 100)],
         "flag": [lambda: rng.random() < 0.5, lambda: "yes"],

@@ -15,6 +15,7 @@ import copy
 import json
 import os
 import random
+from decimal import Decimal
 
 import pytest
 from pyspark.sql import functions as F
@@ -30,6 +31,11 @@ from refine.mongo.extended_json import commented_untyped
 from refine.quality.quarantine import quarantine_location
 
 JSON_TEXT_COMMENT = "MongoDB values of several types, as JSON text"  # a column of values of several types
+
+
+def exact_json(text: str):
+    """JSON text with its numbers exact (a decimal's digits beyond a double's are compared too)."""
+    return json.loads(text, parse_float=Decimal)
 
 
 def _id_text(document_id) -> str:
@@ -49,9 +55,9 @@ def refined_documents(spark, location: str) -> dict[str, dict]:
     rows = table.select("_id", F.to_json(F.struct(*[F.col(f"`{c}`") for c in data])).alias("document")).collect()
     documents = {}
     for row in rows:
-        document = json.loads(row.document)
+        document = exact_json(row.document)
         documents[json.dumps(json.loads(row._id), sort_keys=True)] = {
-            name: json.loads(value) if name in texts else value for name, value in document.items()
+            name: exact_json(value) if name in texts else value for name, value in document.items()
         }
     return documents
 
@@ -270,7 +276,7 @@ def test_untyped_arrays_typed_later_keep_their_history_and_child_tables(
                 assert got == expected_child_rows(model, field, as_text)
             current = spark.read.format("delta").load(history).where("_cdc_is_current").drop("_cdc_is_current")
             assert {
-                json.dumps(json.loads(row._id)): {k: v for k, v in json.loads(row.document).items() if k in columns}
+                json.dumps(json.loads(row._id)): {k: v for k, v in exact_json(row.document).items() if k in columns}
                 for row in current.select(
                     "_id",
                     F.to_json(F.struct(*[F.col(f"`{c}`") for c in columns if not c.startswith("_")])).alias("document"),
@@ -361,11 +367,11 @@ def child_rows(spark, location: str) -> tuple[dict[tuple[str, int], object], boo
     for row in table.select(
         "_id", "pos", F.to_json(F.struct(*[F.col(f"`{f.name}`") for f in fields])).alias("e")
     ).collect():
-        element = json.loads(row.e)
+        element = exact_json(row.e)
         key = (json.dumps(json.loads(row._id), sort_keys=True), row.pos)
         if [f.name for f in fields] == ["value"]:
             value = element.get("value")
-            rows[key] = json.loads(value) if as_text and value is not None else value
+            rows[key] = exact_json(value) if as_text and value is not None else value
         else:
             rows[key] = element
     return rows, as_text
