@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import copy
 import random
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -119,8 +120,9 @@ def parent_of(document: dict, path: str, create: bool) -> tuple[Any, str]:
 
 @dataclass
 class Update:
-    """One update of a document: its operators (``$set``/``$unset``/``$push``/``$pop``/``$pull`` with
-    paths that do not overlap, as MongoDB requires) and the ``updateDescription`` it gives."""
+    """One update of a document: its operators (``$set``/``$unset``/``$inc``/``$rename``/``$push``/``$pop``/
+    ``$pull`` with paths that do not overlap, as MongoDB requires; ``$rename``'s value is the new path) and
+    the ``updateDescription`` it gives."""
 
     operations: list[tuple[str, str, Any]]
     updated: dict[str, Any] = field(default_factory=dict)
@@ -140,6 +142,17 @@ def apply_update(document: dict, update: Update) -> dict:
             else:
                 parent[last] = value
             update.updated[path] = value
+        elif operator == "$inc":
+            parent[last] = increased(parent.get(last), value)
+            update.updated[path] = parent[last]
+        elif operator == "$rename":
+            if parent is None or last not in parent:
+                continue
+            moved = parent.pop(last)
+            update.removed.append(path)
+            target, target_last = parent_of(document, value, create=True)
+            target[target_last] = moved
+            update.updated[value] = moved
         elif operator == "$unset":
             if isinstance(parent, list):
                 if int(last) < len(parent):
@@ -165,6 +178,24 @@ def apply_update(document: dict, update: Update) -> dict:
                 update.truncated.append((path, len(new)))
             update.updated.update({f"{path}.{i}": v for i, v in enumerate(new) if v != old[i]})
     return document
+
+
+INT32 = range(-(2**31), 2**31)
+
+
+def increased(number: Any, by: Any) -> Any:
+    """``$inc``: ``number`` (None: absent) plus ``by``, in the wider of their types; an int32 sum beyond the
+    int32 range becomes an int64, as MongoDB makes it."""
+    if number is None:
+        return by
+
+    def plain(value: Any) -> Any:
+        return value.value if isinstance(value, Int64) else value
+
+    total = plain(number) + plain(by)
+    if isinstance(total, float):
+        return total
+    return Int64(total) if isinstance(number, Int64) or isinstance(by, Int64) or total not in INT32 else total
 
 
 @dataclass
@@ -307,16 +338,19 @@ def random_writes(
     full_document: bool,
     array_drift: bool = False,
     snapshot: bool = False,
-) -> None:
+) -> Counter[str]:
     """Seeded random writes into ``collection``: inserts (ids of several BSON types), updates with
-    nested $set, $unset, $push/$pull/$pop (array truncation), type drift of scalar fields, replaces,
+    nested $set, $unset, $inc (an int32 beyond its range becomes an int64), $rename, $push/$pull/$pop
+    (array truncation), type drift of scalar fields, replaces,
     deletes and re-inserts of the same _id, several changes to one document within a second. With
     ``array_drift``, the arrays drift too: ``tags`` and ``items`` are set to a string now and then,
     and an element's ``items.N.n`` to a string (an update that sets a whole field again makes it an
     array again). With ``snapshot``, the collection first holds a few documents, which the
-    connector's initial snapshot reads while random writes go on."""
+    connector's initial snapshot reads while random writes go on. Returns how often each update operator
+    was written."""
     rng = random.Random(seed)
     values = _values(rng)
+    done: Counter[str] = Counter()  # the update operators written
     ids = [ObjectId(f"{rng.getrandbits(96):024x}") for _ in range(3)] + ["s1", "s2", 7, Int64(2**40)]
     drifting = {"qty", "price", "when", "flag"}
 
@@ -369,6 +403,11 @@ def random_writes(
                             + (_array_drift(rng, name, present) if array_drift else [])
                         )
                     )
+                elif name == "qty" and isinstance(present, (int, Int64)) and rng.random() < 0.4:
+                    operations.append(("$inc", name, rng.choice([1, -3, 2**31 - 1, Int64(5)])))
+                elif name == "note" and rng.random() < 0.3 and ("note" in current) != ("remark" in current):
+                    old, new = ("note", "remark") if "note" in current else ("remark", "note")
+                    operations.append(("$rename", old, new))
                 elif rng.random() < 0.2 and name in current:
                     operations.append(("$unset", name, ""))
                 else:
@@ -379,6 +418,7 @@ def random_writes(
                     )
                     operations.append(("$set", name, kind()))
             collection.update(document_id, Update(operations), full_document)
+            done.update(operator for operator, _, _ in operations)
 
     if snapshot:
         for document_id in rng.sample(ids, rng.randint(1, len(ids))):
@@ -392,3 +432,4 @@ def random_writes(
         collection.next_second()
     for _ in range(steps):
         step()
+    return done

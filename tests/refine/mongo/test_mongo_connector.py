@@ -311,7 +311,10 @@ def test_random_writes_refine_to_the_model_documents(
     are streamed after the reads, from the snapshot's start (so a read may already hold them)."""
     seed = int(os.environ.get("CDC_RANDOM_SEED") or random.randrange(2**32))
     collection = Collection("shop", "things")
-    random_writes(seed, collection, steps=160, full_document=mode == "change_streams_update_full", snapshot=snapshot)
+    written = random_writes(
+        seed, collection, steps=160, full_document=mode == "change_streams_update_full", snapshot=snapshot
+    )
+    assert all(written[operator] for operator in ("$set", "$unset", "$inc", "$rename", "$push", "$pop")), written
     records = connector_records(collection.events, {"topic.prefix": unique_name, "capture.mode": mode})
     payloads = [json.loads(r["value"])["payload"] for r in records if r["value"]]
     reads = [p for p in payloads if p["op"] == "r"]
