@@ -454,14 +454,14 @@ def compare(
         results.extend([diff(name, expected, values), types])
 
     def history_chain(name: str, key: list[str]) -> Comparison:
-        """Versions that break the history's shape: a change held twice (same key, LSN and kind: one delivered
-        again), a validity that does not end where the key's next version starts (a delete's where it
+        """Versions that break the history's shape: a change held twice (same key, LSN, op and kind: one
+        delivered again), a validity that does not end where the key's next version starts (a delete's where it
         starts), a current flag on any but a key's last version, unless that is a delete."""
         history = spark.read.format("delta").load(refined_table_location(warehouse, name))
         order = Window.partitionBy(*key).orderBy("_cdc_lsn", "_cdc_offset")
         last = F.lead("_cdc_valid_from").over(order)
         is_last = F.lead(F.lit(True)).over(order).isNull()
-        held_twice = F.count(F.lit(1)).over(Window.partitionBy(*key, "_cdc_lsn", "_cdc_is_deleted")) > 1
+        held_twice = F.count(F.lit(1)).over(Window.partitionBy(*key, "_cdc_lsn", "_cdc_op", "_cdc_is_deleted")) > 1
         wrong = (
             history.withColumn("_twice", held_twice)
             .withColumn("_to", F.when(F.col("_cdc_is_deleted"), F.col("_cdc_valid_from")).otherwise(last))

@@ -18,9 +18,8 @@ The history table holds the changes' columns (without the op column) and:
 The row valid at time ``t``: ``_cdc_valid_from <= t AND (_cdc_valid_to IS NULL OR t < _cdc_valid_to)``.
 
 Order is the source position, never arrival: a change that arrives late is inserted in its place and
-its neighbours' validity is adjusted; a change already in the table (same key and identity: the
-position, or the part of it a change delivered again keeps) changes nothing, so replays and reruns are
-harmless. Keys and positions must not be null; valid-from values
+its neighbours' validity is adjusted; a change already in the table (same key and position) changes
+nothing, so replays and reruns are harmless. Keys and positions must not be null; valid-from values
 should grow with the position (they do for a database's commit times).
 """
 
@@ -37,10 +36,12 @@ from pyspark.sql.types import BooleanType, StructField, StructType
 
 from cdc.core.config import _Strict
 from cdc.core.errors import ConfigError
+from cdc.core.tables import is_delta_table
 from refine.apply.latest import SnapshotStart, at_or_after, from_snapshot_start, resets_table
 from refine.apply.merge import (
     COMMITTED_AT,
     LSN,
+    OFFSET,
     OP,
     REFINED_AT,
     SOURCE_POSITION,
@@ -78,19 +79,10 @@ def debezium_versions(rows: DataFrame) -> DataFrame:
     return rows.withColumn(CHANGE, op_of_debezium(F.col(OP)))
 
 
-def debezium_history_spec(
-    key_columns: list[str], position_columns: list[str], identity_columns: list[str] | None = None
-) -> HistorySpec:
-    """The history of a Debezium table: by its key, in source order, valid from the commit time; a change
-    told from the key's others by ``identity_columns`` (default the whole position). A Postgres change's
-    LSN is its own, kept when it is delivered again; a MongoDB transaction's changes share their cluster
-    time, so there only the Kafka offset tells them apart."""
+def debezium_history_spec(key_columns: list[str], position_columns: list[str]) -> HistorySpec:
+    """The history of a Debezium table: by its key, in source order, valid from the commit time."""
     return HistorySpec(
-        key_columns=key_columns,
-        position_columns=position_columns,
-        identity_columns=identity_columns,
-        valid_from_column=COMMITTED_AT,
-        op_column=CHANGE,
+        key_columns=key_columns, position_columns=position_columns, valid_from_column=COMMITTED_AT, op_column=CHANGE
     )
 
 
@@ -100,13 +92,6 @@ class HistorySpec(_Strict):
     key_columns: list[str] = Field(min_length=1, description="The columns identifying a row (its primary key).")
     position_columns: list[str] = Field(
         min_length=1, description="The source position ordering a key's changes, most significant first."
-    )
-    identity_columns: list[str] | None = Field(
-        default=None,
-        description=(
-            "The position columns that tell one change of a key from another; default all of them. A change "
-            "delivered again keeps its source position but not its Kafka offset: Debezium tables use the LSN."
-        ),
     )
     valid_from_column: str | None = Field(
         default=None,
@@ -120,28 +105,14 @@ class HistorySpec(_Strict):
             raise ValueError(f"op_column {self.op_column!r} cannot also be a key or position column")
         return self
 
-    @model_validator(mode="after")
-    def _identity_within_position(self) -> HistorySpec:
-        if self.identity_columns is not None and (
-            not self.identity_columns or not set(self.identity_columns) <= set(self.position_columns)
-        ):
-            raise ValueError("identity_columns must be some of the position columns")
-        return self
-
     @property
     def valid_from(self) -> str:
         return self.valid_from_column or self.position_columns[0]
 
     @property
     def version_columns(self) -> list[str]:
-        """Where one version sits: the key and the position."""
+        """What identifies one version: the key and the position."""
         return [*self.key_columns, *self.position_columns]
-
-    @property
-    def identity(self) -> list[str]:
-        """What tells a change from the key's others: the key, the identity columns and whether it deletes (a
-        truncate's or a new snapshot's delete versions take its position, shared with the snapshot's reads)."""
-        return [*self.key_columns, *(self.identity_columns or self.position_columns), IS_DELETED]
 
     def check_columns(self, changes: DataFrame) -> None:
         """ConfigError naming a column the spec needs that the changes lack, or a reserved name they use."""
@@ -160,13 +131,13 @@ class HistorySpec(_Strict):
 
 def arriving_versions(changes: DataFrame, spec: HistorySpec) -> DataFrame:
     """The batch's changes as version rows: op column replaced by ``_cdc_valid_from`` and
-    ``_cdc_is_deleted``; a change repeated in the batch (same key and identity) kept once."""
+    ``_cdc_is_deleted``; a change repeated in the batch (same key and position) kept once."""
     columns = [c for c in changes.columns if c != spec.op_column]
     return changes.select(
         *columns,
         F.col(spec.valid_from).alias(VALID_FROM),
         (F.col(spec.op_column) == ChangeOp.DELETE.value).alias(IS_DELETED),
-    ).dropDuplicates(spec.identity)
+    ).dropDuplicates(spec.version_columns)
 
 
 def history_updates(
@@ -179,7 +150,7 @@ def history_updates(
     neighbours can be anywhere in the key's history). ``unchanged`` maps columns to a test of the
     values that mean "as in the previous version" (Debezium's TOAST placeholder): an arriving version
     holding one takes the key's previous value of the column instead."""
-    fresh = arriving.join(existing.select(*spec.identity), spec.identity, "left_anti")
+    fresh = arriving.join(existing.select(*spec.version_columns), spec.version_columns, "left_anti")
     timeline = (
         existing.withColumns({"_held": F.lit(True), "_held_to": F.col(VALID_TO), "_held_current": F.col(IS_CURRENT)})
         .drop(VALID_TO, IS_CURRENT)
@@ -279,6 +250,21 @@ def apply_history(
     )
 
 
+def delivered_first(versions: DataFrame, held: DataFrame, key_columns: list[str]) -> DataFrame:
+    """``versions`` without the streamed changes delivered again (pure): Kafka Connect re-sends a change at
+    a later offset, with the LSN and op it had. A streamed change (op ``c``, ``u``, ``d``) whose key, LSN
+    and op the ``held`` versions (the history table's) or an earlier offset of the batch already have is
+    left out. Snapshot reads and a reset's delete versions share a snapshot's LSN (and two snapshots may
+    share one): they stay told apart by their whole position."""
+    change = [*key_columns, LSN, OP]
+    streamed = F.col(OP).isin(Op.CREATE.value, Op.UPDATE.value, Op.DELETE.value)
+    first = F.row_number().over(Window.partitionBy(*change).orderBy(F.col(OFFSET)))
+    in_batch = versions.withColumn("_first", F.when(streamed, first).otherwise(F.lit(1)))
+    once = in_batch.where(F.col("_first") == 1).drop("_first")
+    again = once.where(streamed).join(held.select(*change).distinct(), change, "left_semi")
+    return once.join(again.select(*change, OFFSET), [*change, OFFSET], "left_anti").select(*versions.columns)
+
+
 def record_debezium_history(
     spark: SparkSession,
     location: str,
@@ -295,10 +281,12 @@ def record_debezium_history(
     each truncate (or snapshot start) closes the versions open before it. ``passing``: the versions that
     pass the table's expectations (:meth:`refine.apply.rules.TableRules.passing_versions`); ``whole_rows`` as in
     :func:`refine.apply.merge.merge_changes`."""
-    spec = debezium_history_spec(key_columns, list(SOURCE_POSITION), [LSN])
+    spec = debezium_history_spec(key_columns, list(SOURCE_POSITION))
     row_changes = changes.where(F.col("op").isin(Op.READ.value, Op.CREATE.value, Op.UPDATE.value, Op.DELETE.value))
     versions = debezium_versions(refined_rows(row_changes, columns))
     versions = passing(versions, F.col(CHANGE) == ChangeOp.DELETE.value)
+    if is_delta_table(spark, location):
+        versions = delivered_first(versions, spark.read.format("delta").load(location), key_columns)
     unchanged = {
         f.name: test
         for f in versions.schema

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from functools import reduce
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
@@ -349,17 +350,19 @@ def decimal_text_fits(text: Column, column: DecimalType = NUMBER_DECIMAL_TYPE) -
     digits and its precision less scale of integer digits, trailing zeros aside (a cast would round the
     rest away, or overflow to null). Zero at any exponent fits; NaN and Infinity do not."""
     whole, fraction = F.regexp_extract(text, _DECIMAL_TEXT, 1), F.regexp_extract(text, _DECIMAL_TEXT, 2)
-    exponent = F.coalesce(F.regexp_extract(text, _DECIMAL_TEXT, 3).try_cast("int"), F.lit(0))
+    exponent_text = F.regexp_extract(text, _DECIMAL_TEXT, 3)
+    exponent = F.when(exponent_text == "", F.lit(0)).otherwise(exponent_text.try_cast("int"))  # beyond int: null
     digits = F.regexp_replace(F.concat(whole, fraction), "^0+", "")  # significant, trailing zeros kept
     scale = F.length(fraction) - exponent  # digits after the point, as written
     trailing_zeros = F.length(digits) - F.length(F.regexp_replace(digits, "0+$", ""))
-    return (
+    return F.coalesce(
         text.rlike(_DECIMAL_TEXT)
         & (F.length(F.concat(whole, fraction)) > 0)
         & (
             (F.length(digits) == 0)
             | ((scale - trailing_zeros <= column.scale) & (F.length(digits) - scale <= column.precision - column.scale))
-        )
+        ),
+        F.lit(False),
     )
 
 
@@ -373,7 +376,7 @@ def inexact_decimals(column: DataType, path: str) -> list[tuple[str, Callable[[C
     and a test of a variant value of the column that holds a Decimal128 there the decimal cannot hold
     exactly (see :func:`decimal_text_fits`)."""
     if isinstance(column, DecimalType):
-        return [(path, lambda v: F.coalesce(~decimal_text_fits(decimal_text(v), column), F.lit(False)))]
+        return [(path, lambda v: decimal_text(v).isNotNull() & ~decimal_text_fits(decimal_text(v), column))]
 
     # (Closures made by functions: Spark reads a lambda's parameters, so none may have a default.)
     def in_member(test: Callable[[Column], Column], name: str) -> Callable[[Column], Column]:
@@ -440,5 +443,9 @@ def variant_json_text(value: Column, shapes: list[str]) -> Column:
             )
         ):
             continue  # a value of mixed types inside (decoded, an 8 among strings would be "8")
-        result = result.when(F.schema_of_variant(value) == shape, json_text(decode(value, column)))
+        decoded = json_text(decode(value, column))
+        # A Decimal128 a decimal cannot hold exactly keeps its Extended JSON: never rounded, never nulled.
+        if inexact := [test(value) for _, test in inexact_decimals(column, "")]:
+            decoded = F.when(reduce(Column.__or__, inexact), F.to_json(value)).otherwise(decoded)
+        result = result.when(F.schema_of_variant(value) == shape, decoded)
     return result.otherwise(F.to_json(value))

@@ -8,7 +8,7 @@ from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from cdc.core.errors import ConfigError
-from refine.apply.history import HistorySpec, apply_history, closing_versions, op_of_debezium
+from refine.apply.history import HistorySpec, apply_history, closing_versions, delivered_first, op_of_debezium
 from refine.apply.merge import TableSettings
 
 SPEC = HistorySpec(key_columns=["id"], position_columns=["seq"], valid_from_column="changed_at")
@@ -200,36 +200,22 @@ def test_closing_versions_delete_every_key_open_before_a_truncate(spark, tmp_pat
     )
 
 
-REPLAYABLE = HistorySpec(
-    key_columns=["id"], position_columns=["seq", "offset"], identity_columns=["seq"], valid_from_column="changed_at"
-)
-
-
-def test_a_change_delivered_again_at_another_offset_is_the_version_it_was(spark, tmp_path):
-    """Kafka Connect delivers a change again at a new offset: its source position (``seq``) tells it is held."""
-    location, columns = str(tmp_path / "history"), "id long, seq long, offset long, name string, changed_at timestamp"
-
-    def apply_at(*changes: tuple) -> None:
-        rows = [(key, seq, offset, name, at(seq), op) for key, seq, offset, name, op in changes]
-        changes = spark.createDataFrame(rows, f"{columns}, op string")
-        apply_history(spark, location, TableSettings(), changes, REPLAYABLE)
-
-    apply_at((1, 1, 0, "a", "upsert"), (1, 2, 1, "b", "upsert"), (2, 3, 2, None, "delete"))
-    # again, one of them twice in the batch; and a read at the delete's position (a new snapshot's deletes share
-    # its reads' position) is a version of its own
-    apply_at((1, 2, 7, "b", "upsert"), (1, 1, 8, "a", "upsert"), (1, 2, 9, "b", "upsert"), (2, 3, 10, "x", "upsert"))
-    versions = history(spark, location).select("id", "seq", "offset", "name", "_cdc_is_current", "_cdc_is_deleted")
-    assertDataFrameEqual(
-        versions,
+def test_streamed_changes_delivered_again_are_left_out_and_reads_stay(spark):
+    """Kafka Connect re-sends a change at a later offset with its LSN and op; snapshot reads (and a reset's
+    delete versions) share a snapshot's LSN, so they stay told apart by their whole position."""
+    columns = "id long, _cdc_lsn long, _cdc_offset long, _cdc_op string, name string"
+    held = spark.createDataFrame([(1, 2, 1, "u", "b"), (2, 3, 2, "r", "x")], columns)
+    versions = spark.createDataFrame(
         [
-            (1, 1, 0, "a", False, False),
-            (1, 2, 1, "b", True, False),
-            (2, 3, 2, None, False, True),
-            (2, 3, 10, "x", True, False),
+            (1, 2, 7, "u", "b"),  # held: delivered again
+            (1, 5, 9, "u", "c"),  # new, twice in the batch: the first kept
+            (1, 5, 8, "u", "c"),
+            (2, 3, 10, "r", "x"),  # a read at a held read's LSN: another snapshot's
+            (2, 3, 11, "u", "y"),  # a change at a read's LSN
         ],
+        columns,
     )
-
-
-def test_identity_columns_are_position_columns(spark):
-    with pytest.raises(ValueError, match="identity_columns must be some of the position columns"):
-        HistorySpec(key_columns=["id"], position_columns=["seq"], identity_columns=["offset"])
+    assertDataFrameEqual(
+        delivered_first(versions, held, ["id"]),
+        [(1, 5, 8, "u", "c"), (2, 3, 10, "r", "x"), (2, 3, 11, "u", "y")],
+    )

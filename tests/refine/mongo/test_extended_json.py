@@ -247,6 +247,7 @@ def test_untyped_arrays_are_stored_as_string_arrays_and_read_back_untyped():
 def _decimal128_texts(rng: random.Random, count: int) -> list[str]:
     """Decimal128 texts as MongoDB writes them: up to 34 digits, signs, points, exponents, zeros, NaN."""
     texts = ["0", "-0", "0E-6176", "0E+6111", "NaN", "-Infinity", "1E+19", "1E+20", "99999999999999999999"]
+    texts += ["1E+9999999999", "0E+99999999999", "5.", ".5", "+.5E1", "-NaN", "1e-18", "1e-19"]
     texts += ["100000000000000000000", "0.000000000000000001", "0.0000000000000000010", "0.0000000000000000001"]
     for _ in range(count):
         digits = "".join(rng.choice("0123456789") for _ in range(rng.randint(1, 34)))
@@ -264,7 +265,7 @@ def test_decimal128_texts_fit_a_decimal_as_pythons_decimal_says(spark):
     whose value has no digit beyond the 18th after the point; it then decodes to exactly that value."""
     texts = _decimal128_texts(random.Random(7), 3000)
 
-    exact = decimal.Context(prec=200)  # quantizes any text here exactly
+    exact = decimal.Context(prec=200, Emax=decimal.MAX_EMAX, Emin=decimal.MIN_EMIN)  # quantizes any text exactly
 
     def expected(text: str) -> Decimal | None:
         try:
@@ -273,7 +274,7 @@ def test_decimal128_texts_fit_a_decimal_as_pythons_decimal_says(spark):
             return None
         if (
             not number.is_finite()
-            or abs(number) >= 10**20
+            or number.copy_abs() >= 10**20
             or number != number.quantize(Decimal("1E-18"), rounding=decimal.ROUND_DOWN, context=exact)
         ):
             return None
@@ -291,3 +292,27 @@ def test_decimal128_texts_fit_a_decimal_as_pythons_decimal_says(spark):
         (r.text, r.fits, r.m) for r in decoded if r.fits != (expected(r.text) is not None) or r.m != expected(r.text)
     ]
     assert not wrong, wrong[:10]
+
+
+def test_decimal128_values_a_decimal_cannot_hold_keep_their_extended_json_as_json_text(spark):
+    """In a JSON-text column a Decimal128 is a number with 18 fraction digits; one that decimal(38,18)
+    cannot hold exactly (there or nested) keeps its Extended JSON: never rounded, never nulled."""
+    from refine.mongo.extended_json import variant_json_text
+
+    values = [
+        '{"$numberDecimal": "10.5"}',
+        '{"$numberDecimal": "0.1234567890123456789"}',
+        '{"p": {"$numberDecimal": "1E+40"}, "q": 1}',
+        '{"p": {"$numberDecimal": "2"}, "q": 1}',
+        '[{"$numberDecimal": "NaN"}]',
+    ]
+    frame = spark.createDataFrame([(v,) for v in values], "v string").select(to_variant(F.col("v")).alias("v"))
+    shapes = sorted({row[0] for row in frame.select(F.schema_of_variant("v")).distinct().collect()})
+    texts = [row[0] for row in frame.select(variant_json_text(F.col("v"), shapes)).collect()]
+    assert texts == [
+        "10.500000000000000000",
+        '{"$numberDecimal":"0.1234567890123456789"}',
+        '{"p":{"$numberDecimal":"1E+40"},"q":1}',
+        '{"p":2.000000000000000000,"q":1}',
+        '[{"$numberDecimal":"NaN"}]',
+    ]
