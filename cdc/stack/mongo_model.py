@@ -181,6 +181,7 @@ def apply_update(document: dict, update: Update) -> dict:
 
 
 INT32 = range(-(2**31), 2**31)
+OPERATORS = ("$set", "$unset", "$inc", "$rename", "$push", "$pop", "$pull")  # what random_writes writes
 
 
 def increased(number: Any, by: Any) -> Any:
@@ -209,10 +210,15 @@ class Collection:
     seconds: int = 1_763_700_000
     increment: int = 0
     tick: int = 0
+    # Each document's states as writes left them: (writes so far, _id, document or None once deleted).
+    states: list[tuple[int, Any, dict | None]] = field(default_factory=list)
+    lookups: list[tuple[dict, Any, int]] = field(default_factory=list)  # (update event, _id, its write)
 
     def _event(self, operation: str, document_id: Any, **fields: Any) -> dict:
         self.increment += 1
         self.tick += 1
+        current = self.documents.get(document_id)
+        self.states.append((len(self.states), document_id, None if current is None else copy.deepcopy(current)))
         event = {
             "_id": {"_data": f"82{self.seconds:08X}{self.increment:08X}"},
             "operationType": operation,
@@ -282,7 +288,24 @@ class Collection:
             "truncatedArrays": [{"field": f, "newSize": {"$numberInt": str(s)}} for f, s in update.truncated],
         }
         extra = {"fullDocument": canonical(self.documents[document_id])} if full_document else {}
-        self._event("update", document_id, updateDescription=description, **extra)
+        event = self._event("update", document_id, updateDescription=description, **extra)
+        if full_document:
+            self.lookups.append((event, document_id, len(self.states) - 1))
+
+    def lookups_see_later_writes(self, rng: random.Random) -> int:
+        """Make some update events' ``fullDocument`` what a real lookup may find: the document as writes
+        after the update left it (MongoDB looks it up when the event is read), or null where it was deleted
+        by then. Returns how many lookups now see a later state (nulls included)."""
+        later = 0
+        for event, document_id, write in self.lookups:
+            seen = write + rng.choice([0, 0, 0, 1, 2, 6])
+            state = next(
+                (document for at, key, document in reversed(self.states[: seen + 1]) if key == document_id), None
+            )
+            if seen > write and state != self.states[write][2]:
+                later += 1
+            event["fullDocument"] = None if state is None else canonical(state)
+        return later
 
 
 # The generator's fields: name -> makers of values (the first is the field's usual type; the others drift).
@@ -338,6 +361,7 @@ def random_writes(
     full_document: bool,
     array_drift: bool = False,
     snapshot: bool = False,
+    later_lookups: bool = False,
 ) -> Counter[str]:
     """Seeded random writes into ``collection``: inserts (ids of several BSON types), updates with
     nested $set, $unset, $inc (an int32 beyond its range becomes an int64), $rename, $push/$pull/$pop
@@ -347,7 +371,9 @@ def random_writes(
     and an element's ``items.N.n`` to a string (an update that sets a whole field again makes it an
     array again). With ``snapshot``, the collection first holds a few documents, which the
     connector's initial snapshot reads while random writes go on. Returns how often each update operator
-    was written."""
+    was written: up to ``steps`` more writes are made until each of :data:`OPERATORS` has been. With
+    ``later_lookups`` (and ``full_document``), some updates' full documents are what a lookup finds later
+    (:meth:`Collection.lookups_see_later_writes`), counted as ``later lookup``."""
     rng = random.Random(seed)
     values = _values(rng)
     done: Counter[str] = Counter()  # the update operators written
@@ -403,9 +429,9 @@ def random_writes(
                             + (_array_drift(rng, name, present) if array_drift else [])
                         )
                     )
-                elif name == "qty" and isinstance(present, (int, Int64)) and rng.random() < 0.4:
+                elif name == "qty" and isinstance(present, (int, Int64)) and rng.random() < 0.5:
                     operations.append(("$inc", name, rng.choice([1, -3, 2**31 - 1, Int64(5)])))
-                elif name == "note" and rng.random() < 0.3 and ("note" in current) != ("remark" in current):
+                elif name == "note" and rng.random() < 0.6 and ("note" in current) != ("remark" in current):
                     old, new = ("note", "remark") if "note" in current else ("remark", "note")
                     operations.append(("$rename", old, new))
                 elif rng.random() < 0.2 and name in current:
@@ -432,4 +458,10 @@ def random_writes(
         collection.next_second()
     for _ in range(steps):
         step()
+    for _ in range(steps):  # on, until each update operator has been written (a seed may draw one late)
+        if all(done[operator] for operator in OPERATORS):
+            break
+        step()
+    if later_lookups:
+        done["later lookup"] = collection.lookups_see_later_writes(random.Random(seed + 1))
     return done

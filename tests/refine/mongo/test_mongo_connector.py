@@ -25,7 +25,18 @@ import refine.mongo.documents
 from cdc.core.errors import CdcError
 from cdc.core.tables import is_delta_table, raw_table_location
 from cdc.stack.mongo_harness import connector_records, kafka_record
-from cdc.stack.mongo_model import Binary, Collection, Date, Decimal128, Int64, ObjectId, Update, as_json, random_writes
+from cdc.stack.mongo_model import (
+    OPERATORS,
+    Binary,
+    Collection,
+    Date,
+    Decimal128,
+    Int64,
+    ObjectId,
+    Update,
+    as_json,
+    random_writes,
+)
 from refine.config import refined_table_location
 from refine.mongo.extended_json import commented_untyped
 from refine.quality.quarantine import quarantine_location
@@ -311,10 +322,12 @@ def test_random_writes_refine_to_the_model_documents(
     are streamed after the reads, from the snapshot's start (so a read may already hold them)."""
     seed = int(os.environ.get("CDC_RANDOM_SEED") or random.randrange(2**32))
     collection = Collection("shop", "things")
+    full_document = mode == "change_streams_update_full"
     written = random_writes(
-        seed, collection, steps=160, full_document=mode == "change_streams_update_full", snapshot=snapshot
+        seed, collection, steps=160, full_document=full_document, snapshot=snapshot, later_lookups=full_document
     )
-    assert all(written[operator] for operator in ("$set", "$unset", "$inc", "$rename", "$push", "$pop")), written
+    assert all(written[operator] for operator in OPERATORS), written
+    assert bool(written["later lookup"]) == full_document, written  # a lookup that found a later state or null
     records = connector_records(collection.events, {"topic.prefix": unique_name, "capture.mode": mode})
     payloads = [json.loads(r["value"])["payload"] for r in records if r["value"]]
     reads = [p for p in payloads if p["op"] == "r"]
