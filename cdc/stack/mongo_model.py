@@ -45,6 +45,13 @@ class Binary:
     subtype: int = 0
 
 
+@dataclass(frozen=True)
+class Compound:
+    """A document as an ``_id`` (hashable): its fields in order."""
+
+    fields: tuple[tuple[str, Any], ...]
+
+
 def canonical(value: Any) -> Any:
     """``value`` as canonical Extended JSON (a JSON-ready Python value). A Python int is an int32."""
     if isinstance(value, bool) or value is None or isinstance(value, str):
@@ -63,6 +70,8 @@ def canonical(value: Any) -> Any:
         return {"$oid": value.hex}
     if isinstance(value, Binary):
         return {"$binary": {"base64": base64.b64encode(value.data).decode(), "subType": f"{value.subtype:02x}"}}
+    if isinstance(value, Compound):
+        return {k: canonical(v) for k, v in value.fields}
     if isinstance(value, dict):
         return {k: canonical(v) for k, v in value.items()}
     if isinstance(value, list):
@@ -362,11 +371,12 @@ def random_writes(
     array_drift: bool = False,
     snapshot: bool = False,
     later_lookups: bool = False,
+    more_ids: bool = False,
 ) -> Counter[str]:
-    """Seeded random writes into ``collection``: inserts (ids of several BSON types), updates with
-    nested $set, $unset, $inc (an int32 beyond its range becomes an int64), $rename, $push/$pull/$pop
-    (array truncation), type drift of scalar fields, replaces,
-    deletes and re-inserts of the same _id, several changes to one document within a second. With
+    """Seeded random writes into ``collection``: inserts (ids of several BSON types; with ``more_ids``, a
+    binary and a compound one too), updates with nested $set, $unset, $inc (an int32 beyond its range
+    becomes an int64), $rename, $push/$pull/$pop (array truncation), type drift of scalar fields,
+    replaces, deletes and re-inserts of the same _id, several changes to one document within a second. With
     ``array_drift``, the arrays drift too: ``tags`` and ``items`` are set to a string now and then,
     and an element's ``items.N.n`` to a string (an update that sets a whole field again makes it an
     array again). With ``snapshot``, the collection first holds a few documents, which the
@@ -378,6 +388,8 @@ def random_writes(
     values = _values(rng)
     done: Counter[str] = Counter()  # the update operators written
     ids = [ObjectId(f"{rng.getrandbits(96):024x}") for _ in range(3)] + ["s1", "s2", 7, Int64(2**40)]
+    if more_ids:
+        ids += [Binary(b"\x01\xff"), Compound((("region", "eu"), ("n", 1)))]
     drifting = {"qty", "price", "when", "flag"}
 
     def document(document_id: Any) -> dict:
