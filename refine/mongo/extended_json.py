@@ -317,7 +317,7 @@ def decode(value: Column, column: DataType) -> Column:
         decoded = F.try_to_binary(text, F.lit("base64"))
     elif isinstance(column, DecimalType):
         text = decimal_text(value)
-        zero = ~F.concat(*[F.regexp_extract(text, _DECIMAL_TEXT, group) for group in (1, 2)]).rlike("[1-9]")
+        zero = ~F.concat(*_decimal_parts(text)[:2]).rlike("[1-9]")
         # Never rounded; a zero at any exponent is 0 (a cast refuses 0E+6111).
         decoded = F.when(
             decimal_text_fits(text, column), F.when(zero, F.lit(0).cast(column)).otherwise(text.try_cast(column))
@@ -345,12 +345,17 @@ def decode(value: Column, column: DataType) -> Column:
 _DECIMAL_TEXT = r"^[+-]?([0-9]*)(?:\.([0-9]*))?(?:[eE]([+-]?[0-9]+))?$"
 
 
+def _decimal_parts(text: Column) -> tuple[Column, Column, Column]:
+    """Decimal128 text's integer digits, fraction digits and exponent (each "" where it has none)."""
+    whole, fraction, exponent = (F.regexp_extract(text, _DECIMAL_TEXT, group) for group in (1, 2, 3))
+    return whole, fraction, exponent
+
+
 def decimal_text_fits(text: Column, column: DecimalType = NUMBER_DECIMAL_TYPE) -> Column:
     """Whether the Decimal128 ``text`` is a number ``column`` holds exactly: at most its scale of fraction
     digits and its precision less scale of integer digits, trailing zeros aside (a cast would round the
     rest away, or overflow to null). Zero at any exponent fits; NaN and Infinity do not."""
-    whole, fraction = F.regexp_extract(text, _DECIMAL_TEXT, 1), F.regexp_extract(text, _DECIMAL_TEXT, 2)
-    exponent_text = F.regexp_extract(text, _DECIMAL_TEXT, 3)
+    whole, fraction, exponent_text = _decimal_parts(text)
     exponent = F.when(exponent_text == "", F.lit(0)).otherwise(exponent_text.try_cast("int"))  # beyond int: null
     digits = F.regexp_replace(F.concat(whole, fraction), "^0+", "")  # significant, trailing zeros kept
     scale = F.length(fraction) - exponent  # digits after the point, as written
