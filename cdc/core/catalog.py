@@ -7,11 +7,11 @@ support on, with an embedded Derby metastore in a folder or an external metastor
 schema of each layer in its own settings (``spark.cdc.catalog.schema.<layer>``): the helpers that create
 tables register them (:func:`register_table`) when those are set, and do nothing otherwise.
 
-A table is registered when its job creates it or first meets it in a process, never per batch: a Delta
-table registered by location reads its schema from its log, so added columns show through the name
-without registering again. Its name is the table's folder name (a split table's: ``<table>__<value>``)
-with every character the Hive metastore refuses (anything but letters, digits and ``_``) made ``_``,
-lower-cased as the metastore keeps it: ``raw.demo_shop_customers``. Two tables whose names meet so, or a
+A table is registered when its job creates it or first meets it (the job remembers that, nothing here
+does), never per batch: a Delta table registered by location reads its schema from its log, so added
+columns show through the name without registering again. Its name is the table's folder name (a split
+table's: ``<table>__<value>``) with every character the Hive metastore refuses (anything but letters,
+digits and ``_``) made ``_``, lower-cased as the metastore keeps it: ``raw.demo_shop_customers``. Two tables whose names meet so, or a
 name the catalog holds for another location, fail with a TableError naming both; so does a name longer
 than the metastore keeps (256 characters).
 
@@ -38,8 +38,6 @@ _SCHEMA_SETTING = "spark.cdc.catalog.schema.{layer}"
 _NOT_IN_A_NAME = re.compile(r"[^a-z0-9_]")
 # The Hive metastore keeps a table's name in a VARCHAR(256) (TBLS.TBL_NAME).
 MAX_NAME_LENGTH = 256
-_REGISTERED: set[str] = set()  # the locations this process has registered (or found registered)
-_SCHEMAS: set[str] = set()  # the schemas this process has created (or found)
 
 
 def catalog_conf(config: CatalogConfig, metastore_dir: Path) -> dict[str, str]:
@@ -98,9 +96,10 @@ def checked_name(name: str, location: str) -> str:
 
 
 def register_table(spark: SparkSession, location: str) -> str | None:
-    """Register the Delta table at ``location`` under its layer's schema, once per process; return its
-    qualified name (None when the session has no catalog for that layer). Idempotent: a table already
-    registered at this location stays; one registered at another location raises TableError."""
+    """Register the Delta table at ``location`` under its layer's schema; return its qualified name (None
+    when the session has no catalog for that layer). Idempotent: a table already registered at this
+    location stays; one registered at another location raises TableError. Jobs call it when they create
+    a table or first meet it, not per batch (it asks the metastore each time)."""
     named = table_name(location)
     if named is None:
         return None
@@ -110,12 +109,8 @@ def register_table(spark: SparkSession, location: str) -> str | None:
         return None
     name = checked_name(name, location)
     qualified = f"{schema}.{name}"
-    if location in _REGISTERED:
-        return qualified
     try:
-        if schema not in _SCHEMAS:
-            spark.sql(f"CREATE SCHEMA IF NOT EXISTS `{schema}`")
-            _SCHEMAS.add(schema)
+        spark.sql(f"CREATE SCHEMA IF NOT EXISTS `{schema}`")
         quoted = location.replace("\\", "\\\\").replace("'", "\\'")
         spark.sql(f"CREATE TABLE IF NOT EXISTS `{schema}`.`{name}` USING delta LOCATION '{quoted}'")
         registered_at = _location_of(spark, f"`{schema}`.`{name}`")
@@ -130,7 +125,6 @@ def register_table(spark: SparkSession, location: str) -> str | None:
             "and _, lower-cased: rename one table, or drop the other's registration)",
             table=location,
         )
-    _REGISTERED.add(location)
     return qualified
 
 

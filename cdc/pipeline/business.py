@@ -226,8 +226,12 @@ def _register_views(spark: SparkSession, config: BusinessTableConfig) -> str | N
     return None
 
 
-def refresh_business_table(spark: SparkSession, config: BusinessTableConfig) -> RefreshResult:
-    """Bring the business table up to date with its query: unchanged, incrementally, or fully."""
+def refresh_business_table(
+    spark: SparkSession, config: BusinessTableConfig, registered: set[str] | None = None
+) -> RefreshResult:
+    """Bring the business table up to date with its query: unchanged, incrementally, or fully.
+    ``registered``: the locations a job running refreshes has registered in the catalog (this one is
+    added), so that an unchanged table is registered once per job rather than per refresh."""
     if (missing := _register_views(spark, config)) is not None:
         return RefreshResult(RefreshMode.UNCHANGED, f"{missing} has no table yet")
     try:
@@ -245,7 +249,10 @@ def refresh_business_table(spark: SparkSession, config: BusinessTableConfig) -> 
     same_query = state is not None and state.get(QUERY_PROPERTY) == query
     refreshed = json.loads(state.get(SOURCES_PROPERTY, "{}")) if same_query and state is not None else {}
     if same_query and versions is not None and refreshed == versions:
-        register_table(spark, config.location)  # a table refreshed before the catalog was on: once per process
+        if registered is None or config.location not in registered:  # refreshed before the catalog was on
+            register_table(spark, config.location)
+            if registered is not None:
+                registered.add(config.location)
         return RefreshResult(RefreshMode.UNCHANGED, "no source changed since the last refresh")
     warnings = _absent_columns_read(spark, config, sources)
     outcome = _incremental(spark, config, result, plan, refreshed, versions) if same_query else "a new or changed query"
@@ -254,7 +261,9 @@ def refresh_business_table(spark: SparkSession, config: BusinessTableConfig) -> 
     properties = {KIND_PROPERTY: BUSINESS_KIND, QUERY_PROPERTY: query, SOURCES_PROPERTY: json.dumps(versions or {})}
     assignments = ", ".join(f"{_sql_string(key)} = {_sql_string(value)}" for key, value in properties.items())
     spark.sql(f"ALTER TABLE delta.`{config.location}` SET TBLPROPERTIES ({assignments})")
-    register_table(spark, config.location)  # once per process
+    register_table(spark, config.location)
+    if registered is not None:
+        registered.add(config.location)
     if isinstance(outcome, str):
         return RefreshResult(RefreshMode.FULL, outcome, warnings)
     return dataclasses.replace(outcome, warnings=warnings)
@@ -365,9 +374,10 @@ def run_business_tables(
     set; return the number of refreshes that wrote something."""
     stop = stop or threading.Event()
     written = 0
+    registered: set[str] = set()
     while not stop.is_set():
         for table in tables:
-            outcome = refresh_business_table(spark, table)
+            outcome = refresh_business_table(spark, table, registered)
             if outcome.mode is not RefreshMode.UNCHANGED:
                 written += 1
                 say(f"business {table.name}: {outcome.mode.value} refresh ({outcome.reason})")

@@ -115,7 +115,7 @@ def create_raw_table(spark: SparkSession, location: str, topic: str) -> None:
                 f"the raw table there holds topic {properties[TOPIC_PROPERTY]!r}", table=location, topic=topic
             )
         add_missing_properties(spark, location, PARQUET_PROPERTIES | CHECKPOINT_PROPERTIES, properties)
-        register_table(spark, location)  # a table created before the catalog was on: once per process
+        register_table(spark, location)  # a table created before the catalog was on
         return
     storage = Storage(spark)
     clear_interrupted_creation(storage, location)

@@ -129,21 +129,88 @@ def parent_of(document: dict, path: str, create: bool) -> tuple[Any, str]:
 
 @dataclass
 class Update:
-    """One update of a document: its operators (``$set``/``$unset``/``$inc``/``$rename``/``$push``/``$pop``/
-    ``$pull`` with paths that do not overlap, as MongoDB requires; ``$rename``'s value is the new path) and
-    the ``updateDescription`` it gives."""
+    """One update of a document and the ``updateDescription`` it gives. ``operations`` are
+    (operator, path, value): ``$set``/``$unset``/``$inc``/``$rename`` (value: the new path)/``$push``/
+    ``$pop``/``$pull``/``$addToSet`` (value: the ``$each`` list), with paths that do not overlap, as
+    MongoDB requires; a path may hold a positional operator: ``$[]`` (every element), ``$[e]`` (the
+    elements ``array_filters['e']`` = (field, value) matches) or ``$`` (the first element ``query`` =
+    (array path, field, value) matched). ``("pipeline", name, stages)`` is an aggregation-pipeline
+    update: ``stages(document)`` returns the new document, and the description is MongoDB's diff of the
+    two (subdocuments and arrays element by element, a shorter array truncated)."""
 
     operations: list[tuple[str, str, Any]]
+    array_filters: dict[str, tuple[str, Any]] = field(default_factory=dict)
+    query: tuple[str, str, Any] | None = None
     updated: dict[str, Any] = field(default_factory=dict)
     removed: list[str] = field(default_factory=list)
     truncated: list[tuple[str, int]] = field(default_factory=list)
 
 
+def _matches(element: Any, condition: tuple[str, Any]) -> bool:
+    name, value = condition
+    return isinstance(element, dict) and element.get(name) == value
+
+
+def _positions(document: dict, update: Update, path: str) -> list[str]:
+    """``path`` with its positional operator resolved to the concrete paths it updates."""
+    if "$" not in path:
+        return [path]
+    head, operator, tail = path.partition(".$")
+    operator, _, rest = ("$" + tail).partition(".")
+    parent, last = parent_of(document, head, create=False)
+    elements = parent.get(last) if isinstance(parent, dict) else None
+    if not isinstance(elements, list):
+        return []
+    if operator == "$[]":
+        indexes = list(range(len(elements)))
+    elif operator == "$":
+        assert update.query is not None, "the positional operator $ needs the update's query"
+        indexes = [next(i for i, e in enumerate(elements) if _matches(e, update.query[1:]))]
+    else:
+        condition = update.array_filters[operator[2:-1]]
+        indexes = [i for i, e in enumerate(elements) if _matches(e, condition)]
+    return [f"{head}.{i}" + (f".{rest}" if rest else "") for i in indexes]
+
+
+def _diff(old: Any, new: Any, path: str, update: Update) -> None:
+    """Record in ``update`` how ``old`` became ``new`` at ``path`` as MongoDB's pipeline-update diff
+    reports it: a subdocument field by field, an array element by element (a shorter one truncated)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        for name in old:
+            if name not in new:
+                update.removed.append(f"{path}{name}")
+        for name, value in new.items():
+            if name not in old:
+                update.updated[f"{path}{name}"] = value
+            elif canonical(old[name]) != canonical(value):
+                _diff(old[name], value, f"{path}{name}.", update)
+    elif isinstance(old, list) and isinstance(new, list):
+        if len(new) < len(old):
+            update.truncated.append((path[:-1], len(new)))
+        for index, value in enumerate(new):
+            if index >= len(old):
+                update.updated[f"{path}{index}"] = value
+            elif canonical(old[index]) != canonical(value):
+                _diff(old[index], value, f"{path}{index}.", update)
+    else:
+        update.updated[path[:-1]] = new
+
+
 def apply_update(document: dict, update: Update) -> dict:
     """The document after ``update`` (MongoDB's semantics); fills in ``update``'s description."""
     document = copy.deepcopy(document)
-    for operator, path, value in update.operations:
-        parent, last = parent_of(document, path, operator in ("$set", "$push"))
+    operations = [
+        (operator, concrete, value)
+        for operator, path, value in update.operations
+        for concrete in _positions(document, update, path)
+    ]
+    for operator, path, value in operations:
+        if operator == "pipeline":
+            new = value(copy.deepcopy(document))
+            _diff(document, new, "", update)
+            document = new
+            continue
+        parent, last = parent_of(document, path, operator in ("$set", "$push", "$addToSet"))
         if operator == "$set":
             if isinstance(parent, list):
                 parent.extend([None] * (int(last) + 1 - len(parent)))
@@ -177,6 +244,18 @@ def apply_update(document: dict, update: Update) -> dict:
             else:
                 parent[last] = [value]
                 update.updated[path] = [value]
+        elif operator == "$addToSet":
+            present = parent.get(last)
+            if present is None:  # the array is made, holding each element once
+                parent[last] = []
+                for element in value:
+                    if canonical(element) not in canonical(parent[last]):
+                        parent[last].append(element)
+                update.updated[path] = copy.deepcopy(parent[last])
+            for element in value if present is not None else []:
+                if canonical(element) not in canonical(present):
+                    update.updated[f"{path}.{len(present)}"] = element
+                    present.append(element)
         elif operator in ("$pop", "$pull"):
             old = parent.get(last) if parent is not None else None
             if not isinstance(old, list) or not old:
@@ -190,7 +269,9 @@ def apply_update(document: dict, update: Update) -> dict:
 
 
 INT32 = range(-(2**31), 2**31)
-OPERATORS = ("$set", "$unset", "$inc", "$rename", "$push", "$pop", "$pull")  # what random_writes writes
+# What random_writes writes: update operators, positional operators (``$[e]``: with an array filter) and
+# aggregation-pipeline updates.
+OPERATORS = ("$set", "$unset", "$inc", "$rename", "$push", "$pop", "$pull", "$addToSet", "$[]", "$[e]", "$", "pipeline")
 
 
 def increased(number: Any, by: Any) -> Any:
@@ -222,8 +303,14 @@ class Collection:
     # Each document's states as writes left them: (writes so far, _id, document or None once deleted).
     states: list[tuple[int, Any, dict | None]] = field(default_factory=list)
     lookups: list[tuple[dict, Any, int]] = field(default_factory=list)  # (update event, _id, its write)
+    # Pre- and post-images enabled (changeStreamPreAndPostImages): update, replace and delete events carry
+    # the document before the change as ``fullDocumentBeforeChange``, as the capture modes
+    # ``*_with_pre_image`` ask for it.
+    pre_images: bool = False
 
-    def _event(self, operation: str, document_id: Any, **fields: Any) -> dict:
+    def _event(self, operation: str, document_id: Any, before: dict | None = None, **fields: Any) -> dict:
+        if self.pre_images and operation != "insert":
+            fields["fullDocumentBeforeChange"] = canonical(before)
         self.increment += 1
         self.tick += 1
         current = self.documents.get(document_id)
@@ -280,24 +367,29 @@ class Collection:
         self._event("insert", document["_id"], fullDocument=canonical(document))
 
     def replace(self, document: dict) -> None:
+        before = self.documents[document["_id"]]
         self.documents[document["_id"]] = copy.deepcopy(document)
-        self._event("replace", document["_id"], fullDocument=canonical(document))
+        self._event("replace", document["_id"], before, fullDocument=canonical(document))
 
     def delete(self, document_id: Any) -> None:
-        del self.documents[document_id]
-        self._event("delete", document_id)
+        before = self.documents.pop(document_id)
+        self._event("delete", document_id, before)
 
     def update(self, document_id: Any, update: Update, full_document: bool) -> None:
         """``full_document``: the event carries the document as a lookup finds it (capture mode
-        change_streams_update_full); the harness leaves it out otherwise anyway."""
-        self.documents[document_id] = apply_update(self.documents[document_id], update)
+        change_streams_update_full); the harness leaves it out otherwise anyway. An update that changes
+        nothing gives no event, as MongoDB writes no oplog entry for it."""
+        before = self.documents[document_id]
+        self.documents[document_id] = apply_update(before, update)
+        if canonical(self.documents[document_id]) == canonical(before):
+            return
         description = {
             "updatedFields": canonical(update.updated),
             "removedFields": update.removed,
             "truncatedArrays": [{"field": f, "newSize": {"$numberInt": str(s)}} for f, s in update.truncated],
         }
         extra = {"fullDocument": canonical(self.documents[document_id])} if full_document else {}
-        event = self._event("update", document_id, updateDescription=description, **extra)
+        event = self._event("update", document_id, before, updateDescription=description, **extra)
         if full_document:
             self.lookups.append((event, document_id, len(self.states) - 1))
 
@@ -363,6 +455,51 @@ def _array_drift(rng: random.Random, name: str, present: list) -> list[tuple[str
     return drift
 
 
+def _operator_name(operator: str, path: str) -> str:
+    """How :data:`OPERATORS` names an operation: its positional operator where its path holds one."""
+    for positional in ("$[]", "$[e]", "$"):
+        if f".{positional}." in f"{path}.":
+            return positional
+    return operator
+
+
+def _pipeline_stage(rng: random.Random, values: dict[str, list], name: str, current: dict) -> Callable[[dict], None]:
+    """An aggregation-pipeline stage on the field ``name`` (of ``current``, the document as it is):
+    ``$set`` with ``$add``, ``$concatArrays``, ``$slice``, ``$reverseArray``, ``$map`` with
+    ``$mergeObjects``, ``$filter``, or ``$unset`` of the field or of a subdocument's field."""
+    present = current.get(name)
+    choices: list[Callable[[dict], None]] = []
+    if isinstance(present, (int, Int64)) and not isinstance(present, bool):
+        by = rng.choice([1, -7, 2**31 - 1])
+        choices.append(lambda d: d.__setitem__(name, increased(d[name], by)))  # {$add: ["$qty", by]}
+    if isinstance(present, list):
+        extra = values[name][0]()[:1]
+        keep = rng.randint(0, len(present))
+        choices += [
+            lambda d: d.__setitem__(name, d[name] + extra),  # {$concatArrays: ["$tags", [...]]}
+            lambda d: d.__setitem__(name, d[name][:keep]),  # {$slice: ["$tags", keep]}
+            lambda d: d.__setitem__(name, d[name][::-1]),  # {$reverseArray: "$tags"}
+        ]
+        if all(isinstance(e, dict) for e in present):
+            n = rng.randint(0, 9)
+            choices += [
+                lambda d: d.__setitem__(name, [{**e, "n": n} for e in d[name]]),  # $map + $mergeObjects
+                lambda d: d.__setitem__(name, [e for e in d[name] if e.get("sku") == "a"]),  # $filter
+            ]
+    if isinstance(present, dict):
+        a = rng.randint(0, 9)
+        choices += [
+            lambda d: d.__setitem__(name, {**d[name], "a": a, "e": "new"}),  # $mergeObjects
+            lambda d: d[name].pop("b", None),  # {$unset: "nested.b"}
+        ]
+    if name in current:
+        choices.append(lambda d: d.pop(name))  # {$unset: name}
+    else:
+        value = values[name][0]()
+        choices.append(lambda d: d.__setitem__(name, copy.deepcopy(value)))  # {$set: {name: value}}
+    return rng.choice(choices)
+
+
 def random_writes(
     seed: int,
     collection: Collection,
@@ -381,7 +518,7 @@ def random_writes(
     and an element's ``items.N.n`` to a string (an update that sets a whole field again makes it an
     array again). With ``snapshot``, the collection first holds a few documents, which the
     connector's initial snapshot reads while random writes go on. Returns how often each update operator
-    was written: up to ``steps`` more writes are made until each of :data:`OPERATORS` has been. With
+    was written: up to ``5 * steps`` more writes are made until each of :data:`OPERATORS` has been. With
     ``later_lookups`` (and ``full_document``), some updates' full documents are what a lookup finds later
     (:meth:`Collection.lookups_see_later_writes`), counted as ``later lookup``."""
     rng = random.Random(seed)
@@ -409,10 +546,21 @@ def random_writes(
             collection.delete(document_id)
         elif action == "replace":
             collection.replace(document(document_id))
+        elif rng.random() < 0.12:
+            stages = [
+                _pipeline_stage(rng, values, name, current) for name in rng.sample(sorted(values), rng.randint(1, 3))
+            ]
+
+            def pipeline(document: dict) -> dict:
+                for stage in stages:
+                    stage(document)
+                return document
+
+            collection.update(document_id, Update([("pipeline", "", pipeline)]), full_document)
+            done["pipeline"] += 1
         else:
-            operations, used = [], set()
+            operations, update = [], Update([])
             for name in rng.sample(sorted(values), rng.randint(1, 4)):
-                used.add(name)
                 present = current.get(name)
                 if name in drifting and rng.random() < 0.15:
                     operations.append(("$set", name, rng.choice(values[name])()))
@@ -426,6 +574,17 @@ def random_writes(
                             ]
                         )
                     )
+                elif name == "items" and present and all(isinstance(e, dict) for e in present) and rng.random() < 0.4:
+                    sku = rng.choice([e.get("sku") for e in present])
+                    positional = rng.choice(["items.$[].n", "items.$[e].n", "items.$.n"])
+                    if positional == "items.$[e].n":
+                        update.array_filters["e"] = ("sku", rng.choice(["a", "b"]))
+                    elif positional == "items.$.n":
+                        update.query = ("items", "sku", sku)
+                    operations.append(("$set", positional, rng.randint(0, 9)))
+                elif name == "tags" and (present is None or isinstance(present, list)) and rng.random() < 0.3:
+                    each = [rng.choice(["t1", "t2", "t3", "t4"]) for _ in range(rng.randint(1, 3))]
+                    operations.append(("$addToSet", name, each))
                 elif name in ("tags", "items") and isinstance(present, list):
                     element = values[name][0]()[:1] or (
                         [rng.choice(["t1", "t2"])] if name == "tags" else [{"sku": "a", "n": 1}]
@@ -455,8 +614,9 @@ def random_writes(
                         else rng.choice(values[name][:1] * 5 + values[name])
                     )
                     operations.append(("$set", name, kind()))
-            collection.update(document_id, Update(operations), full_document)
-            done.update(operator for operator, _, _ in operations)
+            update.operations = operations
+            collection.update(document_id, update, full_document)
+            done.update(_operator_name(operator, path) for operator, path, _ in operations)
 
     if snapshot:
         for document_id in rng.sample(ids, rng.randint(1, len(ids))):
@@ -470,7 +630,7 @@ def random_writes(
         collection.next_second()
     for _ in range(steps):
         step()
-    for _ in range(steps):  # on, until each update operator has been written (a seed may draw one late)
+    for _ in range(5 * steps):  # on, until each operator has been written (a seed may draw one late)
         if all(done[operator] for operator in OPERATORS):
             break
         step()

@@ -41,7 +41,6 @@ out = {}
 WRITER = """
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 from cdc.class_training import _land_and_refine
-from cdc.core import catalog
 from cdc.core.errors import TableError
 from cdc.pipeline.business import BusinessTableConfig, refresh_business_table
 from cdc.raw.table import create_raw_table
@@ -56,10 +55,11 @@ ensure_refined_table(spark, items, TableSettings(), added)  # the source gained 
 schema = StructType([StructField("id", LongType()), StructField("name", StringType())])
 customers = f"{warehouse}/refined/Customers"
 for run in range(2):  # a job run twice: creation, then (as in a new process) tables met again and registered
-    catalog._REGISTERED.clear()
-    catalog._SCHEMAS.clear()
     create_raw_table(spark, f"{warehouse}/raw/demo.shop.customers", "demo.shop.customers")
     ensure_refined_table(spark, customers, TableSettings(), schema)  # a new job's settings
+# A user drops the raw table's registration (the data stays): the next job to meet it registers it again.
+spark.sql("DROP TABLE raw.demo_shop_customers")
+create_raw_table(spark, f"{warehouse}/raw/demo.shop.customers", "demo.shop.customers")
 spark.createDataFrame([(1, "ann")], schema).write.format("delta").mode("append").save(customers)
 wider = StructType([*schema, StructField("email", StringType())])
 ensure_refined_table(spark, customers, TableSettings(), wider)  # the source gained a column

@@ -320,10 +320,10 @@ def test_untyped_arrays_typed_later_keep_their_history_and_child_tables(
 
 @pytest.mark.parametrize(
     ("mode", "schemas", "snapshot"),
-    [  # every pair of the three settings' values, once
+    [  # every pair of the three settings' values, once (the capture modes with and without pre-images)
         ("change_streams_update_full", True, False),
-        ("change_streams", False, False),
-        ("change_streams_update_full", False, True),
+        ("change_streams_with_pre_image", False, False),
+        ("change_streams_update_full_with_pre_image", False, True),
         ("change_streams", True, True),
     ],
 )
@@ -332,10 +332,12 @@ def test_random_writes_refine_to_the_model_documents(
 ):
     """With ``snapshot``, the collection holds documents before capture starts, which the connector's
     initial snapshot reads (op ``r``, its snapshot record emitter) while writes go on; their changes
-    are streamed after the reads, from the snapshot's start (so a read may already hold them)."""
+    are streamed after the reads, from the snapshot's start (so a read may already hold them). The
+    ``*_with_pre_image`` modes put the document before each change in the records' ``before``."""
     seed = int(os.environ.get("CDC_RANDOM_SEED") or random.randrange(2**32))
-    collection = Collection("shop", "things")
-    full_document = mode == "change_streams_update_full"
+    pre_images = mode.endswith("_with_pre_image")
+    collection = Collection("shop", "things", pre_images=pre_images)
+    full_document = mode.startswith("change_streams_update_full")
     written = random_writes(
         seed,
         collection,
@@ -351,6 +353,7 @@ def test_random_writes_refine_to_the_model_documents(
     payloads = [json.loads(r["value"])["payload"] for r in records if r["value"]]
     reads = [p for p in payloads if p["op"] == "r"]
     assert bool(reads) == snapshot
+    assert any(p.get("before") for p in payloads if p["op"] in ("u", "d")) == pre_images
     # The dispatcher's snapshot receiver marks the last read.
     assert [r["source"]["snapshot"] for r in reads] == ["true"] * (len(reads) - 1) + ["last"] * bool(reads)
     topic = kafka.create_topic(records[0]["topic"])
