@@ -11,9 +11,9 @@ A table is registered when its job creates it or first meets it (the job remembe
 does), never per batch: a Delta table registered by location reads its schema from its log, so added
 columns show through the name without registering again. Its name is the table's folder name (a split
 table's: ``<table>__<value>``) with every character the Hive metastore refuses (anything but letters,
-digits and ``_``) made ``_``, lower-cased as the metastore keeps it: ``raw.demo_shop_customers``. Two tables whose names meet so, or a
-name the catalog holds for another location, fail with a TableError naming both; so does a name longer
-than the metastore keeps (256 characters).
+digits and ``_``) made ``_``, lower-cased as the metastore keeps it: ``raw.demo_shop_customers``. Two
+tables whose names meet so, or a name the catalog holds for another location, fail with a TableError
+naming both; so does a name longer than the metastore keeps (256 characters).
 
 The embedded metastore is Derby's, which one JVM at a time opens: with Hive support on, every job
 process opens it (a path's SQL, ``delta.`<path>```, asks the catalog first), so a second process fails
