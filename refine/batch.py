@@ -18,7 +18,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from cdc.core.errors import CdcError
+from cdc.core.errors import CdcError, ConfigError
 from cdc.core.frames import computed_once
 from cdc.core.shared_tables import retrying_conflicts
 from cdc.core.streaming import batch_error
@@ -71,7 +71,16 @@ class RefineBatch:
         # Another warehouse's raw table: a rebuild (refine/rebuild.py) refines into staging tables.
         self.raw = raw_location or raw_table_location(config.warehouse, config.table)
         self.refined = refined_table_location(config.warehouse, config.target)
-        self.state = state or TableState.of(self.refined, TableSettings(config.features, config.schema_rules))
+        shape = config.shape
+        self.state = state or TableState.of(
+            self.refined,
+            TableSettings(
+                config.features,
+                config.schema_rules,
+                cluster_by=tuple(shape.cluster_by),
+                partition_by=tuple(shape.partition_by),
+            ),
+        )
         self.deleted = deleted_location(config.warehouse, config.target)
         self.applied = applied_location(config.warehouse, config.target)
         history = refined_table_location(config.warehouse, history_table_name(config.target))
@@ -85,6 +94,10 @@ class RefineBatch:
             },
             history=history if config.history else None,
             settings=self.state.settings,
+            shape=shape,
+            mask_key=shape.mask_key.read()
+            if shape.mask_key is not None
+            else None,  # a missing key fails the job's start
         )
         self.error: CdcError | None = None
         self.rules = config.rules or TableRules(table=config.target, topic=config.table, warehouse=config.warehouse)
@@ -217,7 +230,16 @@ class RefineBatch:
         self.state.saw_schemas(texts)
         return texts
 
+    def _refuse_shape(self, kind: str) -> None:
+        if self.config.shape.declared:
+            raise ConfigError(
+                f"{kind} are not shaped yet (columns, except_columns, mask, computed, where, deletes, "
+                "ignore_null_updates, cluster_by, partition_by apply to Postgres tables with a primary key)",
+                table=self.config.target,
+            )
+
     def _refine_mongo(self, spark: SparkSession, records: DataFrame) -> None:
+        self._refuse_shape("MongoDB collections")
         refine_mongo_batch(
             spark,
             records,
@@ -345,6 +367,7 @@ class RefineBatch:
         """Apply the parsed ``batch``'s valid ``changes`` (of the source ``columns``) by their table's path:
         keyed, or keyless when the Kafka keys are null."""
         if batch.key_schema is None:
+            self._refuse_shape("tables without a primary key")
             merge_keyless_batch(
                 spark,
                 changes,

@@ -12,6 +12,7 @@ from cdc.core.storage import normalize_location
 from cdc.core.tables import TableFeatures
 from refine.apply.rules import TableRules
 from refine.apply.schema_changes import SchemaChangePolicy, SchemaChangeRules, TimeZoneName
+from refine.apply.shaping import TableShape
 from refine.records.columns import connect_type
 
 
@@ -146,6 +147,12 @@ class RefineJobConfig(RefineRun):
         default=None,
         description="The source database's time zone (an IANA name): needed to follow a timestamp -> timestamptz "
         "ALTER, whose stored wall-clock times are read in it.",
+    )
+    shape: TableShape = Field(
+        default_factory=TableShape,
+        description="How the refined table (and its history and child tables) is shaped: kept and computed columns, "
+        "`where`, masks, soft deletes, ignored NULL updates, clustering (refine/apply/shaping.py). Postgres tables "
+        "with a primary key.",
     )
 
     @property

@@ -200,13 +200,23 @@ def _replace(spark: SparkSession, live: str, staged: str, started: int | None) -
     if before is not None:  # the live table's columns keep their order (a column added mid-stream stays last)
         kept = [c for c in spark.read.format("delta").load(live).columns if c in rows.columns]
         rows = rows.select(*[F.col(f"`{c}`") for c in [*kept, *[c for c in rows.columns if c not in kept]]])
+    # The staged table's layout (a shaped table's cluster_by or partition_by): an overwrite keeps neither.
+    layout = spark.sql(f"DESCRIBE DETAIL delta.`{staged}`").select("partitionColumns", "clusteringColumns").collect()[0]
+    partitions, clustering = list(layout.partitionColumns or []), list(layout.clusteringColumns or [])
     if before is None:  # created as the refinement creates it (Change Data Feed first: its readers see every row)
         builder = DeltaTable.createIfNotExists(spark).location(live).addColumns(rows.schema)
         for key, value in properties.items():
             builder = builder.property(key, value)
+        if clustering:
+            builder = builder.clusterBy(*clustering)
+        elif partitions:
+            builder = builder.partitionedBy(*partitions)
         builder.execute()
-    rows.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(live)
+    writer = rows.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+    (writer.partitionBy(*partitions) if partitions else writer).save(live)
     _check_swapped_on(spark, live, started)
+    if clustering:
+        spark.sql(f"ALTER TABLE delta.`{live}` CLUSTER BY ({', '.join(f'`{c}`' for c in clustering)})")
     register_table(spark, live)
     current = delta_properties(spark, live)
     changed = {key: value for key, value in properties.items() if current.get(key) != value}

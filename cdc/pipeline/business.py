@@ -51,6 +51,7 @@ from cdc.core.errors import ConfigError, TableError
 from cdc.core.storage import Storage, normalize_location
 from cdc.core.tables import KIND_PROPERTY, delta_properties, is_delta_table, table_version
 from cdc.pipeline.sql_text import reads_column
+from refine.apply.merge import DELETED_AT
 from refine.apply.schema_changes import absent_columns
 
 BUSINESS_KIND = "business"
@@ -206,6 +207,12 @@ def _state(spark: SparkSession, location: str) -> dict[str, str] | None:
     return properties
 
 
+def _live_rows(table: DataFrame) -> DataFrame:
+    """A table's rows without those soft-deleted (``deletes: soft``): business SQL reads those through
+    ``delta.`<location>``` when it asks for them."""
+    return table.where(F.col(DELETED_AT).isNull()) if DELETED_AT in table.columns else table
+
+
 def _register_views(spark: SparkSession, config: BusinessTableConfig) -> str | None:
     """Register the query's views; return the location of one that has no table yet (nothing registered then)."""
     tables: dict[str, list[str]] = {view: [normalize_location(location)] for view, location in config.views.items()}
@@ -221,7 +228,7 @@ def _register_views(spark: SparkSession, config: BusinessTableConfig) -> str | N
     ):
         return missing
     for view, locations in tables.items():
-        frames = [spark.read.format("delta").load(location) for location in locations]
+        frames = [_live_rows(spark.read.format("delta").load(location)) for location in locations]
         functools.reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), frames).createOrReplaceTempView(view)
     return None
 

@@ -26,6 +26,7 @@ from cdc.pipeline.config import (
 from cdc.pipeline.sql_text import reads_column, sql_tables
 from refine.apply.flatten import array_element, child_columns, child_table_name, field_type, flat_columns
 from refine.apply.merge import EVENT_POSITION
+from refine.apply.shaping import TableShape
 
 Problem = tuple[str, str]
 RESERVED_PREFIX = "_cdc_"
@@ -78,6 +79,12 @@ def _refined_problems(pipeline: Pipeline) -> Iterator[Problem]:
                         ),
                     )
             if isinstance(source, DebeziumMongoSource):
+                for field in SHAPE_KEYS:
+                    if field in table.model_fields_set:
+                        yield f"{where}.{field}", "applies to Debezium Postgres sources only (not yet to MongoDB)"
+            else:
+                yield from _shape_problems(where, table)
+            if isinstance(source, DebeziumMongoSource):
                 for field in ("renames", "drop_columns"):
                     if field in table.model_fields_set:
                         yield (
@@ -96,7 +103,7 @@ def _refined_problems(pipeline: Pipeline) -> Iterator[Problem]:
                     ),
                 )
             continue
-        for field in ("schema_changes", "renames", "drop_columns"):
+        for field in ("schema_changes", "renames", "drop_columns", *SHAPE_KEYS):
             if field in table.model_fields_set:
                 yield (
                     f"{where}.{field}",
@@ -235,3 +242,26 @@ def _expectation_problems(pipeline: Pipeline) -> Iterator[Problem]:
                 f"expectations.{name}.table",
                 (f"unknown refined table {expectation.table!r} (refined tables: {', '.join(sorted(refined))})"),
             )
+
+
+# The refined-table keys of refine.apply.shaping.TableShape.
+SHAPE_KEYS = tuple(TableShape.model_fields)
+
+
+def _shape_problems(where: str, table: RefinedTable) -> Iterator[Problem]:
+    """A Debezium Postgres table's shaping keys that contradict its other keys."""
+    for path in table.explode:
+        column = path.split(".")[0]
+        if not table.keeps(column):
+            yield f"{where}.explode", f"{column} is left out of the table (columns/except_columns): nothing to explode"
+        if column in table.mask:
+            yield f"{where}.explode", f"{column} is masked: a masked array cannot be exploded"
+    overlap = sorted(set(table.computed) & set(table.renames.values()))
+    if overlap:
+        yield f"{where}.computed", f"{overlap[0]} is also a rename's new name"
+    if (table.cluster_by or table.partition_by) and table.drop_columns:
+        layout = "cluster_by" if table.cluster_by else "partition_by"
+        yield (
+            f"{where}.{layout}",
+            "a clustering or partition column cannot be dropped: `drop_columns: true` would drop it if the source did",
+        )

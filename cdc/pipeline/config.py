@@ -21,6 +21,7 @@ from cdc.core.ddl import DdlError, parse_schema
 from cdc.core.tables import TableFeatures
 from cdc.raw.config import GapPolicy
 from refine.apply.schema_changes import SchemaChangePolicy, TimeZoneName
+from refine.apply.shaping import TableShape
 
 NAME_RULE = "letters, digits and single underscores, starting with a letter (`__` is kept for child tables)"
 
@@ -205,8 +206,10 @@ class Flatten(_Model):
         return tuple(self.keep) if self.enabled else tuple(field.name for field in schema.fields)
 
 
-class RefinedTable(_Model):
-    """A refined table, ``<warehouse>/refined/<name>`` (per split value: ``<warehouse>/refined/<name>/<value>``)."""
+class RefinedTable(TableShape, _Model):
+    """A refined table, ``<warehouse>/refined/<name>`` (per split value: ``<warehouse>/refined/<name>/<value>``).
+    Its shaping keys (``columns``, ``except_columns``, ``mask``, ``computed``, ``where``, ``deletes``,
+    ``ignore_null_updates``, ``cluster_by``, ``partition_by``) are :class:`refine.apply.shaping.TableShape`'s."""
 
     source: Name = Field(description="The source (a key of `sources`) whose raw table is refined.")
     keys: list[ColumnPath] = Field(

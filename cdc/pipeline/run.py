@@ -40,6 +40,7 @@ from cdc.pipeline.sql_text import sql_tables
 from cdc.raw.config import GapPolicy, RawJobConfig, TopicList
 from refine.apply.rules import TableRules
 from refine.apply.schema_changes import SchemaChangePolicy
+from refine.apply.shaping import TableShape
 from refine.batch import RefineBatch
 from refine.config import Connector, RefineJobConfig, RefineRun, refined_table_location
 from refine.job import fail_if_quarantined, start_refine_query, summarize_run, watch_refine_queries
@@ -210,6 +211,7 @@ def refine_jobs(pipeline: Pipeline, config: PipelineRefineConfig) -> list[Refine
                     schema_changes=config.schema_changes or table.schema_changes or pipeline.schema_changes,
                     renames=table.renames,
                     drop_columns=table.drop_columns,
+                    shape=TableShape(**{key: getattr(table, key) for key in TableShape.model_fields}),
                     source_time_zone=source.source_time_zone if isinstance(source, DebeziumPostgresSource) else None,
                     **common,
                 )

@@ -40,6 +40,7 @@ from cdc.core.tables import is_delta_table
 from refine.apply.latest import SnapshotStart, at_or_after, from_snapshot_start, resets_table
 from refine.apply.merge import (
     COMMITTED_AT,
+    DELETED_AT,
     LSN,
     OFFSET,
     OP,
@@ -275,15 +276,20 @@ def record_debezium_history(
     passing: Callable[[DataFrame, Column], DataFrame],
     truncated: bool,
     whole_rows: bool = False,
+    shaped: Callable[[DataFrame], DataFrame] | None = None,
 ) -> None:
     """Every change of a batch of parsed Debezium ``changes`` as a version of its row in the history
     table at ``location`` (TOAST placeholders take the previous version's value); with ``truncated``,
     each truncate (or snapshot start) closes the versions open before it. ``passing``: the versions that
     pass the table's expectations (:meth:`refine.apply.rules.TableRules.passing_versions`); ``whole_rows`` as in
-    :func:`refine.apply.merge.merge_changes`."""
+    :func:`refine.apply.merge.merge_changes`; ``shaped``: the table's shape applied to refined rows (a row that
+    stops matching its ``where`` is a delete version)."""
     spec = debezium_history_spec(key_columns, list(SOURCE_POSITION))
     row_changes = changes.where(F.col("op").isin(Op.READ.value, Op.CREATE.value, Op.UPDATE.value, Op.DELETE.value))
-    versions = debezium_versions(refined_rows(row_changes, columns))
+    rows = refined_rows(row_changes, columns)
+    if shaped is not None:
+        rows = shaped(rows).drop(DELETED_AT)  # a history's deletes are its delete versions
+    versions = debezium_versions(rows)
     versions = passing(versions, F.col(CHANGE) == ChangeOp.DELETE.value)
     if is_delta_table(spark, location):
         versions = delivered_first(versions, spark.read.format("delta").load(location), key_columns)

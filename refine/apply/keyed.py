@@ -5,7 +5,7 @@ cannot bring a row back; then the exploded arrays' child tables and the history 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -28,6 +28,7 @@ from refine.apply.latest import latest_per_key
 from refine.apply.merge import TableSettings, ensure_refined_table, merge_changes, refined_rows, refresh_children
 from refine.apply.rekey import batch_states, fill_from_old_keys, stored_states
 from refine.apply.rules import TableRules
+from refine.apply.shaping import DeleteMode, TableShape, fill_ignored_nulls, shaped_rows
 from refine.records.envelope import ConnectSchema
 
 
@@ -41,6 +42,12 @@ class KeyedTables:
     children: dict[str, str]  # exploded array path -> its child table's location
     history: str | None  # the history table's location, when one is kept
     settings: TableSettings  # what the job declares for them (the deleted keys: settings.side())
+    shape: TableShape = field(default_factory=TableShape)  # how the refined, history and child tables are shaped
+    mask_key: bytes | None = None  # the hmac_sha256 key (read once by the job)
+
+    def shaped(self, rows: DataFrame, key_columns: list[str]) -> DataFrame:
+        """Refined rows as the shape declares them (:func:`refine.apply.shaping.shaped_rows`)."""
+        return shaped_rows(rows, self.shape, key_columns, self.name, self.mask_key)
 
 
 def merge_keyed_batch(
@@ -56,11 +63,13 @@ def merge_keyed_batch(
     """MERGE a batch's valid parsed ``changes`` (of the refined ``columns``, keyed by ``key_schema``)
     into ``tables``."""
     key_columns = [field.field_name for field in key_schema.fields or ()]
+    tables.shape.check_keys(key_columns, tables.name)
     _check_explode(row_type_of(changes), tables)
-    _follow_schema(spark, changes, columns, tables)
-    filled, latest = _latest_changes(spark, changes, key_schema, key_columns, facts, tables)
+    _follow_schema(spark, changes, columns, key_columns, tables)
+    ignored = tables.shape.ignored_nulls(columns, key_columns)
+    filled, latest = _latest_changes(spark, changes, key_schema, key_columns, facts, tables, ignored)
     with rules.enforced_changes(spark, latest, columns, key_columns, batch_id) as enforced:
-        rows = enforced.persist()  # computed once from the tables as they were
+        rows = tables.shaped(enforced, key_columns).persist()  # computed once from the tables as they were
         try:
             _write_rows(spark, rows, key_columns, facts, tables)
         finally:
@@ -76,14 +85,18 @@ def merge_keyed_batch(
             rules.passing_versions,
             truncated=facts.resets,
             whole_rows=True,
+            shaped=lambda versions: tables.shaped(versions, key_columns),
         )
 
 
-def _follow_schema(spark: SparkSession, changes: DataFrame, columns: list[str], tables: KeyedTables) -> None:
+def _follow_schema(
+    spark: SparkSession, changes: DataFrame, columns: list[str], key_columns: list[str], tables: KeyedTables
+) -> None:
     """Give the refined table and its deleted keys a column the source changed (:mod:`refine.apply.schema_changes`)
     before the batch reads them: a table rewritten after a read of it would fail that read."""
     if is_delta_table(spark, tables.refined):
-        schema = StructType([StructField(f.name, f.dataType) for f in refined_rows(changes, columns).schema])
+        rows = tables.shaped(refined_rows(changes, columns), key_columns)
+        schema = StructType([StructField(f.name, f.dataType) for f in rows.schema])
         ensure_refined_table(spark, tables.refined, tables.settings, schema, source_columns=True)
         if is_delta_table(spark, tables.deleted):
             ensure_refined_table(spark, tables.deleted, tables.settings.side(), schema, kind=DELETED_KIND)
@@ -104,13 +117,16 @@ def _latest_changes(
     key_columns: list[str],
     facts: BatchFacts,
     tables: KeyedTables,
+    ignored_nulls: list[str],
 ) -> tuple[DataFrame, DataFrame]:
-    """The changes with the rows of primary-key changes filled from their old keys, and the last change
-    per key (a delete with the row image it removes)."""
+    """The changes with the rows of primary-key changes filled from their old keys (and, with
+    ``ignored_nulls``, those columns' NULLs from the key's earlier changes), and the last change per key
+    (a delete with the row image it removes)."""
     filled, stored = changes, None
     if facts.key_changes:  # only then are stored rows read (a scan of the refined table)
         stored = stored_states(spark, [tables.refined, tables.deleted], key_columns, row_type_of(changes))
         filled = fill_from_old_keys(changes, key_schema, stored)
+    filled = fill_ignored_nulls(filled, key_columns, ignored_nulls)
     latest = latest_per_key(filled, key_columns, facts.truncated_at, facts.placeholders, facts.snapshot_from)
     if facts.deletes:
         latest = with_deleted_images(latest, batch_states(filled), stored)
@@ -123,7 +139,7 @@ def _write_rows(
     """Record the deleted keys, truncate and snapshot start of the batch's last ``rows`` per key, then
     MERGE those that bring back no deleted row, and refresh the child tables of their keys."""
     truncated_at = facts.truncated_at
-    if facts.deletes:
+    if facts.deletes or tables.shape.where is not None:  # a row that stops matching `where` is a delete
         record_deletes(spark, tables.deleted, tables.settings, rows)
     if truncated_at is not None:
         record_truncate(spark, tables.deleted, tables.settings, rows, truncated_at)
@@ -142,6 +158,8 @@ def _write_rows(
         keys=keys,
         snapshot_at=snapshot_at,
         whole_rows=True,
+        soft_deletes=tables.shape.deletes is DeleteMode.SOFT,
+        ignore_nulls=tables.shape.ignored_nulls([c for c in guarded.columns if not c.startswith("_cdc_")], key_columns),
     )
     for path, child in tables.children.items():
         refresh_children(spark, tables.refined, child, tables.settings, keys, key_columns, path, truncated=facts.resets)

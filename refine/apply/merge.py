@@ -62,6 +62,7 @@ from refine.records.toast import placeholder_test
 
 LSN, OFFSET, COMMITTED_AT, OP, REFINED_AT = "_cdc_lsn", "_cdc_offset", "_cdc_committed_at", "_cdc_op", "_cdc_refined_at"
 METADATA_COLUMNS = (LSN, OFFSET, COMMITTED_AT, OP, REFINED_AT)
+DELETED_AT = "_cdc_deleted_at"  # when a soft-deleted row was deleted (deletes: soft)
 # Where an event came from: what keys an appended event (and its child rows) in event tables.
 PARTITION = "_cdc_partition"
 EVENT_POSITION = (PARTITION, OFFSET)
@@ -100,9 +101,13 @@ class TableSettings:
     """How the table follows the source's schema changes (:mod:`refine.apply.schema_changes`)."""
     checked: set[str] = dataclass_field(default_factory=set, compare=False)
     """The locations whose Delta properties the job has checked: once per table and job, not per batch."""
+    cluster_by: tuple[str, ...] = ()
+    """Liquid clustering columns a new table (that has them all) is created with."""
+    partition_by: tuple[str, ...] = ()
+    """Partition columns a new table (that has them all) is created with."""
 
     def side(self) -> TableSettings:
-        """The settings of a side table (deleted keys): the same rules and checks, no features."""
+        """The settings of a side table (deleted keys): the same rules and checks, no features or layout."""
         return TableSettings(TableFeatures(), self.schema_rules, self.checked)
 
 
@@ -140,6 +145,11 @@ def ensure_refined_table(
         )
         for key, value in {**features.creation_properties(), **MAINTENANCE_PROPERTIES}.items():
             builder = builder.property(key, value)
+        names = set(schema.fieldNames())
+        if settings.cluster_by and names.issuperset(settings.cluster_by):
+            builder = builder.clusterBy(*settings.cluster_by)
+        elif settings.partition_by and names.issuperset(settings.partition_by):
+            builder = builder.partitionedBy(*settings.partition_by)
         builder.execute()
         settings.checked.add(location)
         register_table(spark, location)
@@ -177,9 +187,14 @@ def merge_changes(
     keys: DataFrame | None = None,
     snapshot_at: tuple[int, int] | None = None,
     whole_rows: bool = False,
+    soft_deletes: bool = False,
+    ignore_nulls: list[str] | None = None,
 ) -> None:
     """Apply one batch's last change per key (and a truncate, if the batch had one); a change applies
-    when its ``position`` columns are at or after the row's. With ``snapshot_at``, the source position
+    when its ``position`` columns are at or after the row's. ``soft_deletes``: a delete (or reset) keeps
+    the row and sets its ``_cdc_deleted_at`` (the rows hold that column, NULL), a later change revives
+    it. ``ignore_nulls``: columns whose NULL in a change to a row the table holds (not soft-deleted)
+    keeps the stored value. With ``snapshot_at``, the source position
     of a snapshot's first read in the batch, the rows older than it that the batch does not match go:
     the snapshot did not read them again. ``keys``, cached, holds every key of
     ``rows`` (or more): then a large table's rows that none of them matches skip the MERGE's join
@@ -199,17 +214,28 @@ def merge_changes(
             if is_placeholder is None
             else F.when(is_placeholder(source), F.col(f"t.`{field.name}`")).otherwise(source)
         )
+        if field.name in (ignore_nulls or ()):
+            kept = source.isNull() & (F.col(f"t.{DELETED_AT}").isNull() if soft_deletes else F.lit(True))
+            updates[f"`{field.name}`"] = F.when(kept, F.col(f"t.`{field.name}`")).otherwise(updates[f"`{field.name}`"])
     condition = reduce(Column.__and__, [F.col(f"t.`{key}`") == F.col(f"s.`{key}`") for key in key_columns])
     # Not with a truncate: its clause reads every row the batch does not match, so none can be dropped.
     filtered = truncated_at is None and snapshot_at is None
     table = DeltaTable.forPath(spark, location)
     with key_filter(spark, location, keys, key_columns) if keys is not None and filtered else nullcontext() as held:
-        merge = (
-            table.alias("t")
-            .merge(rows.alias("s"), condition if held is None else condition & held)
-            .whenMatchedDelete(is_delete & newer)
-            .whenMatchedUpdate(~is_delete & newer, updates)
-            .whenNotMatchedInsert(~is_delete, {f"`{f.name}`": F.col(f"s.`{f.name}`") for f in rows.schema})
+        merge = table.alias("t").merge(rows.alias("s"), condition if held is None else condition & held)
+        if soft_deletes:  # the stored row stays, marked; the source's deletion time from the change
+            deleted: dict[str, str | Column] = {c: F.col(f"s.{c}") for c in (LSN, OFFSET, COMMITTED_AT, OP, REFINED_AT)}
+            deleted[DELETED_AT] = F.coalesce(
+                F.col(f"t.{DELETED_AT}"), F.col(f"s.{COMMITTED_AT}"), F.current_timestamp()
+            )
+            merge = merge.whenMatchedUpdate(is_delete & newer, deleted)
+        else:
+            merge = merge.whenMatchedDelete(is_delete & newer)
+        # Soft: a delete the table has no row for is kept when its row was one the table would hold (its
+        # `_cdc_deleted_at` set, refine/apply/shaping.py), so batch boundaries do not decide what stays.
+        inserted = (~is_delete | F.col(f"s.{DELETED_AT}").isNotNull()) if soft_deletes else ~is_delete
+        merge = merge.whenMatchedUpdate(~is_delete & newer, updates).whenNotMatchedInsert(
+            inserted, {f"`{f.name}`": F.col(f"s.`{f.name}`") for f in rows.schema}
         )
         # A truncate, or a snapshot's first read: the rows older than it that the batch does not match go.
         resets = [
@@ -217,7 +243,13 @@ def merge_changes(
             for at in (truncated_at, snapshot_at)
             if at is not None
         ]
-        if resets:
+        if resets and soft_deletes:
+            reset = f"t.{DELETED_AT} IS NULL AND ({' OR '.join(resets)})"
+            merge = merge.whenNotMatchedBySourceUpdate(
+                reset,
+                {DELETED_AT: F.current_timestamp(), OP: F.lit(Op.DELETE.value), REFINED_AT: F.current_timestamp()},
+            )
+        elif resets:
             merge = merge.whenNotMatchedBySourceDelete(" OR ".join(resets))
         merge.execute()
 
@@ -340,6 +372,8 @@ def refresh_children(
     are resolved there, a deleted parent has no row and so no children, and a late change that did not
     apply leaves them as they are. After a truncate, child rows whose parent is gone are deleted too."""
     stored = spark.read.format("delta").load(refined)
+    if DELETED_AT in stored.columns:  # a soft-deleted parent has no children
+        stored = stored.where(F.col(DELETED_AT).isNull())
     parents = stored.join(keys, key_columns, "left_semi")
     children = child_rows(parents, key_columns, array_path).withColumn(REFINED_AT, F.current_timestamp())
     replace_children(spark, location, settings, children, keys, key_columns)

@@ -1,0 +1,283 @@
+"""Shaped tables: the pure stages against independent oracles (Python's hashlib and hmac), and a shaped
+pipeline table on the real stack compared with Postgres read back."""
+
+import hashlib
+import hmac
+import random
+from datetime import datetime
+
+import pytest
+from pyspark.sql import functions as F
+from pyspark.testing import assertDataFrameEqual
+
+from cdc.core.errors import ConfigError
+from refine.apply.shaping import REDACTED, DeleteMode, MaskKey, MaskMethod, TableShape, fill_ignored_nulls, shaped_rows
+
+ROWS = "id long, email string, name string, active boolean, _cdc_lsn long, _cdc_offset long, _cdc_op string"
+
+
+def test_masks_hash_the_values_text_as_hashlib_and_hmac_do(spark):
+    rng = random.Random(7)
+    texts = [
+        "",
+        "a",
+        "Ünïcødé ✓",
+        "x" * 300,
+        *("".join(rng.choice("ab@.é") for _ in range(rng.randint(1, 40))) for _ in range(50)),
+    ]
+    keys = [b"k", b"secret key", bytes(range(64)), bytes(range(100))]  # shorter, one block, longer (hashed first)
+    rows = spark.createDataFrame(
+        [(i, t, t, True, 1, i, "u") for i, t in enumerate(texts)] + [(999, None, None, True, 1, 0, "u")], ROWS
+    )
+    for key in keys:
+        shape = TableShape(mask={"email": MaskMethod.SHA256, "name": MaskMethod.HMAC_SHA256}, mask_key=MaskKey(env="K"))
+        got = {r.id: (r.email, r.name) for r in shaped_rows(rows, shape, ["id"], "t", key).collect()}
+        for i, text in enumerate(texts):
+            assert got[i] == (
+                hashlib.sha256(text.encode()).hexdigest(),
+                hmac.new(key, text.encode(), hashlib.sha256).hexdigest(),
+            )
+        assert got[999] == (None, None)
+    redacted = shaped_rows(rows, TableShape(mask={"email": "redact", "name": "nullify"}), ["id"], "t")
+    assert {(r.email, r.name) for r in redacted.collect()} == {(REDACTED, None), (None, None)}
+
+
+def test_numbers_hash_their_text_so_a_widened_column_hashes_the_same(spark):
+    small = spark.createDataFrame(
+        [(1, 5, 1, 1, "c")], "id long, n smallint, _cdc_lsn long, _cdc_offset long, _cdc_op string"
+    )
+    wide = small.withColumn("n", F.col("n").cast("bigint"))
+    shape = TableShape(mask={"n": MaskMethod.SHA256})
+    assert shaped_rows(small, shape, ["id"], "t").head().n == shaped_rows(wide, shape, ["id"], "t").head().n
+    assert shaped_rows(small, shape, ["id"], "t").head().n == hashlib.sha256(b"5").hexdigest()
+
+
+def test_where_turns_rows_that_stop_matching_into_deletes_and_columns_are_selected(spark):
+    at = datetime(2026, 1, 2, 3, 4, 5)
+    rows = spark.createDataFrame(
+        [
+            (1, "a@x", "A", True, 1, 1, "u"),
+            (2, "b@x", "B", False, 1, 2, "u"),  # stops matching: a delete
+            (3, "c@x", "C", None, 1, 3, "c"),  # NULL does not match
+            (4, "d@x", "D", False, 1, 4, "d"),  # a delete of a row the table would not hold
+            (5, "e@x", "E", True, 1, 5, "d"),  # a delete of one it would: kept when soft
+        ],
+        ROWS,
+    ).withColumn("_cdc_committed_at", F.lit(at))
+    shape = TableShape(
+        except_columns=["name"],
+        computed={"domain": "substring_index(email, '@', -1)"},
+        where="active",
+        deletes=DeleteMode.SOFT,
+    )
+    shaped = shaped_rows(rows, shape, ["id"], "t")
+    assert shaped.columns == [
+        "id",
+        "email",
+        "active",
+        "_cdc_lsn",
+        "_cdc_offset",
+        "_cdc_op",
+        "_cdc_committed_at",
+        "domain",
+        "_cdc_deleted_at",
+    ]
+    assert {r.id: (r._cdc_op, r.domain, r._cdc_deleted_at) for r in shaped.collect()} == {
+        1: ("u", "x", None),
+        2: ("d", "x", None),
+        3: ("d", "x", None),
+        4: ("d", "x", None),
+        5: ("d", "x", at),
+    }
+
+
+def test_bad_shapes_fail_with_the_key_named(spark):
+    rows = spark.createDataFrame([(1, "a@x", "A", True, 1, 1, "u")], ROWS)
+    with pytest.raises(ConfigError, match=r"computed: .*nope"):
+        shaped_rows(rows, TableShape(computed={"x": "nope + 1"}), ["id"], "t")
+    with pytest.raises(ConfigError, match="where: "):
+        shaped_rows(rows, TableShape(where="active AND ("), ["id"], "t")
+    with pytest.raises(ConfigError, match="no column avatar"):
+        shaped_rows(rows, TableShape(except_columns=["avatar"]), ["id"], "t")
+    with pytest.raises(ConfigError, match="primary-key column id cannot be left out"):
+        TableShape(columns=["email"]).check_keys(["id"], "t")
+    with pytest.raises(ConfigError, match="id can only be hashed"):
+        TableShape(mask={"id": "nullify"}).check_keys(["id"], "t")
+    with pytest.raises(ConfigError, match="environment variable CDC_NO_SUCH_KEY holds no key"):
+        MaskKey(env="CDC_NO_SUCH_KEY").read()
+
+
+def test_ignored_nulls_take_the_keys_last_value_since_its_last_delete(spark):
+    changes = spark.createDataFrame(
+        [
+            (1, 1, "c", ("ann", 5)),
+            (1, 2, "u", (None, 6)),  # name NULL: keeps ann
+            (1, 3, "d", None),
+            (1, 4, "c", (None, 7)),  # after a delete nothing carries over
+            (2, 5, "u", ("bob", None)),
+            (2, 6, "u", (None, None)),
+        ],
+        "id long, source_lsn long, op string, after struct<name: string, n: long>",
+    ).select(F.struct("id").alias("key"), F.lit(0).cast("long").alias("kafka_offset"), "source_lsn", "op", "after")
+    filled = fill_ignored_nulls(changes, ["id"], ["name", "n"]).orderBy("source_lsn").collect()
+    assert [r.after and (r.after.name, r.after.n) for r in filled] == [
+        ("ann", 5),
+        ("ann", 6),
+        None,
+        (None, 7),
+        ("bob", None),
+        ("bob", None),
+    ]
+
+
+# --- on the real stack ---------------------------------------------------------------------------
+
+KEPT = ["id", "email", "full_name", "balance", "signed_up_at", "is_active", "tags", "external_id"]
+MASK_KEY = "a key only this test knows"
+
+
+def _shaped_source(source, ids):
+    """Postgres's customers as the shaped table must hold them: active rows of ``ids``, email hashed,
+    full_name HMACed (Python's hashlib and hmac), signup_year computed, the rest of KEPT as they are."""
+    rows = []
+    for r in source.where(F.col("id").isin(ids)).collect():
+        if not r.is_active:
+            continue
+        rows.append(
+            (
+                r.id,
+                hashlib.sha256(r.email.encode()).hexdigest(),
+                None
+                if r.full_name is None
+                else hmac.new(MASK_KEY.encode(), r.full_name.encode(), hashlib.sha256).hexdigest(),
+                r.balance,
+                r.signed_up_at,
+                r.is_active,
+                r.tags,
+                r.external_id,
+                r.signed_up_at.year,
+            )
+        )
+    return rows
+
+
+def test_a_shaped_table_follows_postgres(
+    spark, kafka, stack_config, postgres_connector, postgres_table, pipeline_run, monkeypatch
+):
+    """columns left out, masks, a computed column, `where`, soft deletes (a re-insert and a row matching
+    again revive), clustering, history and an exploded array shaped alike; beside it, the same source
+    with `ignore_null_updates` and partitions, compared with a model of the NULLs it ignores."""
+    import psycopg
+
+    from cdc.stack.workload import _insert_customer
+
+    monkeypatch.setenv("CDC_TEST_MASK_KEY", MASK_KEY)
+    topic = f"{postgres_connector.topic_prefix}.shop.customers"
+    rng = random.Random(11)
+    dsn = stack_config.postgres.dsn()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        first = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM shop.customers WHERE id < 1000000").fetchone()[0]
+        first += 5 - first % 5 + 1  # ids first..first+3 active (id % 5 != 0), first+4 not
+        ids = list(range(first, first + 6))
+        for customer in ids[:5]:
+            _insert_customer(conn, rng, customer)
+        conn.execute("UPDATE shop.customers SET full_name = 'round zero' WHERE id = %s", (ids[0],))
+    kafka.wait_for_last_value(topic, lambda value: value is not None and b'"round zero"' in value)
+    a, b, c, d, _inactive, e = ids
+    pipeline = {
+        "name": "crm",
+        "sources": {"customers": {"kind": "debezium_postgres", "topic": topic}},
+        "refined": {
+            "customers": {
+                "source": "customers",
+                "except_columns": ["avatar", "notes", "profile", "credit_limit", "birth_date"],
+                "mask": {"email": "sha256", "full_name": "hmac_sha256"},
+                "mask_key": {"env": "CDC_TEST_MASK_KEY"},
+                "computed": {"signup_year": "year(signed_up_at)"},
+                "where": "is_active",
+                "deletes": "soft",
+                "explode": ["tags"],
+                "scd": 2,
+                "cluster_by": ["id"],
+            },
+            "customers_kept": {
+                "source": "customers",
+                "columns": ["id", "full_name", "balance", "is_active"],
+                "ignore_null_updates": ["full_name", "balance"],
+                "partition_by": ["is_active"],
+            },
+        },
+    }
+    kept_model = {}  # id -> (full_name, balance): Postgres's values, a NULL set by an update ignored
+
+    def check_tables(deleted: set[int]) -> None:
+        source = postgres_table("customers")
+        shaped = pipeline_run.table("customers")
+        live = shaped.where(F.col("id").isin(ids) & F.col("_cdc_deleted_at").isNull())
+        assertDataFrameEqual(
+            live.select(*KEPT, "signup_year"),
+            spark.createDataFrame(_shaped_source(source, ids), live.select(*KEPT, "signup_year").schema),
+        )
+        assert {"avatar", "notes", "profile"}.isdisjoint(shaped.columns)
+        gone = {r.id for r in shaped.where(F.col("id").isin(ids) & F.col("_cdc_deleted_at").isNotNull()).collect()}
+        assert gone == deleted
+        children = pipeline_run.table("customers__tags").where(F.col("id").isin(ids))
+        assertDataFrameEqual(
+            children.select("id", "pos", "value"), live.select("id", F.posexplode("tags").alias("pos", "value"))
+        )
+        history = pipeline_run.table("customers__history").where(F.col("id").isin(ids))
+        assertDataFrameEqual(
+            history.where("_cdc_is_current").select(*KEPT, "signup_year"), live.select(*KEPT, "signup_year")
+        )
+        assert "_cdc_deleted_at" not in history.columns
+        assert {r.id for r in history.where("_cdc_is_deleted").collect()} >= deleted
+        assert spark.sql(
+            f"DESCRIBE DETAIL delta.`{pipeline_run.warehouse}/refined/customers`"
+        ).head().clusteringColumns == ["id"]
+        rows = {
+            r.id: (r.full_name, r.balance)
+            for r in pipeline_run.table("customers_kept").where(F.col("id").isin(ids)).collect()
+        }
+        present = source.where(F.col("id").isin(ids)).collect()
+        for r in present:
+            kept_model[r.id] = tuple(
+                old if new is None and r.id in kept_model else new
+                for new, old in zip((r.full_name, r.balance), kept_model.get(r.id, (None, None)), strict=True)
+            )
+        assert rows == {r.id: kept_model[r.id] for r in present}
+        assert spark.sql(
+            f"DESCRIBE DETAIL delta.`{pipeline_run.warehouse}/refined/customers_kept`"
+        ).head().partitionColumns == ["is_active"]
+
+    for _ in range(2):  # a rerun changes nothing
+        assert pipeline_run(pipeline) == 0
+        check_tables(set())  # `inactive` never matched: it never reaches the table
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("UPDATE shop.customers SET full_name = 'first', balance = 5 WHERE id = %s", (a,))
+        conn.execute("UPDATE shop.customers SET full_name = NULL, balance = NULL, email = 'new@x' WHERE id = %s", (a,))
+        conn.execute("DELETE FROM shop.customers WHERE id = %s", (b,))
+        conn.execute("UPDATE shop.customers SET is_active = false WHERE id = %s", (c,))  # leaves the shaped table
+        _insert_customer(conn, rng, e)  # created and deleted within one batch: kept, soft-deleted
+        conn.execute("DELETE FROM shop.customers WHERE id = %s", (e,))
+        conn.execute("UPDATE shop.customers SET full_name = 'round one' WHERE id = %s", (d,))
+    kafka.wait_for_last_value(topic, lambda value: value is not None and b'"round one"' in value)
+    kept_model[a] = ("first", 5)  # the NULLs came in the update after 'first'/5, in the same batch
+    for _ in range(2):
+        assert pipeline_run(pipeline) == 0
+        check_tables({b, c, e})
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("UPDATE shop.customers SET full_name = NULL, tags = ARRAY['x'] WHERE id = %s", (a,))
+        conn.execute("UPDATE shop.customers SET balance = 7 WHERE id = %s", (a,))
+        _insert_customer(conn, rng, b)  # re-inserted: revives
+        conn.execute("UPDATE shop.customers SET is_active = true WHERE id = %s", (c,))  # matches again
+        conn.execute("DELETE FROM shop.customers WHERE id = %s", (d,))
+        conn.execute("UPDATE shop.customers SET full_name = 'round two' WHERE id = %s", (a,))
+    kafka.wait_for_last_value(topic, lambda value: value is not None and b'"round two"' in value)
+    kept_model.pop(b, None)  # a new row: nothing carries over
+    for _ in range(2):
+        assert pipeline_run(pipeline) == 0
+        check_tables({d, e})
+    assert kept_model[a] == ("round two", 7)
+    # A rebuild from the raw table shapes alike, and keeps each table's layout.
+    assert pipeline_run(pipeline, "--rebuild") == 0
+    check_tables({d, e})
