@@ -256,6 +256,9 @@ def _shape_problems(where: str, table: RefinedTable) -> Iterator[Problem]:
             yield f"{where}.explode", f"{column} is left out of the table (columns/except_columns): nothing to explode"
         if column in table.mask:
             yield f"{where}.explode", f"{column} is masked: a masked array cannot be exploded"
+    for field in ("track_history_columns", "track_history_except_columns"):
+        if field in table.model_fields_set and table.scd is not ScdType.HISTORY:
+            yield f"{where}.{field}", "applies with `scd: 2` only: without a history there are no versions to track"
     overlap = sorted(set(table.computed) & set(table.renames.values()))
     if overlap:
         yield f"{where}.computed", f"{overlap[0]} is also a rename's new name"

@@ -27,10 +27,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from enum import Enum
+from functools import reduce
 
 from delta.tables import DeltaTable
 from pydantic import Field, model_validator
-from pyspark.sql import Column, DataFrame, Row, SparkSession, Window
+from pyspark.sql import Column, DataFrame, Row, SparkSession, Window, WindowSpec
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, StructField, StructType
 
@@ -80,10 +81,16 @@ def debezium_versions(rows: DataFrame) -> DataFrame:
     return rows.withColumn(CHANGE, op_of_debezium(F.col(OP)))
 
 
-def debezium_history_spec(key_columns: list[str], position_columns: list[str]) -> HistorySpec:
+def debezium_history_spec(
+    key_columns: list[str], position_columns: list[str], tracked_columns: list[str] | None = None
+) -> HistorySpec:
     """The history of a Debezium table: by its key, in source order, valid from the commit time."""
     return HistorySpec(
-        key_columns=key_columns, position_columns=position_columns, valid_from_column=COMMITTED_AT, op_column=CHANGE
+        key_columns=key_columns,
+        position_columns=position_columns,
+        valid_from_column=COMMITTED_AT,
+        op_column=CHANGE,
+        tracked_columns=tracked_columns,
     )
 
 
@@ -99,6 +106,12 @@ class HistorySpec(_Strict):
         description="The column whose value starts a version's validity; default the first position column.",
     )
     op_column: str = Field(default="op", description="The column holding the change's ChangeOp: 'upsert' or 'delete'.")
+    tracked_columns: list[str] | None = Field(
+        default=None,
+        description="The columns whose change starts a new version; a change of none of them updates the version "
+        "before it in place (its other columns, and ``<position>_last``: the position of the change it holds). "
+        "None: every column.",
+    )
 
     @model_validator(mode="after")
     def _distinct_roles(self) -> HistorySpec:
@@ -109,6 +122,11 @@ class HistorySpec(_Strict):
     @property
     def valid_from(self) -> str:
         return self.valid_from_column or self.position_columns[0]
+
+    @property
+    def last_change_columns(self) -> list[str]:
+        """With ``tracked_columns``: each version's position of the last change it holds."""
+        return [] if self.tracked_columns is None else [f"{c}_last" for c in self.position_columns]
 
     @property
     def version_columns(self) -> list[str]:
@@ -136,6 +154,7 @@ def arriving_versions(changes: DataFrame, spec: HistorySpec) -> DataFrame:
     columns = [c for c in changes.columns if c != spec.op_column]
     return changes.select(
         *columns,
+        *[F.col(p).alias(last) for p, last in zip(spec.position_columns, spec.last_change_columns, strict=False)],
         F.col(spec.valid_from).alias(VALID_FROM),
         (F.col(spec.op_column) == ChangeOp.DELETE.value).alias(IS_DELETED),
     ).dropDuplicates(spec.version_columns)
@@ -169,6 +188,7 @@ def history_updates(
         return F.when(found.isNotNull(), found["v"]).otherwise(value)
 
     timeline = timeline.withColumns({name: last_value(name, test) for name, test in (unchanged or {}).items()})
+    timeline = _untracked_changes_absorbed(timeline, spec, order)
     is_last = F.lead(F.lit(True)).over(order).isNull()
     deleted = F.col(IS_DELETED)
     updated = timeline.withColumns(
@@ -178,9 +198,62 @@ def history_updates(
         }
     )
     changed = (
-        ~F.col("_held") | ~F.col(VALID_TO).eqNullSafe(F.col("_held_to")) | (F.col(IS_CURRENT) != F.col("_held_current"))
+        ~F.col("_held")
+        | ~F.col(VALID_TO).eqNullSafe(F.col("_held_to"))
+        | (F.col(IS_CURRENT) != F.col("_held_current"))
+        | F.col("_values_changed")
     )
-    return updated.where(changed).drop("_held", "_held_to", "_held_current")
+    return updated.where(changed).drop("_held", "_held_to", "_held_current", "_values_changed")
+
+
+def _untracked_changes_absorbed(timeline: DataFrame, spec: HistorySpec, order: WindowSpec) -> DataFrame:
+    """The ``timeline`` with each arriving version that changes no tracked column (of a key's version that
+    is not a delete) folded into the version before it: that version takes the values of the latest
+    change it holds (by ``<position>_last``, so a change delivered again, older than one it holds, changes
+    nothing); ``_values_changed`` marks held versions whose values so change."""
+    if spec.tracked_columns is None:
+        return timeline.withColumn("_values_changed", F.lit(False))
+    lasts = spec.last_change_columns
+    held_lasts = {last: F.col(f"`{last}`") if last in timeline.columns else F.lit(None) for last in lasts}
+    timeline = timeline.withColumns(
+        {
+            "_held_last": F.struct(*[held_lasts[last].alias(last) for last in lasts]),
+            **{
+                last: F.coalesce(held_lasts[last], F.col(f"`{p}`"))
+                for p, last in zip(spec.position_columns, lasts, strict=True)
+            },
+        }
+    )
+    same = [F.col(f"`{c}`").eqNullSafe(F.lag(F.col(f"`{c}`")).over(order)) for c in spec.tracked_columns]
+    absorbed = (
+        ~F.col("_held")
+        & ~F.col(IS_DELETED)
+        & F.lag(F.lit(True)).over(order).isNotNull()
+        & ~F.coalesce(F.lag(F.col(IS_DELETED)).over(order), F.lit(True))
+        & reduce(Column.__and__, same, F.lit(True))
+    )
+    timeline = timeline.withColumn("_absorbed", absorbed)
+    timeline = timeline.withColumn(
+        "_run", F.sum(F.when(F.col("_absorbed"), 0).otherwise(1)).over(order.rowsBetween(Window.unboundedPreceding, 0))
+    )
+    fixed = {
+        *spec.version_columns,
+        VALID_FROM,
+        IS_DELETED,
+        "_held",
+        "_held_to",
+        "_held_current",
+        "_held_last",
+        "_absorbed",
+        "_run",
+    }
+    values = [c for c in timeline.columns if c not in fixed]
+    newest = Window.partitionBy(*spec.key_columns, "_run").orderBy(*[F.col(last).desc() for last in lasts])
+    winner = F.first(F.struct(*[F.col(f"`{c}`").alias(c) for c in values])).over(newest)
+    folded = timeline.withColumn("_winner", winner).where(~F.col("_absorbed"))
+    folded = folded.withColumns({c: F.col("_winner")[c] for c in values})
+    moved = F.col("_held") & ~F.struct(*[F.col(last) for last in lasts]).eqNullSafe(F.col("_held_last"))
+    return folded.withColumn("_values_changed", moved).drop("_winner", "_absorbed", "_run", "_held_last")
 
 
 def closing_versions(
@@ -241,11 +314,14 @@ def apply_history(
     existing = history.join(arriving.select(*spec.key_columns).distinct(), spec.key_columns, "left_semi")
     updates = history_updates(existing, arriving, spec, unchanged)
     same_version = " AND ".join(f"t.`{c}` = s.`{c}`" for c in spec.version_columns)
+    held = [VALID_TO, IS_CURRENT]
+    if spec.tracked_columns is not None:  # a version updated in place by untracked changes
+        held += [c for c in updates.columns if c not in (*spec.version_columns, VALID_FROM, IS_DELETED)]
     (
         DeltaTable.forPath(spark, location)
         .alias("t")
         .merge(updates.alias("s"), same_version)
-        .whenMatchedUpdate(set={VALID_TO: F.col(f"s.{VALID_TO}"), IS_CURRENT: F.col(f"s.{IS_CURRENT}")})
+        .whenMatchedUpdate(set={f"`{c}`": F.col(f"s.`{c}`") for c in dict.fromkeys(held)})
         .whenNotMatchedInsert(values={f"`{f.name}`": F.col(f"s.`{f.name}`") for f in updates.schema})
         .execute()
     )
@@ -277,18 +353,21 @@ def record_debezium_history(
     truncated: bool,
     whole_rows: bool = False,
     shaped: Callable[[DataFrame], DataFrame] | None = None,
+    tracked: Callable[[str], bool] | None = None,
 ) -> None:
     """Every change of a batch of parsed Debezium ``changes`` as a version of its row in the history
     table at ``location`` (TOAST placeholders take the previous version's value); with ``truncated``,
     each truncate (or snapshot start) closes the versions open before it. ``passing``: the versions that
     pass the table's expectations (:meth:`refine.apply.rules.TableRules.passing_versions`); ``whole_rows`` as in
     :func:`refine.apply.merge.merge_changes`; ``shaped``: the table's shape applied to refined rows (a row that
-    stops matching its ``where`` is a delete version)."""
-    spec = debezium_history_spec(key_columns, list(SOURCE_POSITION))
+    stops matching its ``where`` is a delete version); ``tracked``: whether a column's change starts a new
+    version (None: every column's does)."""
     row_changes = changes.where(F.col("op").isin(Op.READ.value, Op.CREATE.value, Op.UPDATE.value, Op.DELETE.value))
     rows = refined_rows(row_changes, columns)
     if shaped is not None:
         rows = shaped(rows).drop(DELETED_AT)  # a history's deletes are its delete versions
+    tracked_columns = None if tracked is None else [c for c in rows.columns if not c.startswith("_cdc_") and tracked(c)]
+    spec = debezium_history_spec(key_columns, list(SOURCE_POSITION), tracked_columns)
     versions = debezium_versions(rows)
     versions = passing(versions, F.col(CHANGE) == ChangeOp.DELETE.value)
     if is_delta_table(spark, location):

@@ -86,6 +86,7 @@ def merge_keyed_batch(
             truncated=facts.resets,
             whole_rows=True,
             shaped=lambda versions: tables.shaped(versions, key_columns),
+            tracked=None if tables.shape.tracks_all else tables.shape.tracked,
         )
 
 

@@ -1,6 +1,7 @@
 """A refined table shaped as its user declares it (:class:`TableShape`): which source columns it keeps,
 columns computed from the row, the rows it holds (``where``), masked columns, soft deletes, updates
-whose NULLs keep the stored value, and the table's layout (clustering or partitions).
+whose NULLs keep the stored value, which columns start a new history version, and the table's layout
+(clustering or partitions).
 
 Order, on each change's row as the refined table would store it: computed columns (from the source
 row), then ``where`` (a row that does not match becomes a delete of its key), then the column
@@ -120,6 +121,14 @@ class TableShape(_Strict):
         description="A change to a row the table holds leaves a column it sets to NULL as it was: true for every "
         "non-key column, or a list of columns. Departs from the source on purpose.",
     )
+    track_history_columns: list[str] | None = Field(
+        default=None,
+        description="scd 2: the columns whose change starts a new history version; a change of none of them "
+        "updates the current version in place. Default all.",
+    )
+    track_history_except_columns: list[str] = Field(
+        default_factory=list, description="scd 2: columns whose change alone starts no new history version."
+    )
     cluster_by: list[str] = Field(
         default_factory=list, description="Liquid clustering columns of the refined and history tables, at creation."
     )
@@ -131,6 +140,12 @@ class TableShape(_Strict):
     def _consistent(self) -> TableShape:
         pairs = [
             ("columns", self.columns is not None, "except_columns", bool(self.except_columns)),
+            (
+                "track_history_columns",
+                self.track_history_columns is not None,
+                "track_history_except_columns",
+                bool(self.track_history_except_columns),
+            ),
             ("cluster_by", bool(self.cluster_by), "partition_by", bool(self.partition_by)),
         ]
         for first, has_first, second, has_second in pairs:
@@ -169,6 +184,17 @@ class TableShape(_Strict):
         if self.columns is not None:
             return column in self.columns
         return column not in self.except_columns
+
+    @property
+    def tracks_all(self) -> bool:
+        """Whether every column's change starts a new history version (the default)."""
+        return self.track_history_columns is None and not self.track_history_except_columns
+
+    def tracked(self, column: str) -> bool:
+        """Whether a change of ``column`` starts a new history version."""
+        if self.track_history_columns is not None:
+            return column in self.track_history_columns
+        return column not in self.track_history_except_columns
 
     def ignored_nulls(self, columns: list[str], key_columns: list[str]) -> list[str]:
         """The columns whose NULL in an update keeps the stored value."""

@@ -348,3 +348,86 @@ def test_validate_prints_one_line_per_problem_and_exits_2(tmp_path, capsys):
     assert captured.out == ""
     assert main(["validate", str(tmp_path / "missing.yaml")]) == 2
     assert "cannot read the file: No such file or directory" in capsys.readouterr().err
+
+
+def shaped(mongo: bool = False, **table) -> dict:
+    """A pipeline of one Debezium table with shaping keys ``table``."""
+    kind, topic = ("debezium_mongodb", "demo.shop.carts") if mongo else ("debezium_postgres", "demo.shop.customers")
+    return {
+        "name": "crm",
+        "sources": {"customers": {"kind": kind, "topic": topic}},
+        "refined": {"customers": {"source": "customers", **table}},
+    }
+
+
+@pytest.mark.parametrize(
+    ("document", "expected"),
+    [
+        (
+            shaped(mask={"email": "md5"}),
+            "refined.customers.mask.email: Input should be 'sha256', 'hmac_sha256', 'redact' or 'nullify'",
+        ),
+        (shaped(deletes="archive"), "refined.customers.deletes: Input should be 'hard' or 'soft'"),
+        (
+            shaped(columns=["id"], except_columns=["notes"]),
+            "refined.customers: `columns` and `except_columns` exclude each other: give one",
+        ),
+        (
+            shaped(mask={"email": "hmac_sha256"}),
+            "refined.customers: mask: email is hmac_sha256, which needs `mask_key` ({env: NAME} or {file: path})",
+        ),
+        (
+            shaped(mask={"email": "hmac_sha256"}, mask_key={"env": "K", "file": "k"}),
+            "refined.customers.mask_key: give one of `env` or `file`",
+        ),
+        (
+            shaped(cluster_by=["id"], except_columns=["id"]),
+            "refined.customers: cluster_by: id is left out of the table",
+        ),
+        (
+            shaped(partition_by=["email"], mask={"email": "sha256"}),
+            "refined.customers: email is masked: a masked column cannot lay out the table",
+        ),
+        (
+            shaped(track_history_columns=["email"]),
+            (
+                "refined.customers.track_history_columns: applies with `scd: 2` only: without a history "
+                "there are no versions to track"
+            ),
+        ),
+        (
+            shaped(explode=["tags"], except_columns=["tags"]),
+            "refined.customers.explode: tags is left out of the table (columns/except_columns): nothing to explode",
+        ),
+        (
+            shaped(cluster_by=["id"], drop_columns=True),
+            (
+                "refined.customers.cluster_by: a clustering or partition column cannot be dropped: "
+                "`drop_columns: true` would drop it if the source did"
+            ),
+        ),
+        (
+            shaped(mongo=True, where="qty > 0"),
+            "refined.customers.where: applies to Debezium Postgres sources only (not yet to MongoDB)",
+        ),
+        (
+            shaped(computed={"_cdc_x": "1"}),
+            "refined.customers: computed: _cdc_x: names starting with _cdc_ are reserved",
+        ),
+        (shaped(mask_policy="strict"), "refined.customers.mask_policy: Extra inputs are not permitted"),
+    ],
+)
+def test_shaping_keys_are_checked_with_the_key_named(tmp_path, document, expected):
+    assert problems(tmp_path, document) == [expected]
+
+
+def test_shaping_keys_of_an_event_source_are_refused(tmp_path):
+    document = pipeline(
+        refined={"players": {"source": "game_events", "keys": ["player"], "ordering": "time", "deletes": "soft"}}
+    )
+    assert problems(tmp_path, document) == [
+        (
+            "refined.players.deletes: applies to Debezium Postgres sources only: an event source's schema is declared "
+            "or inferred (source 'game_events' is events)"
+        )
+    ]
