@@ -31,6 +31,7 @@ from refine.apply.keyless import applied_location, merge_keyless_batch
 from refine.apply.merge import TableSettings
 from refine.apply.rules import TableRules, history_table_name
 from refine.apply.schema_changes import SchemaChangePolicy, misfit, with_renamed_columns
+from refine.apply.shaping import masked_reason
 from refine.apply.snapshots import with_lone_snapshot_starts
 from refine.batch_schemas import readable_value_schemas
 from refine.config import Connector, RefineJobConfig, refined_table_location
@@ -323,7 +324,9 @@ class RefineBatch:
                     quarantine_location(self.config.warehouse),
                     self.raw,
                     self.config.table,
-                    parsed.where("problem IS NOT NULL"),
+                    parsed.where("problem IS NOT NULL").withColumn(
+                        "problem", masked_reason(F.col("problem"), self.config.shape)
+                    ),
                 )
             records.unpersist()  # the parsed changes are cached now
             columns = [field.field_name for field in batch.value_schema.field_named("after").fields or ()]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from enum import Enum
 from pathlib import Path
 
@@ -321,3 +322,27 @@ def fill_ignored_nulls(changes: DataFrame, key_columns: list[str], columns: list
     ]
     filled = F.when(F.col("after").isNull(), F.col("after")).otherwise(F.struct(*fields))
     return changes.withColumn("after", filled).drop("_life")
+
+
+MASKED_VALUE = "[masked]"
+
+
+def masked_reason(reason: Column, shape: TableShape) -> Column:
+    """A quarantine reason with the decoded values of masked columns replaced by ``[masked]``: the reasons
+    that quote a value (a value that cannot be read as its type, a key that is not the row's, a value
+    that no longer fits its column) name its field first. The raw value stays in the quarantine's
+    ``raw_value``, as in the raw table."""
+    for name in shape.mask:
+        field = rf"(?:key\.|before\.|after\.)?{re.escape(name)}"
+        patterns = [
+            # The Connect type: `int32`, or a named one, `io.debezium.time.Date (int32)`.
+            (rf"^(field {field}: cannot read ).*( as [^ ]+(?: \([a-z0-9]+\))?)$", rf"$1{MASKED_VALUE}$2"),
+            (
+                rf"^(field key\.{re.escape(name)}: ).*( is not the row's {field}, ).*$",
+                rf"$1{MASKED_VALUE}$2{MASKED_VALUE}",
+            ),
+            (rf"^(field {field}: ).*( does not fit the refined column's type .*)$", rf"$1{MASKED_VALUE}$2"),
+        ]
+        for pattern, replacement in patterns:
+            reason = F.regexp_replace(reason, pattern, replacement)
+    return reason

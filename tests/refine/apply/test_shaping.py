@@ -12,7 +12,16 @@ from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from cdc.core.errors import ConfigError
-from refine.apply.shaping import REDACTED, DeleteMode, MaskKey, MaskMethod, TableShape, fill_ignored_nulls, shaped_rows
+from refine.apply.shaping import (
+    REDACTED,
+    DeleteMode,
+    MaskKey,
+    MaskMethod,
+    TableShape,
+    fill_ignored_nulls,
+    masked_reason,
+    shaped_rows,
+)
 
 ROWS = "id long, email string, name string, active boolean, _cdc_lsn long, _cdc_offset long, _cdc_op string"
 
@@ -90,6 +99,36 @@ def test_where_turns_rows_that_stop_matching_into_deletes_and_columns_are_select
         4: ("d", "x", None),
         5: ("d", "x", at),
     }
+
+
+def test_quarantine_reasons_quote_no_value_of_a_masked_column(spark):
+    reasons = [
+        (
+            'field after.email: cannot read {"x": "ann@x.org"} as string',
+            "field after.email: cannot read [masked] as string",
+        ),
+        (
+            'field email: cannot read "ann as x" as io.debezium.time.Date (int32)',
+            "field email: cannot read [masked] as io.debezium.time.Date (int32)",
+        ),
+        (
+            "field key.email: ann@x.org is not the row's after.email, bob@x.org",
+            "field key.email: [masked] is not the row's after.email, [masked]",
+        ),
+        (
+            "field after.email: ann@x.org does not fit the refined column's type int (the source's is now string; ...)",
+            "field after.email: [masked] does not fit the refined column's type int (the source's is now string; ...)",
+        ),
+        ("field after.name: cannot read 7 as string", "field after.name: cannot read 7 as string"),  # not masked
+        (
+            "field after.emails: cannot read 7 as string",
+            "field after.emails: cannot read 7 as string",
+        ),  # another column
+    ]
+    rows = spark.createDataFrame([(text,) for text, _ in reasons], "reason string")
+    shape = TableShape(mask={"email": "sha256"})
+    got = [r.masked for r in rows.select(masked_reason(F.col("reason"), shape).alias("masked")).collect()]
+    assert got == [wanted for _, wanted in reasons]
 
 
 def test_bad_shapes_fail_with_the_key_named(spark):
