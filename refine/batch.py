@@ -73,6 +73,7 @@ class RefineBatch:
         self.raw = raw_location or raw_table_location(config.warehouse, config.table)
         self.refined = refined_table_location(config.warehouse, config.target)
         shape = config.shape
+        mask_key = shape.mask_key.read() if shape.mask_key is not None else None  # a missing key fails the start
         self.state = state or TableState.of(
             self.refined,
             TableSettings(
@@ -80,6 +81,7 @@ class RefineBatch:
                 config.schema_rules,
                 cluster_by=tuple(shape.cluster_by),
                 partition_by=tuple(shape.partition_by),
+                shape_fingerprint=shape.fingerprint(mask_key),
             ),
         )
         self.deleted = deleted_location(config.warehouse, config.target)
@@ -96,9 +98,7 @@ class RefineBatch:
             history=history if config.history else None,
             settings=self.state.settings,
             shape=shape,
-            mask_key=shape.mask_key.read()
-            if shape.mask_key is not None
-            else None,  # a missing key fails the job's start
+            mask_key=mask_key,
         )
         self.error: CdcError | None = None
         self.rules = config.rules or TableRules(table=config.target, topic=config.table, warehouse=config.warehouse)
@@ -355,6 +355,9 @@ class RefineBatch:
         row_type = changes.schema["after"].dataType
         assert isinstance(row_type, StructType)  # a row of columns
         stored = spark.read.format("delta").load(self.refined).schema
+        # A masked or computed column's stored type is the shape's, not the source's.
+        shaped = {*self.config.shape.mask, *self.config.shape.computed}
+        stored = StructType([f for f in stored.fields if f.name not in shaped])
         images = [(F.col(image), f"{image}.") for image in ("after", "before")]
         reasons = [reason for image, label in images if (reason := misfit(image, label, row_type, stored)) is not None]
         return changes.withColumn("problem", F.coalesce(F.col("problem"), *reasons)) if reasons else changes

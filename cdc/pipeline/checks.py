@@ -26,6 +26,7 @@ from cdc.pipeline.config import (
 from cdc.pipeline.sql_text import reads_column, sql_tables
 from refine.apply.flatten import array_element, child_columns, child_table_name, field_type, flat_columns
 from refine.apply.merge import EVENT_POSITION
+from refine.apply.schema_changes import SchemaChangePolicy
 from refine.apply.shaping import TableShape
 
 Problem = tuple[str, str]
@@ -83,7 +84,7 @@ def _refined_problems(pipeline: Pipeline) -> Iterator[Problem]:
                     if field in table.model_fields_set:
                         yield f"{where}.{field}", "applies to Debezium Postgres sources only (not yet to MongoDB)"
             else:
-                yield from _shape_problems(where, table)
+                yield from _shape_problems(where, table, pipeline)
             if isinstance(source, DebeziumMongoSource):
                 for field in ("renames", "drop_columns"):
                     if field in table.model_fields_set:
@@ -248,7 +249,7 @@ def _expectation_problems(pipeline: Pipeline) -> Iterator[Problem]:
 SHAPE_KEYS = tuple(TableShape.model_fields)
 
 
-def _shape_problems(where: str, table: RefinedTable) -> Iterator[Problem]:
+def _shape_problems(where: str, table: RefinedTable, pipeline: Pipeline) -> Iterator[Problem]:
     """A Debezium Postgres table's shaping keys that contradict its other keys."""
     for path in table.explode:
         column = path.split(".")[0]
@@ -262,9 +263,11 @@ def _shape_problems(where: str, table: RefinedTable) -> Iterator[Problem]:
     overlap = sorted(set(table.computed) & set(table.renames.values()))
     if overlap:
         yield f"{where}.computed", f"{overlap[0]} is also a rename's new name"
-    if (table.cluster_by or table.partition_by) and table.drop_columns:
+    evolve = (table.schema_changes or pipeline.schema_changes) is SchemaChangePolicy.EVOLVE
+    if (table.cluster_by or table.partition_by) and (table.drop_columns or evolve):
         layout = "cluster_by" if table.cluster_by else "partition_by"
+        dropping = "`drop_columns: true`" if table.drop_columns else "`schema_changes: evolve`"
         yield (
             f"{where}.{layout}",
-            "a clustering or partition column cannot be dropped: `drop_columns: true` would drop it if the source did",
+            f"a clustering or partition column cannot be dropped: {dropping} would drop it if the source did",
         )

@@ -106,7 +106,20 @@ def load_pipeline(file: Path | str) -> Pipeline:
         ) from None
     if problems := pipeline_problems(pipeline, file.parent):
         raise PipelineError(file, [f"{key}: {reason}" for key, reason in problems])
-    return _schema_files_under(pipeline, file.parent)
+    return _key_files_under(_schema_files_under(pipeline, file.parent), file.parent)
+
+
+def _key_files_under(pipeline: Pipeline, base_dir: Path) -> Pipeline:
+    """``pipeline`` with absolute ``mask_key`` file paths (relative ones are relative to the pipeline file)."""
+    refined = {}
+    for name, table in pipeline.refined.items():
+        key = table.mask_key
+        if key is not None and key.file is not None and not key.file.expanduser().is_absolute():
+            key = key.model_copy(update={"file": (base_dir / key.file).absolute()})
+            refined[name] = table.model_copy(update={"mask_key": key})
+        else:
+            refined[name] = table
+    return pipeline.model_copy(update={"refined": refined})
 
 
 def _schema_files_under(pipeline: Pipeline, base_dir: Path) -> Pipeline:

@@ -28,7 +28,7 @@ from refine.apply.latest import latest_per_key
 from refine.apply.merge import TableSettings, ensure_refined_table, merge_changes, refined_rows, refresh_children
 from refine.apply.rekey import batch_states, fill_from_old_keys, stored_states
 from refine.apply.rules import TableRules
-from refine.apply.shaping import DeleteMode, TableShape, fill_ignored_nulls, shaped_rows
+from refine.apply.shaping import DeleteMode, TableShape, fill_ignored_nulls, shaped_rows, with_masked_keys
 from refine.records.envelope import ConnectSchema
 
 
@@ -64,6 +64,7 @@ def merge_keyed_batch(
     into ``tables``."""
     key_columns = [field.field_name for field in key_schema.fields or ()]
     tables.shape.check_keys(key_columns, tables.name)
+    changes = with_masked_keys(changes, tables.shape, key_columns, tables.mask_key)
     _check_explode(row_type_of(changes), tables)
     _follow_schema(spark, changes, columns, key_columns, tables)
     ignored = tables.shape.ignored_nulls(columns, key_columns)

@@ -34,6 +34,7 @@ from pyspark.sql.types import BooleanType, StructField, StructType
 
 from cdc.core.catalog import register_table
 from cdc.core.ddl import quoted, sql_type
+from cdc.core.errors import ConfigError
 from cdc.core.functions import helpers_available
 from cdc.core.storage import Storage
 from cdc.core.tables import (
@@ -63,6 +64,7 @@ from refine.records.toast import placeholder_test
 LSN, OFFSET, COMMITTED_AT, OP, REFINED_AT = "_cdc_lsn", "_cdc_offset", "_cdc_committed_at", "_cdc_op", "_cdc_refined_at"
 METADATA_COLUMNS = (LSN, OFFSET, COMMITTED_AT, OP, REFINED_AT)
 DELETED_AT = "_cdc_deleted_at"  # when a soft-deleted row was deleted (deletes: soft)
+SHAPE_PROPERTY = "cdc.shape"  # the fingerprint of a shaped refined table's shape
 # Where an event came from: what keys an appended event (and its child rows) in event tables.
 PARTITION = "_cdc_partition"
 EVENT_POSITION = (PARTITION, OFFSET)
@@ -105,6 +107,9 @@ class TableSettings:
     """Liquid clustering columns a new table (that has them all) is created with."""
     partition_by: tuple[str, ...] = ()
     """Partition columns a new table (that has them all) is created with."""
+    shape_fingerprint: str | None = None
+    """What the refined table's declared shape makes of its rows (None: no shape): kept as its property
+    ``cdc.shape``; a job declaring another shape is refused until a ``--rebuild``."""
 
     def side(self) -> TableSettings:
         """The settings of a side table (deleted keys): the same rules and checks, no features or layout."""
@@ -145,7 +150,14 @@ def ensure_refined_table(
         )
         for key, value in {**features.creation_properties(), **MAINTENANCE_PROPERTIES}.items():
             builder = builder.property(key, value)
+        if kind == "refined" and settings.shape_fingerprint is not None:
+            builder = builder.property(SHAPE_PROPERTY, settings.shape_fingerprint)
         names = set(schema.fieldNames())
+        layout = settings.cluster_by or settings.partition_by
+        if kind == "refined" and (missing := [c for c in layout if c not in names]):
+            key = "cluster_by" if settings.cluster_by else "partition_by"
+            raise ConfigError(f"{key}: the table has no column {missing[0]}", table=location)
+        # The tables beside it (history, children) take the layout when they have its columns.
         if settings.cluster_by and names.issuperset(settings.cluster_by):
             builder = builder.clusterBy(*settings.cluster_by)
         elif settings.partition_by and names.issuperset(settings.partition_by):
@@ -156,6 +168,14 @@ def ensure_refined_table(
         return schema
     if location not in settings.checked:
         present = delta_properties(spark, location)
+        if kind == "refined" and present.get(SHAPE_PROPERTY) != settings.shape_fingerprint:
+            # Rows shaped one way beside rows shaped another (PII left unmasked, hashes that no longer
+            # match): the whole table is refined again instead.
+            raise ConfigError(
+                "the table was refined with another shape (columns, mask, mask_key, computed, where, deletes, "
+                "ignore_null_updates, track_history_*, cluster_by, partition_by): refine it again with --rebuild",
+                table=location,
+            )
         add_missing_properties(spark, location, MAINTENANCE_PROPERTIES, present)
         apply_features(spark, location, features, present)
         settings.checked.add(location)

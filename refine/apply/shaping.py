@@ -17,6 +17,7 @@ Example::
 from __future__ import annotations
 
 import hashlib
+import hmac
 import os
 import re
 from enum import Enum
@@ -32,7 +33,7 @@ from cdc.core.config import _Strict
 from cdc.core.errors import ConfigError
 from refine.apply.merge import DELETED_AT
 from refine.records.envelope import Op
-from refine.records.toast import placeholder_test
+from refine.records.toast import TOAST_PLACEHOLDER, placeholder_test
 
 REDACTED = "[redacted]"
 _OP = "_cdc_op"
@@ -60,7 +61,11 @@ class MaskKey(_Strict):
     """Where the key of ``hmac_sha256`` masking is read (never printed, never stored): one of the two."""
 
     env: str | None = Field(default=None, description="An environment variable holding the key.")
-    file: Path | None = Field(default=None, description="A file holding the key (its bytes, a final newline dropped).")
+    file: Path | None = Field(
+        default=None,
+        description="A file holding the key (its bytes, a final newline dropped); in a pipeline file, a relative "
+        "path is relative to it.",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> MaskKey:
@@ -168,6 +173,15 @@ class TableShape(_Strict):
             raise ValueError(
                 f"{'cluster_by' if self.cluster_by else 'partition_by'}: {left_out[0]} is left out of the table"
             )
+        left_out_masked = [c for c in self.mask if c not in self.computed and not self.keeps(c)]
+        if left_out_masked:
+            raise ValueError(f"mask: {left_out_masked[0]} is left out of the table (columns/except_columns)")
+        for key, names in (
+            ("track_history_columns", self.track_history_columns or []),
+            ("track_history_except_columns", self.track_history_except_columns),
+        ):
+            if left_out := [c for c in names if not self.keeps(c)]:
+                raise ValueError(f"{key}: {left_out[0]} is left out of the table (columns/except_columns)")
         masked_layout = [c for c in layout if c in self.mask]
         if masked_layout:
             raise ValueError(f"{masked_layout[0]} is masked: a masked column cannot lay out the table")
@@ -185,6 +199,16 @@ class TableShape(_Strict):
         if self.columns is not None:
             return column in self.columns
         return column not in self.except_columns
+
+    def fingerprint(self, mask_key: bytes | None) -> str | None:
+        """What identifies the rows this shape makes (None for the default shape): a SHA-256 of its
+        settings and, for hmac_sha256, of an HMAC under the key (which changes with the key and does
+        not reveal it)."""
+        if not self.declared:
+            return None
+        settings = self.model_dump_json(exclude={"mask_key"})
+        keyed = hmac.new(mask_key, b"cdc.shape", hashlib.sha256).hexdigest() if mask_key is not None else ""
+        return hashlib.sha256(f"{settings}|{keyed}".encode()).hexdigest()
 
     @property
     def tracks_all(self) -> bool:
@@ -244,8 +268,8 @@ def masked(column: Column, method: MaskMethod, key: bytes | None, data_type: Dat
     else:
         return F.lit(None).cast(data_type)
     is_placeholder = placeholder_test(data_type)
-    if is_placeholder is not None and isinstance(data_type, StringType):
-        value = F.when(is_placeholder(column), column).otherwise(value)
+    if is_placeholder is not None:  # the masked column is text: its placeholder is the text one
+        value = F.when(is_placeholder(column), F.lit(TOAST_PLACEHOLDER)).otherwise(value)
     return value
 
 
@@ -254,6 +278,28 @@ def _expression(text: str, key: str, table: str) -> Column:
         return F.expr(text)
     except (ParseException, AnalysisException) as error:
         raise ConfigError(f"{key}: not a Spark SQL expression: {str(error).splitlines()[0]}", table=table) from None
+
+
+def with_masked_keys(
+    changes: DataFrame, shape: TableShape, key_columns: list[str], mask_key: bytes | None
+) -> DataFrame:
+    """Parsed ``changes`` with their masked primary-key columns hashed in ``key``, ``before`` and ``after``,
+    before anything compares keys: the MERGE, the deleted keys, primary-key changes and resets then all
+    match hashes with hashes (:func:`shaped_rows` leaves key columns as they come)."""
+    masked_keys = [k for k in key_columns if k in shape.mask]
+    if not masked_keys:
+        return changes
+    images = {}
+    for image in ("key", "before", "after"):
+        struct = changes.schema[image].dataType
+        assert isinstance(struct, StructType)
+        column = F.col(image)
+        for key in masked_keys:
+            if key in struct.fieldNames():
+                value = masked(F.col(f"{image}.`{key}`"), shape.mask[key], mask_key, struct[key].dataType)
+                column = column.withField(f"`{key}`", value)
+        images[image] = column  # a null image stays null
+    return changes.withColumns(images)
 
 
 def shaped_rows(
@@ -287,14 +333,26 @@ def shaped_rows(
     except AnalysisException as error:
         keys = "computed/where" if shape.computed and shape.where else ("where" if shape.where else "computed")
         raise ConfigError(f"{keys}: {str(error).splitlines()[0]}", table=table) from None
-    for name in [*(shape.columns or []), *shape.except_columns, *shape.mask]:
-        if name not in rows.columns:
-            raise ConfigError(f"the table has no column {name} (columns, except_columns, mask)", table=table)
+    named = {
+        "columns": shape.columns or [],
+        "except_columns": shape.except_columns,
+        "mask": list(shape.mask),
+        "track_history_columns": shape.track_history_columns or [],
+        "track_history_except_columns": shape.track_history_except_columns,
+        "ignore_null_updates": shape.ignore_null_updates if isinstance(shape.ignore_null_updates, list) else [],
+    }
+    for key, names in named.items():
+        if missing := [name for name in names if name not in rows.columns]:
+            raise ConfigError(f"{key}: the table has no column {missing[0]}", table=table)
     kept = [c for c in rows.columns if c.startswith("_cdc_") or shape.keeps(c) or c not in source]
     rows = rows.select(*[F.col(f"`{c}`") for c in kept])
     types = {f.name: f.dataType for f in rows.schema}
-    rows = rows.withColumns(
-        {name: masked(F.col(f"`{name}`"), method, mask_key, types[name]) for name, method in shape.mask.items()}
+    rows = rows.withColumns(  # key columns came masked (with_masked_keys)
+        {
+            name: masked(F.col(f"`{name}`"), method, mask_key, types[name])
+            for name, method in shape.mask.items()
+            if name not in key_columns
+        }
     )
     return rows
 

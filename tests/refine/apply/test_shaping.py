@@ -21,6 +21,7 @@ from refine.apply.shaping import (
     fill_ignored_nulls,
     masked_reason,
     shaped_rows,
+    with_masked_keys,
 )
 
 ROWS = "id long, email string, name string, active boolean, _cdc_lsn long, _cdc_offset long, _cdc_op string"
@@ -99,6 +100,36 @@ def test_where_turns_rows_that_stop_matching_into_deletes_and_columns_are_select
         4: ("d", "x", None),
         5: ("d", "x", at),
     }
+
+
+def test_masked_keys_are_hashed_once_where_keys_are_compared(spark):
+    changes = spark.createDataFrame(
+        [((7,), None, (7, "a@x"), "c"), ((7,), (7, "a@x"), None, "d")],
+        "key struct<id: bigint>, before struct<id: bigint, email: string>, after struct<id: bigint, email: string>, "
+        "op string",
+    )
+    shape = TableShape(mask={"id": MaskMethod.SHA256, "email": MaskMethod.SHA256})
+    hashed = hashlib.sha256(b"7").hexdigest()
+    rows = with_masked_keys(changes, shape, ["id"], None).collect()
+    assert [(r.key.id, r.before and r.before.id, r.after and r.after.id) for r in rows] == [
+        (hashed, None, hashed),
+        (hashed, hashed, None),
+    ]
+    assert rows[0].after.email == "a@x"  # the other columns are masked with the row (shaped_rows)
+    refined = spark.createDataFrame(
+        [(hashed, "a@x", 1, 1, "c")], "id string, email string, _cdc_lsn long, _cdc_offset long, _cdc_op string"
+    )
+    assert shaped_rows(refined, shape, ["id"], "t").head().id == hashed  # not hashed twice
+
+
+def test_a_shapes_fingerprint_follows_what_it_makes_of_rows():
+    plain = TableShape()
+    masked = TableShape(mask={"email": MaskMethod.HMAC_SHA256}, mask_key=MaskKey(env="K"))
+    assert plain.fingerprint(None) is None
+    assert masked.fingerprint(b"one") == masked.fingerprint(b"one")
+    assert masked.fingerprint(b"one") != masked.fingerprint(b"two")  # a rotated key changes every hash
+    assert TableShape(where="a").fingerprint(None) != TableShape(where="b").fingerprint(None)
+    assert "one" not in masked.fingerprint(b"one")
 
 
 def test_quarantine_reasons_quote_no_value_of_a_masked_column(spark):
@@ -328,3 +359,12 @@ def test_a_shaped_table_follows_postgres(
     # A rebuild from the raw table shapes alike, and keeps each table's layout.
     assert pipeline_run(pipeline, "--rebuild") == 0
     check_tables({d, e})
+    # Another shape (balance masked too) is refused on the table refined with this one, then rebuilt.
+    pipeline["refined"]["customers"]["mask"]["balance"] = "sha256"
+    assert pipeline_run(pipeline) == ConfigError.exit_code
+    assert pipeline_run(pipeline, "--rebuild") == 0
+    live = pipeline_run.table("customers").where(F.col("id").isin(ids) & F.col("_cdc_deleted_at").isNull())
+    source = {r.id: r.balance for r in postgres_table("customers").where(F.col("id").isin(ids)).collect()}
+    assert {r.id: r.balance for r in live.collect()} == {
+        i: hashlib.sha256(str(source[i]).encode()).hexdigest() for i in (a, b, c)
+    }
