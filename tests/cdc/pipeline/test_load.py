@@ -415,6 +415,21 @@ def shaped(mongo: bool = False, **table) -> dict:
             "refined.customers: computed: _cdc_x: names starting with _cdc_ are reserved",
         ),
         (shaped(mask_policy="strict"), "refined.customers.mask_policy: Extra inputs are not permitted"),
+        (
+            shaped(mask={"notes": "redact"}, except_columns=["notes"]),
+            "refined.customers: mask: notes is left out of the table (columns/except_columns)",
+        ),
+        (
+            shaped(partition_by=["is_active"], schema_changes="evolve"),
+            (
+                "refined.customers.partition_by: a clustering or partition column cannot be dropped: "
+                "`schema_changes: evolve` would drop it if the source did"
+            ),
+        ),
+        (
+            shaped(scd=2, track_history_columns=["notes"], except_columns=["notes"]),
+            "refined.customers: track_history_columns: notes is left out of the table (columns/except_columns)",
+        ),
     ],
 )
 def test_shaping_keys_are_checked_with_the_key_named(tmp_path, document, expected):
@@ -431,3 +446,11 @@ def test_shaping_keys_of_an_event_source_are_refused(tmp_path):
             "or inferred (source 'game_events' is events)"
         )
     ]
+
+
+def test_a_mask_key_file_is_found_beside_the_pipeline_file(tmp_path, monkeypatch):
+    file = tmp_path / "pipeline.yaml"
+    document = shaped(mask={"email": "hmac_sha256"}, mask_key={"file": "secrets/mask.key"})
+    file.write_text(yaml.safe_dump(document, sort_keys=False))
+    monkeypatch.chdir("/")  # the jobs read the key from wherever they run
+    assert load_pipeline(file).refined["customers"].mask_key.file == tmp_path / "secrets" / "mask.key"
