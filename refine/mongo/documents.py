@@ -348,8 +348,11 @@ def _merged(table: StructType, shapes: list[Shape], json: set[str]) -> tuple[dic
     merged: dict[str, DataType] = {f.name: StringType() if f.name in json else f.dataType for f in table.fields}
     merged.update({name: StringType() for name in json})
     conflicts = set()
+    # Whole values before paths into them: `items.0.n` set in an array's element is read as such once
+    # `items` is known to be an array (a path into a field known to no value makes documents, as MongoDB does).
     for shape in sorted(
-        (s for s in shapes if s.kind in ("field", "set")), key=lambda s: (-s.count, s.name, s.shape or "")
+        (s for s in shapes if s.kind in ("field", "set")),
+        key=lambda s: (s.name.count("."), -s.count, s.name, s.shape or ""),
     ):
         if _top(shape) in json:
             continue
