@@ -22,13 +22,13 @@ from cdc.core.errors import CdcError, ConfigError
 from cdc.core.frames import computed_once
 from cdc.core.shared_tables import retrying_conflicts
 from cdc.core.streaming import batch_error
-from cdc.core.tables import is_delta_table, raw_table_location
+from cdc.core.tables import delta_properties, is_delta_table, raw_table_location
 from refine.apply.batch_facts import BatchFacts, batch_facts
 from refine.apply.deleted import deleted_location
 from refine.apply.flatten import child_table_name
 from refine.apply.keyed import KeyedTables, merge_keyed_batch
 from refine.apply.keyless import applied_location, merge_keyless_batch
-from refine.apply.merge import TableSettings
+from refine.apply.merge import TableSettings, check_shape
 from refine.apply.rules import TableRules, history_table_name
 from refine.apply.schema_changes import SchemaChangePolicy, misfit, with_renamed_columns
 from refine.apply.shaping import masked_reason
@@ -105,6 +105,11 @@ class RefineBatch:
         self.batch_id = -1
         self.records_read: dict[int, int] = {}  # records of each batch (by id), counted once
         self.conflicts: dict[int, int] = {}  # how often each batch (by id) ran again after a conflict
+
+    def check_shape(self, spark: SparkSession) -> None:
+        """ConfigError, before a job starts, when its refined table was refined with another shape."""
+        if is_delta_table(spark, self.refined):
+            check_shape(self.refined, delta_properties(spark, self.refined), self.state.settings.shape_fingerprint)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         self.batch_id = batch_id

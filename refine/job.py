@@ -166,6 +166,7 @@ def run_refine_job(
     """
     since = datetime.now(UTC)
     batch = RefineBatch(config)
+    batch.check_shape(spark)
     query = start_refine_query(spark, config.warehouse, config.table, config.target, batch, config.trigger)
     stop = stop or threading.Event()
     changes = watch_refine_queries({config.target: query}, say, stop, {config.target: batch}, config.warehouse)

@@ -221,6 +221,8 @@ def refine_jobs(pipeline: Pipeline, config: PipelineRefineConfig) -> list[Refine
 
 def _start(spark: SparkSession, job: RefineJob) -> tuple[StreamingQuery, RefineBatch | EventsBatch]:
     batch = events_batch(spark, job) if isinstance(job, EventsRefineJobConfig) else RefineBatch(job)
+    if isinstance(batch, RefineBatch):
+        batch.check_shape(spark)
     topic = job.topic if isinstance(job, EventsRefineJobConfig) else job.table
     return start_refine_query(spark, job.warehouse, topic, job.target, batch, job.trigger), batch
 

@@ -129,6 +129,18 @@ def refined_rows(latest: DataFrame, columns: list[str]) -> DataFrame:
     )
 
 
+def check_shape(location: str, properties: dict[str, str], fingerprint: str | None) -> None:
+    """ConfigError when the refined table (of these ``properties``) was refined with another shape than the
+    one of ``fingerprint``: rows shaped one way beside rows shaped another (PII left unmasked, hashes
+    that no longer match), where the whole table is refined again instead."""
+    if properties.get(SHAPE_PROPERTY) != fingerprint:
+        raise ConfigError(
+            "the table was refined with another shape (columns, mask, mask_key, computed, where, deletes, "
+            "ignore_null_updates, track_history_*, cluster_by, partition_by): refine it again with --rebuild",
+            table=location,
+        )
+
+
 def ensure_refined_table(
     spark: SparkSession,
     location: str,
@@ -168,14 +180,8 @@ def ensure_refined_table(
         return schema
     if location not in settings.checked:
         present = delta_properties(spark, location)
-        if kind == "refined" and present.get(SHAPE_PROPERTY) != settings.shape_fingerprint:
-            # Rows shaped one way beside rows shaped another (PII left unmasked, hashes that no longer
-            # match): the whole table is refined again instead.
-            raise ConfigError(
-                "the table was refined with another shape (columns, mask, mask_key, computed, where, deletes, "
-                "ignore_null_updates, track_history_*, cluster_by, partition_by): refine it again with --rebuild",
-                table=location,
-            )
+        if kind == "refined":
+            check_shape(location, present, settings.shape_fingerprint)
         add_missing_properties(spark, location, MAINTENANCE_PROPERTIES, present)
         apply_features(spark, location, features, present)
         settings.checked.add(location)
