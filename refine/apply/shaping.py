@@ -31,6 +31,7 @@ from pyspark.sql.types import DataType, StringType, StructType, TimestampType
 
 from cdc.core.config import _Strict
 from cdc.core.errors import ConfigError
+from refine.apply.latest import POSITION_COLUMNS
 from refine.apply.merge import DELETED_AT
 from refine.records.envelope import Op
 from refine.records.toast import TOAST_PLACEHOLDER, placeholder_test
@@ -364,7 +365,7 @@ def fill_ignored_nulls(changes: DataFrame, key_columns: list[str], columns: list
     if not columns:
         return changes
     key = [F.col(f"key.`{k}`") for k in key_columns]
-    order = [F.col("source_lsn"), F.col("kafka_offset")]
+    order = [F.col(c) for c in POSITION_COLUMNS]
     lives = Window.partitionBy(*key).orderBy(*order).rowsBetween(Window.unboundedPreceding, Window.currentRow)
     changes = changes.withColumn("_life", F.sum(F.when(F.col("op") == Op.DELETE.value, 1).otherwise(0)).over(lives))
     so_far = Window.partitionBy(*key, F.col("_life")).orderBy(*order).rowsBetween(Window.unboundedPreceding, 0)
