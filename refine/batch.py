@@ -240,7 +240,7 @@ class RefineBatch:
         if self.config.shape.declared:
             raise ConfigError(
                 f"{kind} are not shaped yet (columns, except_columns, mask, computed, where, deletes, "
-                "ignore_null_updates, cluster_by, partition_by apply to Postgres tables with a primary key)",
+                "ignore_null_updates, cluster_by, partition_by apply to Postgres tables)",
                 table=self.config.target,
             )
 
@@ -378,7 +378,6 @@ class RefineBatch:
         """Apply the parsed ``batch``'s valid ``changes`` (of the source ``columns``) by their table's path:
         keyed, or keyless when the Kafka keys are null."""
         if batch.key_schema is None:
-            self._refuse_shape("tables without a primary key")
             merge_keyless_batch(
                 spark,
                 changes,
@@ -391,6 +390,8 @@ class RefineBatch:
                 explode=self.config.explode,
                 history=self.config.history,
                 table=self.config.target,
+                shape=self.config.shape,
+                mask_key=self.tables.mask_key,
             )
         else:
             merge_keyed_batch(spark, changes, batch.key_schema, columns, facts, self.tables, self.rules, self.batch_id)

@@ -28,7 +28,14 @@ from refine.apply.latest import latest_per_key
 from refine.apply.merge import TableSettings, ensure_refined_table, merge_changes, refined_rows, refresh_children
 from refine.apply.rekey import batch_states, fill_from_old_keys, stored_states
 from refine.apply.rules import TableRules
-from refine.apply.shaping import DeleteMode, TableShape, fill_ignored_nulls, shaped_rows, with_masked_keys
+from refine.apply.shaping import (
+    DeleteMode,
+    TableShape,
+    fill_ignored_nulls,
+    masked_values,
+    shaped_rows,
+    with_masked_keys,
+)
 from refine.records.envelope import ConnectSchema
 
 
@@ -48,6 +55,11 @@ class KeyedTables:
     def shaped(self, rows: DataFrame, key_columns: list[str]) -> DataFrame:
         """Refined rows as the shape declares them (:func:`refine.apply.shaping.shaped_rows`)."""
         return shaped_rows(rows, self.shape, key_columns, self.name, self.mask_key)
+
+    def masked(self, rows: DataFrame) -> DataFrame:
+        """Rows of source columns with the masked ones masked (:func:`refine.apply.shaping.masked_values`): what
+        the quarantine keeps of a row an expectation dropped."""
+        return masked_values(rows, self.shape, self.mask_key)
 
 
 def merge_keyed_batch(
@@ -69,7 +81,7 @@ def merge_keyed_batch(
     _follow_schema(spark, changes, columns, key_columns, tables)
     ignored = tables.shape.ignored_nulls(columns, key_columns)
     filled, latest = _latest_changes(spark, changes, key_schema, key_columns, facts, tables, ignored)
-    with rules.enforced_changes(spark, latest, columns, key_columns, batch_id) as enforced:
+    with rules.enforced_changes(spark, latest, columns, key_columns, batch_id, tables.masked) as enforced:
         rows = tables.shaped(enforced, key_columns).persist()  # computed once from the tables as they were
         try:
             _write_rows(spark, rows, key_columns, facts, tables)

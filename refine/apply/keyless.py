@@ -37,9 +37,19 @@ from pyspark.sql.types import StructField, StructType
 from cdc.core.errors import ConfigError
 from cdc.core.tables import delta_properties, is_delta_table
 from refine.apply.latest import SnapshotStart, at_or_after, from_snapshot_start, last_snapshot_start
-from refine.apply.merge import COMMITTED_AT, LSN, OFFSET, OP, REFINED_AT, TableSettings, ensure_refined_table
+from refine.apply.merge import (
+    COMMITTED_AT,
+    DELETED_AT,
+    LSN,
+    OFFSET,
+    OP,
+    REFINED_AT,
+    TableSettings,
+    ensure_refined_table,
+)
 from refine.apply.rules import TableRules
 from refine.apply.schema_changes import overwrite_table
+from refine.apply.shaping import DeleteMode, TableShape, shaped_images
 from refine.records.envelope import Op
 from refine.records.parse import VALUE_SCHEMA
 from refine.records.toast import replace_placeholders
@@ -109,77 +119,155 @@ def _hashed(image: Column) -> Column:
     return F.sha2(F.to_json(image), 256)
 
 
-def net_changes(rows: DataFrame, columns: list[str]) -> DataFrame:
-    """Per row image, how many copies the changes add (``net`` < 0: remove), with the image and the
-    metadata of its last addition."""
-    meta: list[str | Column] = [
+SIGNED = "_cdc_signed"  # of a row image added (delta 1) or removed (-1): the change's place and metadata
+
+
+def signed_images(rows: DataFrame, columns: list[str]) -> DataFrame:
+    """Each change's row images of the source ``columns`` (``image``): the row it adds (``delta`` 1 in the
+    ``SIGNED`` struct, with the change's position and metadata) and the row it removes (-1)."""
+    meta = F.struct(
         F.col("source_lsn").alias(LSN),
         F.col("kafka_offset").alias(OFFSET),
         F.col("source_committed_at").alias(COMMITTED_AT),
         F.col("op").alias(OP),
-        STREAM_COMMIT,
-    ]
+        F.col(STREAM_COMMIT),
+    )
     after_type = rows.schema["after"].dataType
     assert isinstance(after_type, StructType)  # a row
+
+    def image(row: Column) -> Column:
+        return F.struct(*[row[c].alias(c) for c in columns])
+
+    # Under REPLICA IDENTITY FULL the old row is whole: it has the values an update left TOASTed.
+    after = replace_placeholders(F.col("after"), F.col("before"), after_type)
     added = rows.where(F.col("op").isin(Op.READ.value, Op.CREATE.value, Op.UPDATE.value)).select(
-        # Under REPLICA IDENTITY FULL the old row is whole: it has the values an update left TOASTed.
-        replace_placeholders(F.col("after"), F.col("before"), after_type).alias("image"),
-        F.lit(1).alias("delta"),
-        *meta,
+        image(after).alias("image"), meta.withField("delta", F.lit(1)).alias(SIGNED)
     )
     removed = rows.where(F.col("op").isin(Op.UPDATE.value, Op.DELETE.value)).select(
-        F.col("before").alias("image"), F.lit(-1).alias("delta"), *meta
+        image(F.col("before")).alias("image"), meta.withField("delta", F.lit(-1)).alias(SIGNED)
     )
-    changes = added.unionByName(removed).withColumn(ROW_HASH, _hashed(F.col("image")))
-    position = F.when(F.col("delta") > 0, F.struct(STREAM_COMMIT, LSN, OFFSET))
+    return added.unionByName(removed)
+
+
+def typed_images(images: DataFrame, image: StructType) -> DataFrame:
+    """Signed images (:func:`signed_images`) of the table's ``image`` columns and types: a row's hash is that
+    of the values the table stores."""
+    value = F.col("image")
+    return images.withColumn("image", F.struct(*[value[f.name].cast(f.dataType).alias(f.name) for f in image]))
+
+
+def net_changes(images: DataFrame, columns: list[str], soft_deletes: bool = False) -> DataFrame:
+    """Per row image, how many copies the signed ``images`` add (``net`` < 0: remove), with the image and
+    the metadata of its last addition; with ``soft_deletes`` also ``peak``, the most copies it had on the
+    way (above those it had before: soft-deleted copies stay counted), and the metadata of its last removal
+    (``removed``)."""
+    changes = images.select("image", f"{SIGNED}.*").withColumn(ROW_HASH, _hashed(F.col("image")))
+    place = (STREAM_COMMIT, LSN, OFFSET)
+    position = F.when(F.col("delta") > 0, F.struct(*place))
     last_added = F.max_by(F.struct("image", LSN, OFFSET, COMMITTED_AT, OP), position)
-    nets = changes.groupBy(ROW_HASH).agg(F.sum("delta").alias("net"), last_added.alias("last"))
-    return nets.where("net <> 0").select(
+    measures = [F.sum("delta").alias("net"), last_added.alias("last")]
+    if soft_deletes:
+        # An update that leaves the image as it was removes it before adding it: no copy more on the way.
+        so_far = Window.partitionBy(ROW_HASH).orderBy(*place, "delta").rowsBetween(Window.unboundedPreceding, 0)
+        changes = changes.withColumn("_so_far", F.sum("delta").over(so_far))
+        removal = F.when(F.col("delta") < 0, F.struct(*place))
+        measures += [
+            F.greatest(F.max("_so_far"), F.lit(0)).alias("peak"),
+            F.max_by(F.struct(LSN, OFFSET, COMMITTED_AT), removal).alias("removed"),
+        ]
+    nets = changes.groupBy(ROW_HASH).agg(*measures)
+    kept = (F.col("net") != 0) | (F.col("peak") > 0) if soft_deletes else F.col("net") != 0
+    return nets.where(kept).select(
         ROW_HASH,
         "net",
+        *([F.col("peak"), F.col("removed")] if soft_deletes else []),
         *[F.col(f"last.image.`{column}`").alias(column) for column in columns],
         *[F.col(f"last.{column}").alias(column) for column in (LSN, OFFSET, COMMITTED_AT, OP)],
     )
 
 
-def copies(nets: DataFrame, existing: DataFrame | None, columns: list[str]) -> DataFrame:
-    """One row per copy to insert (``_action`` insert) or delete: copies n+1..n+k are added, the
-    highest ones removed (n: the copies the table has; 0 without ``existing``, after a truncate)."""
+def _ranges(counted: DataFrame, soft_deletes: bool) -> Column:
+    """Per image, the copy numbers to write as (low, high, action, deleted) structs: with ``_live`` copies
+    (1.._live) and ``_have`` in all (soft-deleted ones after the live ones), a net change ``net`` and a
+    ``peak``. Hard deletes add copies n+1..n+k or remove the highest ones; soft deletes revive or mark the
+    lowest deleted and highest live ones, and keep as many copies as the image ever had at once."""
+    live, have, net = F.col("_live"), F.col("_have"), F.col("net")
+    live_now = F.greatest(live + net, F.lit(0))
+
+    def span(low: Column, high: Column, action: str, deleted: bool) -> Column:
+        return F.struct(
+            low.alias("low"), high.alias("high"), F.lit(action).alias("action"), F.lit(deleted).alias("deleted")
+        )
+
+    if not soft_deletes:
+        return F.array(span(live + 1, live_now, "insert", False), span(live_now + 1, live, "delete", True))
+    have_now = F.greatest(have, live + F.col("peak"))
+    return F.array(
+        span(live + 1, F.least(live_now, have), "insert", False),  # revived
+        span(have + 1, live_now, "insert", False),
+        span(live_now + 1, live, "delete", True),  # marked deleted
+        span(F.greatest(have, live_now) + 1, have_now, "insert", True),  # added and deleted on the way
+    )
+
+
+def copies(nets: DataFrame, existing: DataFrame | None, columns: list[str], soft_deletes: bool = False) -> DataFrame:
+    """One row per copy to write (``_action`` insert, or delete: under soft deletes, marking it deleted),
+    from the images' net changes (:func:`net_changes`) and the ``existing`` table (None: empty, after a
+    truncate under hard deletes; under soft ones a truncate's table has no live copies, and all count)."""
     if existing is None:
-        counted = nets.withColumn("_have", F.lit(0))
+        counted = nets.withColumns({"_live": F.lit(0), "_have": F.lit(0)})
     else:
+        # Copies 1..n: live ones first, then the soft-deleted ones.
+        live = F.count(F.when(F.col(DELETED_AT).isNull(), 1)) if DELETED_AT in existing.columns else F.max(COPY)
         have = (
             existing.join(nets.select(ROW_HASH), ROW_HASH, "left_semi")
             .groupBy(ROW_HASH)
-            .agg(F.max(COPY).alias("_have"))
+            .agg(live.alias("_live"), F.max(COPY).alias("_have"))
         )
-        counted = nets.join(have, ROW_HASH, "left").withColumn("_have", F.coalesce("_have", F.lit(0)))
-    adds = F.col("net") > 0
-    low = F.when(adds, F.col("_have") + 1).otherwise(F.greatest(F.col("_have") + F.col("net"), F.lit(0)) + 1)
-    high = F.when(adds, F.col("_have") + F.col("net")).otherwise(F.col("_have"))
-    return counted.where(low <= high).select(
-        *[F.col(f"`{column}`") for column in columns],
-        LSN,
-        OFFSET,
-        COMMITTED_AT,
-        OP,
+        counted = nets.join(have, ROW_HASH, "left").fillna(0, ["_live", "_have"])
+    spans = counted.withColumn("_span", F.explode(_ranges(counted, soft_deletes))).where("_span.low <= _span.high")
+    deleted = F.col("_span.deleted")
+    values = [F.col(f"`{column}`") for column in columns]
+    if not soft_deletes:
+        meta = [F.col(c) for c in (LSN, OFFSET, COMMITTED_AT, OP)]
+    else:
+        meta = [
+            F.when(deleted, F.col(f"removed.{LSN}")).otherwise(F.col(LSN)).alias(LSN),
+            F.when(deleted, F.col(f"removed.{OFFSET}")).otherwise(F.col(OFFSET)).alias(OFFSET),
+            F.when(deleted, F.col(f"removed.{COMMITTED_AT}")).otherwise(F.col(COMMITTED_AT)).alias(COMMITTED_AT),
+            F.when(deleted, F.lit(Op.DELETE.value)).otherwise(F.col(OP)).alias(OP),
+        ]
+    return spans.select(
+        *values,
+        *meta,
         F.current_timestamp().alias(REFINED_AT),
+        *(
+            [F.when(deleted, F.coalesce(F.col(f"removed.{COMMITTED_AT}"), F.current_timestamp())).alias(DELETED_AT)]
+            if soft_deletes
+            else []
+        ),
         ROW_HASH,
-        F.explode(F.sequence(low, high)).alias(COPY),
-        F.when(adds, "insert").otherwise("delete").alias("_action"),
+        F.explode(F.sequence("_span.low", "_span.high")).alias(COPY),
+        F.col("_span.action").alias("_action"),
     )
 
 
 def keyless_table(
-    spark: SparkSession, location: str, settings: TableSettings, rows: DataFrame, columns: list[str]
+    spark: SparkSession,
+    location: str,
+    settings: TableSettings,
+    images: DataFrame,
+    columns: list[str],
+    soft_deletes: bool = False,
 ) -> StructType:
-    """Make the keyless table at ``location`` take a batch's parsed ``rows`` (of the source ``columns``), as
-    :func:`refine.apply.merge.ensure_refined_table` does, with its row hashes those of the images the batch's are
-    computed from (:func:`row_images`); returns the image's columns and types.
+    """Make the keyless table at ``location`` take a batch's signed ``images`` (:func:`signed_images`, shaped, of
+    the ``columns`` it stores), as :func:`refine.apply.merge.ensure_refined_table` does, with its row hashes those
+    of the images the batch's are computed from (:func:`typed_images`); returns the image's columns and types.
 
     The columns and types the stored hashes were computed over are the table's ``IMAGE_PROPERTY``, set before
     anything changes them: a job stopped between the table's rewrite and its rehash rehashes on its next run."""
-    probe = copies(net_changes(rows, columns), None, columns)  # a plan, never run: the stored columns' types
+    # A plan, never run: the stored columns' types.
+    probe = copies(net_changes(images, columns, soft_deletes), None, columns, soft_deletes)
     stored = StructType([StructField(f.name, f.dataType) for f in probe.schema if f.name != "_action"])
     existed = is_delta_table(spark, location)
     if existed and (hashed := delta_properties(spark, location).get(IMAGE_PROPERTY)) is None:
@@ -194,10 +282,12 @@ def keyless_table(
         _set_image(spark, location, image)
     elif hashed != image.json():
         # A column dropped, or retyped: the stored rows' hashes become those of their images now, so that a
-        # later change's image finds its row (equal rows may now be copies of one image: numbered again).
+        # later change's image finds its row (equal rows may now be copies of one image: numbered again,
+        # the live ones first).
         stored_rows = spark.read.format("delta").load(location)
         rehashed = stored_rows.withColumn(ROW_HASH, _hashed(F.struct(*[F.col(f"`{c}`") for c in image.names])))
-        copy = F.row_number().over(Window.partitionBy(ROW_HASH).orderBy(COPY, LSN, OFFSET))
+        order = [F.col(DELETED_AT).isNotNull()] if DELETED_AT in table.names else []
+        copy = F.row_number().over(Window.partitionBy(ROW_HASH).orderBy(*order, COPY, LSN, OFFSET))
         renumbered = rehashed.withColumn(COPY, copy.cast(table[COPY].dataType))
         overwrite_table(spark, location, renumbered)
         _set_image(spark, location, image)
@@ -211,31 +301,34 @@ def _set_image(spark: SparkSession, location: str, image: StructType) -> str:
     return text
 
 
-def row_images(rows: DataFrame, image: StructType) -> DataFrame:
-    """Parsed ``rows`` with their ``before`` and ``after`` of the table's ``image`` columns and types: a row's
-    hash is that of the values the table stores."""
-
-    def typed(column: str) -> Column:
-        value = F.col(column)
-        return F.when(value.isNotNull(), F.struct(*[value[f.name].cast(f.dataType).alias(f.name) for f in image]))
-
-    return rows.withColumn("before", typed("before")).withColumn("after", typed("after"))
-
-
-def merge_keyless(spark: SparkSession, location: str, rows: DataFrame, truncated: bool, version: int) -> None:
+def merge_keyless(
+    spark: SparkSession, location: str, rows: DataFrame, truncated: bool, version: int, soft_deletes: bool = False
+) -> None:
     """MERGE the copies to add and remove (:func:`copies`) as Delta transaction ``version`` of this
-    job (Delta skips it when the table has it already); with ``truncated``, they replace the table."""
+    job (Delta skips it when the table has it already); with ``truncated``, they replace the table (under
+    ``soft_deletes``, the others are marked deleted)."""
     stored = [f for f in rows.schema if f.name != "_action"]
     values: dict[str, str | Column] = {f"`{f.name}`": F.col(f"s.`{f.name}`") for f in stored}
     merge = (
         DeltaTable.forPath(spark, location)
         .alias("t")
         .merge(rows.alias("s"), f"t.{ROW_HASH} = s.{ROW_HASH} AND t.{COPY} = s.{COPY}")
-        .whenMatchedDelete("s._action = 'delete'")
-        .whenMatchedUpdate("s._action = 'insert'", values)  # only after a truncate: the copy is the batch's now
-        .whenNotMatchedInsert("s._action = 'insert'", values)
     )
-    if truncated:
+    if soft_deletes:
+        marked: dict[str, str | Column] = {
+            c: F.col(f"s.{c}") for c in (LSN, OFFSET, COMMITTED_AT, OP, REFINED_AT, DELETED_AT)
+        }
+        merge = merge.whenMatchedUpdate("s._action = 'delete'", marked)
+    else:
+        merge = merge.whenMatchedDelete("s._action = 'delete'")
+    # Matched: after a truncate the copy is the batch's now; under soft deletes, a copy revived.
+    merge = merge.whenMatchedUpdate("s._action = 'insert'", values).whenNotMatchedInsert("s._action = 'insert'", values)
+    if truncated and soft_deletes:
+        merge = merge.whenNotMatchedBySourceUpdate(
+            f"t.{DELETED_AT} IS NULL",
+            {DELETED_AT: F.current_timestamp(), OP: F.lit(Op.DELETE.value), REFINED_AT: F.current_timestamp()},
+        )
+    elif truncated:
         merge = merge.whenNotMatchedBySourceDelete()
     spark.conf.set("spark.databricks.delta.write.txnAppId", TXN_APP_ID)
     spark.conf.set("spark.databricks.delta.write.txnVersion", str(version))
@@ -265,10 +358,15 @@ def merge_keyless_changes(
     changes: DataFrame,
     columns: list[str],
     columns_by_schema: tuple[list[str], ...] = (),
+    shape: TableShape | None = None,
+    mask_key: bytes | None = None,
+    table: str = "",
 ) -> None:
     """Apply a batch's parsed changes (of the source ``columns``; ``columns_by_schema``: of each value schema
     the changes' :data:`~refine.records.parse.VALUE_SCHEMA` names) to the keyless refined table at ``location``,
-    each exactly once."""
+    each exactly once, its row images shaped by ``shape`` (:func:`refine.apply.shaping.shaped_images`)."""
+    shape = shape or TableShape()
+    soft = shape.deletes is DeleteMode.SOFT
     applied = read_applied(spark, applied_at)
     rows = unapplied(changes, applied).persist()
     try:
@@ -277,7 +375,7 @@ def merge_keyless_changes(
             F.max(position).alias("last"),
             F.max(F.when(F.col("op") == Op.TRUNCATE.value, position)).alias("truncate"),
             last_snapshot_start().alias("snapshot"),
-            F.max_by(VALUE_SCHEMA, position).alias("newest_schema") if VALUE_SCHEMA in rows.columns else F.lit(None),
+            (F.max_by(VALUE_SCHEMA, position) if VALUE_SCHEMA in rows.columns else F.lit(None)).alias("newest_schema"),
         ).collect()
         if mark.last is None:
             return  # nothing new: replayed changes only
@@ -289,12 +387,18 @@ def merge_keyless_changes(
         if (snapshot := SnapshotStart.of(mark.snapshot)) is not None:
             counted = counted.where(from_snapshot_start(snapshot))
         reset = mark.truncate is not None or snapshot is not None
-        image = keyless_table(spark, location, settings, counted, columns)
-        counted, columns = row_images(counted, image), image.names
-        if not reset:
+        images = shaped_images(signed_images(counted, columns), "image", shape, table, mask_key)
+        shaped_type = images.schema["image"].dataType
+        assert isinstance(shaped_type, StructType)  # a row
+        image = keyless_table(spark, location, settings, images, shaped_type.fieldNames(), soft)
+        images = typed_images(images, image)
+        if soft or not reset:  # soft-deleted copies stay counted after a reset
             existing = spark.read.format("delta").load(location)
+            if reset:
+                existing = existing.withColumn(DELETED_AT, F.current_timestamp())
         version = (applied[-1] if applied else 0) + 1
-        merge_keyless(spark, location, copies(net_changes(counted, columns), existing, columns), reset, version)
+        nets = net_changes(images, image.names, soft)
+        merge_keyless(spark, location, copies(nets, existing, image.names, soft), reset, version, soft)
         commit_lsn, lsn, offset = mark.last
         write_applied(spark, applied_at, commit_lsn, lsn, offset, version)
     finally:
@@ -314,15 +418,24 @@ def merge_keyless_batch(
     history: bool,
     table: str,
     columns_by_schema: tuple[list[str], ...] = (),
+    shape: TableShape | None = None,
+    mask_key: bytes | None = None,
 ) -> None:
     """Apply a batch's valid parsed ``changes`` (of the refined ``columns``; ``columns_by_schema``: of each of
     the batch's value schemas) to the keyless refined table ``table`` at ``location``
     (:func:`merge_keyless_changes`). Expectations (``rules``) are not checked on such rows yet, and exploded
-    arrays and a history need a primary key: a ConfigError for any of them."""
+    arrays, a history and ignored NULLs need a primary key: a ConfigError for any of them."""
     rules.refuse_unchecked("tables without a primary key")
-    for wanted, setting in [(explode, "explode"), (history, "SCD type 2 (history)")]:
+    ignores_nulls = shape is not None and shape.ignore_null_updates not in (False, [])
+    for wanted, setting in [
+        (explode, "explode"),
+        (history, "SCD type 2 (history)"),
+        (ignores_nulls, "ignore_null_updates"),
+    ]:
         if wanted:
             raise ConfigError(
                 f"{setting} needs a primary key: the source table has none (Kafka keys are null)", table=table
             )
-    merge_keyless_changes(spark, location, settings, applied_at, changes, columns, columns_by_schema)
+    merge_keyless_changes(
+        spark, location, settings, applied_at, changes, columns, columns_by_schema, shape, mask_key, table
+    )

@@ -12,7 +12,7 @@ The jobs call one method each; without rules the batch passes through unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 
 from pydantic import Field
@@ -71,33 +71,47 @@ class TableRules(_Strict):
 
     @contextmanager
     def enforced(
-        self, spark: SparkSession, rows: DataFrame, key_columns: list[str], batch: int, deleted: Column | None = None
+        self,
+        spark: SparkSession,
+        rows: DataFrame,
+        key_columns: list[str],
+        batch: int,
+        deleted: Column | None = None,
+        quarantined: Callable[[DataFrame], DataFrame] | None = None,
     ) -> Iterator[DataFrame]:
         """The rows to write: those no ``drop`` expectation failed (counts recorded, raising on a
         ``fail`` one), plus the ``deleted`` rows unchecked. ``rows`` carry ``_cdc_partition`` and
-        ``_cdc_offset`` (where the row came from, for the quarantine)."""
+        ``_cdc_offset`` (where the row came from, for the quarantine); ``quarantined`` makes the dropped
+        rows the quarantine keeps (masked, say)."""
         if not self.expectations:
             yield rows
             return
         checked = rows if deleted is None else rows.where(~deleted)
         with enforce_expectations(
-            spark, checked, self.expectations_config(key_columns), self.warehouse, batch
+            spark, checked, self.expectations_config(key_columns), self.warehouse, batch, quarantined
         ) as passing:
             yield passing if deleted is None else passing.unionByName(rows.where(deleted))
 
     @contextmanager
     def enforced_changes(
-        self, spark: SparkSession, latest: DataFrame, columns: list[str], key_columns: list[str], batch: int
+        self,
+        spark: SparkSession,
+        latest: DataFrame,
+        columns: list[str],
+        key_columns: list[str],
+        batch: int,
+        quarantined: Callable[[DataFrame], DataFrame] | None = None,
     ) -> Iterator[DataFrame]:
         """The refined rows of a Debezium batch's latest changes (:func:`refine.apply.merge.refined_rows`)
-        that pass the expectations; deletes pass unchecked."""
+        that pass the expectations; deletes pass unchecked (``quarantined``: as :meth:`enforced`)."""
         if not self.expectations:
             yield refined_rows(latest, columns)
             return
         # The Kafka partition rides in the row images (the refined rows carry none), for the quarantine.
         images = {image: F.col(image).withField(PARTITION, F.col("kafka_partition")) for image in ("before", "after")}
         rows = refined_rows(latest.withColumns(images), [*columns, PARTITION])
-        with self.enforced(spark, rows, key_columns, batch, deleted=F.col(OP) == Op.DELETE.value) as passing:
+        deleted = F.col(OP) == Op.DELETE.value
+        with self.enforced(spark, rows, key_columns, batch, deleted, quarantined) as passing:
             yield passing.drop(PARTITION)
 
     def passing_events(self, spark: SparkSession, events: DataFrame, rows: DataFrame, keys: list[str], batch: int):

@@ -20,6 +20,8 @@ import hashlib
 import hmac
 import os
 import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
 
@@ -303,37 +305,29 @@ def with_masked_keys(
     return changes.withColumns(images)
 
 
-def shaped_rows(
-    rows: DataFrame, shape: TableShape, key_columns: list[str], table: str, mask_key: bytes | None = None
-) -> DataFrame:
-    """Refined ``rows`` (source columns and ``_cdc_*`` metadata, ``_cdc_op`` among them) shaped: computed
-    columns, ``where`` (a non-delete row that does not match becomes a delete, ``_cdc_op`` ``d``), the
-    column selection, masks. ConfigError naming the key for an expression Spark cannot read or a column
-    the row lacks."""
-    if not shape.declared:
-        return rows
-    source = [c for c in rows.columns if not c.startswith("_cdc_")]
+def _computed(rows: DataFrame, shape: TableShape, table: str) -> tuple[DataFrame, Column | None]:
+    """``rows`` with the shape's computed columns, and whether each matches ``where`` (None without one)."""
+    rows = rows.withColumns({name: _expression(sql, f"computed.{name}", table) for name, sql in shape.computed.items()})
+    if shape.where is None:
+        return rows, None
+    return rows, F.coalesce(_expression(shape.where, "where", table).cast("boolean"), F.lit(False))
+
+
+@contextmanager
+def _naming_expression_errors(shape: TableShape, table: str) -> Iterator[None]:
+    """Spark's analysis of the computed columns and ``where`` (a wrong column name) failing with the key named."""
     try:
-        rows = rows.withColumns(
-            {name: _expression(sql, f"computed.{name}", table) for name, sql in shape.computed.items()}
-        )
-        # A source delete whose row the table would have held: kept as a soft-deleted row even where
-        # the table never held it (created and deleted within a batch, or a rebuild's one batch).
-        deleted_row = F.col(_OP) == Op.DELETE.value
-        if shape.where is not None:
-            matches = F.coalesce(_expression(shape.where, "where", table).cast("boolean"), F.lit(False))
-            deleted_row = deleted_row & matches
-        if shape.deletes is DeleteMode.SOFT:
-            at = F.coalesce(F.col("_cdc_committed_at"), F.current_timestamp())
-            rows = rows.withColumn(DELETED_AT, F.when(deleted_row, at).otherwise(F.lit(None).cast(TimestampType())))
-        if shape.where is not None:
-            rows = rows.withColumn(
-                _OP, F.when((F.col(_OP) != Op.DELETE.value) & ~matches, F.lit(Op.DELETE.value)).otherwise(F.col(_OP))
-            )
-        _ = rows.schema  # analysed here: a wrong column name fails with the key named
+        yield
     except AnalysisException as error:
         keys = "computed/where" if shape.computed and shape.where else ("where" if shape.where else "computed")
         raise ConfigError(f"{keys}: {str(error).splitlines()[0]}", table=table) from None
+
+
+def _selected_and_masked(
+    rows: DataFrame, shape: TableShape, source: list[str], key_columns: list[str], table: str, mask_key: bytes | None
+) -> DataFrame:
+    """``rows`` with the columns the shape keeps (of the ``source`` columns; the others, metadata and computed,
+    all), masked; ConfigError for a named column the rows lack."""
     named = {
         "columns": shape.columns or [],
         "except_columns": shape.except_columns,
@@ -346,16 +340,78 @@ def shaped_rows(
         if missing := [name for name in names if name not in rows.columns]:
             raise ConfigError(f"{key}: the table has no column {missing[0]}", table=table)
     kept = [c for c in rows.columns if c.startswith("_cdc_") or shape.keeps(c) or c not in source]
-    rows = rows.select(*[F.col(f"`{c}`") for c in kept])
+    return masked_values(rows.select(*[F.col(f"`{c}`") for c in kept]), shape, mask_key, key_columns)
+
+
+def shaped_rows(
+    rows: DataFrame, shape: TableShape, key_columns: list[str], table: str, mask_key: bytes | None = None
+) -> DataFrame:
+    """Refined ``rows`` (source columns and ``_cdc_*`` metadata, ``_cdc_op`` among them) shaped: computed
+    columns, ``where`` (a non-delete row that does not match becomes a delete, ``_cdc_op`` ``d``), the
+    column selection, masks. ConfigError naming the key for an expression Spark cannot read or a column
+    the row lacks."""
+    if not shape.declared:
+        return rows
+    source = [c for c in rows.columns if not c.startswith("_cdc_")]
+    with _naming_expression_errors(shape, table):
+        rows, matches = _computed(rows, shape, table)
+        rows = _soft_deleted_and_unmatched(rows, shape, matches)
+        _ = rows.schema  # analysed here
+    return _selected_and_masked(rows, shape, source, key_columns, table, mask_key)
+
+
+def _soft_deleted_and_unmatched(rows: DataFrame, shape: TableShape, matches: Column | None) -> DataFrame:
+    """Refined rows with ``_cdc_deleted_at`` under soft deletes, and a row that does not match ``where`` a delete."""
+    # A source delete whose row the table would have held: kept as a soft-deleted row even where
+    # the table never held it (created and deleted within a batch, or a rebuild's one batch).
+    deleted_row = F.col(_OP) == Op.DELETE.value
+    if matches is not None:
+        deleted_row = deleted_row & matches
+    if shape.deletes is DeleteMode.SOFT:
+        at = F.coalesce(F.col("_cdc_committed_at"), F.current_timestamp())
+        rows = rows.withColumn(DELETED_AT, F.when(deleted_row, at).otherwise(F.lit(None).cast(TimestampType())))
+    if matches is not None:
+        rows = rows.withColumn(
+            _OP, F.when((F.col(_OP) != Op.DELETE.value) & ~matches, F.lit(Op.DELETE.value)).otherwise(F.col(_OP))
+        )
+    return rows
+
+
+def masked_values(
+    rows: DataFrame, shape: TableShape, mask_key: bytes | None, key_columns: Sequence[str] = ()
+) -> DataFrame:
+    """``rows`` with the masked columns among theirs masked (but ``key_columns``, which come masked:
+    :func:`with_masked_keys`)."""
     types = {f.name: f.dataType for f in rows.schema}
-    rows = rows.withColumns(  # key columns came masked (with_masked_keys)
+    return rows.withColumns(
         {
             name: masked(F.col(f"`{name}`"), method, mask_key, types[name])
             for name, method in shape.mask.items()
-            if name not in key_columns
+            if name in types and name not in key_columns
         }
     )
-    return rows
+
+
+def shaped_images(
+    images: DataFrame, image: str, shape: TableShape, table: str, mask_key: bytes | None = None
+) -> DataFrame:
+    """Rows holding a row image (the struct column ``image``, beside ``_cdc_*`` columns) with the image
+    shaped: computed columns, the column selection, masks; a row whose image does not match ``where`` is
+    left out. How a table without a primary key is shaped: it holds row images, not keys."""
+    if not shape.declared:
+        return images
+    row_type = images.schema[image].dataType
+    assert isinstance(row_type, StructType)  # a row
+    source = row_type.fieldNames()
+    others = [c for c in images.columns if c != image]
+    with _naming_expression_errors(shape, table):
+        rows, matches = _computed(images.select(*others, f"{image}.*"), shape, table)
+        if matches is not None:
+            rows = rows.where(matches)
+        _ = rows.schema  # analysed here
+    rows = _selected_and_masked(rows, shape, source, [], table, mask_key)
+    shaped = [c for c in rows.columns if c not in others]
+    return rows.select(*others, F.struct(*[F.col(f"`{c}`") for c in shaped]).alias(image))
 
 
 def fill_ignored_nulls(changes: DataFrame, key_columns: list[str], columns: list[str]) -> DataFrame:

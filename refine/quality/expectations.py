@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from enum import Enum
@@ -165,11 +165,17 @@ def split_by_expectations(rows: DataFrame, expectations: list[Expectation]) -> t
 
 @contextmanager
 def enforce_expectations(
-    spark: SparkSession, rows: DataFrame, config: ExpectationsConfig, warehouse: str, batch: int
+    spark: SparkSession,
+    rows: DataFrame,
+    config: ExpectationsConfig,
+    warehouse: str,
+    batch: int,
+    quarantined: Callable[[DataFrame], DataFrame] | None = None,
 ) -> Iterator[DataFrame]:
     """Check ``rows`` (one batch, numbered ``batch``: a micro-batch id or a Delta version), record the
-    counts, quarantine the rows a ``drop`` expectation failed, raise on a ``fail`` expectation; yield the
-    rows to write (cached for the block's duration)::
+    counts, quarantine the rows a ``drop`` expectation failed (as ``quarantined`` makes them: masked
+    columns masked), raise on a ``fail`` expectation; yield the rows to write (cached for the block's
+    duration)::
 
         with enforce_expectations(spark, rows, config, warehouse, batch_id) as passing:
             merge(passing)
@@ -195,6 +201,8 @@ def enforce_expectations(
             )
         )
         if any(failed[e.name] for e in config.expectations if e.action is ExpectationAction.DROP):
+            if quarantined is not None:
+                dropped = quarantined(dropped)
             quarantine(
                 spark,
                 quarantine_location(warehouse),

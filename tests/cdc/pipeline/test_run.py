@@ -457,7 +457,8 @@ def test_an_expectation_on_a_debezium_table_drops_its_rows_but_never_its_deletes
     pipeline = {
         "name": "shop",
         "sources": {"orders": {"kind": "debezium_postgres", "topic": topic}},
-        "refined": {"shop_orders": {"source": "orders"}},
+        # The quarantine keeps a dropped row with its masked columns masked.
+        "refined": {"shop_orders": {"source": "orders", "mask": {"status": "redact", "customer_id": "sha256"}}},
         # False for every row (order_no is NOT NULL), whatever rows other tests left in shop.orders: the Spark
         # cluster's test leaves its marker order -1, which `order_no < 0` let through.
         "expectations": {"no_orders": {"table": "shop_orders", "constraint": "order_no IS NULL", "action": "drop"}},
@@ -469,6 +470,9 @@ def test_an_expectation_on_a_debezium_table_drops_its_rows_but_never_its_deletes
         quarantined = spark.read.format("delta").load(quarantine_location(pipeline_run.warehouse))
         dropped = quarantined.where("source_table = 'shop_orders'")
         assert {row.reason for row in dropped.collect()} == {"failed expectations: no_orders"}
+        rows = [json.loads(row.raw_value) for row in dropped.collect()]
+        assert {row["status"] for row in rows} == {"[redacted]"}
+        assert all(len(row["customer_id"]) == 64 for row in rows)  # a hex SHA-256, not the id
         counts = spark.read.format("delta").load(expectations_location(pipeline_run.warehouse)).collect()
         assert dropped.count() == sum(row.failed for row in counts) > 0
         assert sum(row.passed for row in counts) == 0

@@ -1,12 +1,16 @@
 """A table without a primary key refined as a multiset: duplicates kept, one copy removed per delete."""
 
+import hashlib
 import json
+from collections import Counter
+from datetime import UTC
 
 import psycopg
 from pyspark.testing import assertDataFrameEqual
 
 from cdc.stack.postgres import add_to_publication
 from cdc.stack.workload import run_workload
+from refine.config import refined_table_location
 
 
 def test_keyless_table_equals_postgres_with_duplicates_and_replays(
@@ -98,3 +102,76 @@ def test_records_sent_again_from_before_an_added_column_keep_the_column_and_its_
         refined = refined_table(warehouse, topic)
         assert "x" in refined.columns, f"the added column is missing: {refined.columns}"
         assertDataFrameEqual(refined.select("a", "n", "x"), expected)
+
+
+def _shaped_rows(dsn: str, table: str) -> Counter:
+    """Postgres's rows as the shaped table must hold them: those with a url, the url hashed (hashlib), the
+    hour computed, `note` left out, as many of each as Postgres has."""
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(f"SELECT customer_id, url, viewed_at FROM {table} WHERE url IS NOT NULL").fetchall()
+    return Counter(
+        (customer, hashlib.sha256(url.encode()).hexdigest(), viewed_at.astimezone(UTC).hour)
+        for customer, url, viewed_at in rows
+    )
+
+
+def test_a_shaped_keyless_table_follows_postgres_and_keeps_its_deleted_rows(
+    spark, kafka, stack_config, postgres_connector, tmp_path, unique_name, land_and_refine
+):
+    """Columns left out, a mask, a computed column, `where` and soft deletes on a table without a primary key
+    (equal rows, a truncate, an ALTER), compared with Postgres read back; a deleted row stays, marked, as
+    many copies of it as there ever were at once."""
+    dsn, warehouse, table = stack_config.postgres.dsn(), str(tmp_path), f"shop.{unique_name}"
+    topic = f"{postgres_connector.topic_prefix}.{table}"
+    shape = {
+        "except_columns": ["note"],
+        "mask": {"url": "sha256"},
+        "computed": {"hour": "hour(viewed_at)"},
+        "where": "url IS NOT NULL",
+        "deletes": "soft",
+        "partition_by": ["hour"],
+    }
+    view = "(7, '/same', '2026-02-01 10:00Z', 'n')"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {table} (customer_id int, url text, viewed_at timestamptz, note text)")
+        conn.execute(f"ALTER TABLE {table} REPLICA IDENTITY FULL")
+        add_to_publication(conn, postgres_connector.name, table)
+        conn.execute(f"INSERT INTO {table} VALUES {view}, {view}, {view}, (8, NULL, '2026-02-01 11:00Z', 'x')")
+        conn.execute(f"INSERT INTO {table} VALUES (9, '/gone', '2026-02-02 12:00Z', 'n')")
+        conn.execute(f"DELETE FROM {table} WHERE customer_id = 9")
+        conn.execute(f"UPDATE {table} SET note = 'only the note' WHERE customer_id = 8")
+
+    def refined_at(marker: bytes, deleted: Counter) -> None:
+        kafka.wait_for_last_value(topic, lambda value: value is not None and marker in value)
+        for _ in range(2):  # a rerun changes nothing
+            land_and_refine(warehouse, topic, shape=shape)
+            refined = spark.read.format("delta").load(refined_table_location(warehouse, topic))
+            assert "note" not in refined.columns
+            assert ("referrer" in refined.columns) == (marker != b'"only the note"')  # the ALTER's column is kept
+            live = Counter((r.customer_id, r.url, r.hour) for r in refined.where("_cdc_deleted_at IS NULL").collect())
+            assert live == _shaped_rows(dsn, table)
+            gone = Counter(
+                (r.customer_id, r.url, r.hour) for r in refined.where("_cdc_deleted_at IS NOT NULL").collect()
+            )
+            assert gone == Counter(
+                {(c, hashlib.sha256(u.encode()).hexdigest(), h): n for (c, u, h), n in deleted.items()}
+            )
+        detail = spark.sql(f"DESCRIBE DETAIL delta.`{refined_table_location(warehouse, topic)}`").head()
+        assert detail.partitionColumns == ["hour"]
+
+    refined_at(b'"only the note"', Counter({(9, "/gone", 12): 1}))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        # One copy of three goes, then two more come: four at once at most.
+        conn.execute(f"DELETE FROM {table} WHERE ctid = (SELECT min(ctid) FROM {table} WHERE url = '/same')")
+        conn.execute(f"INSERT INTO {table} VALUES {view}, {view}")
+        conn.execute(f"UPDATE {table} SET url = '/now' WHERE customer_id = 8")  # matches `where` now
+        conn.execute(f"ALTER TABLE {table} ADD COLUMN referrer text")
+        conn.execute(f"INSERT INTO {table} VALUES (10, '/last', '2026-02-03 13:00Z', 'n', 'mail')")
+    refined_at(b'"/last"', Counter({(9, "/gone", 12): 1}))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"TRUNCATE {table}")
+        conn.execute(f"INSERT INTO {table} VALUES {view}")
+    refined_at(
+        b'"referrer":null',
+        Counter({(9, "/gone", 12): 1, (7, "/same", 10): 3, (8, "/now", 11): 1, (10, "/last", 13): 1}),
+    )
