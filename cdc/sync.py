@@ -13,6 +13,7 @@ for an event source whose schema is inferred, hold rows).
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable, Collection
 from typing import Annotated, Literal
@@ -24,8 +25,9 @@ from cdc.core.config import AvailableNow, _Strict
 from cdc.core.streaming import JobThreads
 from cdc.core.tables import has_landed_data, is_delta_table, raw_table_location
 from cdc.pipeline.config import JsonEvents, Pipeline
+from cdc.pipeline.database import has_patterns
 from cdc.pipeline.run import PipelineRefineConfig, run_pipeline_refine
-from cdc.raw.config import RawJobConfig, TopicList
+from cdc.raw.config import RawJobConfig, TopicList, TopicPattern
 from cdc.raw.job import TopicSummary, run_raw_job
 from refine.job import RefineJobConfig, run_refine_job
 from refine.records.schemas import infers_schema
@@ -58,22 +60,31 @@ class SyncJobConfig(_Strict):
     @model_validator(mode="after")
     def _one_run(self) -> SyncJobConfig:
         runs = [self.refine.run] if isinstance(self.refine, PipelineRefinement) else self.refine.jobs
-        if not isinstance(self.raw.topics, TopicList):
+        whole_database = isinstance(self.refine, PipelineRefinement) and has_patterns(self.refine.pipeline)
+        if whole_database:  # the tables of its patterns are refined as they are landed
+            if not isinstance(self.raw.topics, TopicPattern):
+                raise ValueError("raw.topics: a pipeline with a `pattern` lands by pattern")
+        elif not isinstance(self.raw.topics, TopicList):
             raise ValueError("raw.topics: sync lands topics named up front (its refinements need them)")
         for run in runs:
             if run.warehouse != self.raw.warehouse:
                 raise ValueError(f"refine: warehouse {run.warehouse} is not the landing's {self.raw.warehouse}")
             if run.trigger != self.raw.trigger:
                 raise ValueError("refine: the trigger differs from the landing's")
-        landed = set(self.raw.topics.topics)
-        if unlanded := sorted(set(self.refined_topics) - landed):
+        if isinstance(self.raw.topics, TopicPattern):
+            pattern = re.compile(self.raw.topics.pattern)
+            unlanded = sorted(topic for topic in self.refined_topics if not pattern.fullmatch(topic))
+        else:
+            unlanded = sorted(set(self.refined_topics) - set(self.raw.topics.topics))
+        if unlanded:
             raise ValueError(f"refine: topics {', '.join(unlanded)} are not landed by raw.topics")
         return self
 
     @property
     def refined_topics(self) -> list[str]:
+        """The topics refined by name (a pipeline's `pattern` sources: those it finds landed)."""
         if isinstance(self.refine, PipelineRefinement):
-            return [source.topic for source in self.refine.pipeline.sources.values()]
+            return [s.topic for s in self.refine.pipeline.sources.values() if s.topic is not None]
         return [job.table for job in self.refine.jobs]
 
 

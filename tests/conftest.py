@@ -214,7 +214,15 @@ def postgres_connector(stack, stack_config: StackConfig, unique_name: str):
     shipped = definitions.load("postgres")
     connector = ConnectorDefinition(
         unique_name,
-        {**shipped.config, "topic.prefix": unique_name, "slot.name": unique_name, "publication.name": unique_name},
+        {
+            **shipped.config,
+            "topic.prefix": unique_name,
+            "slot.name": unique_name,
+            "publication.name": unique_name,
+            # Of the tables each test makes, only those it adds (add_to_publication): the shipped `all_tables`
+            # would have every test's connector write topics for every other test's tables.
+            "publication.autocreate.mode": "filtered",
+        },
     )
     client = ConnectClient(stack_config.connect.url)
     client.register(connector)

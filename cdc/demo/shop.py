@@ -72,6 +72,7 @@ def shop_demo(
 
 def postgres_table(source: DebeziumPostgresSource) -> str:
     """The `schema.table` a Debezium Postgres topic (`<prefix>.<schema>.<table>`) carries."""
+    assert source.topic is not None, "the shop example names its topics"
     return source.topic.split(".", 1)[1]
 
 

@@ -7,7 +7,7 @@ The same column-path checks run again at refine time on an inferred schema
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from pyspark.sql.types import ArrayType, DataType, MapType, StructType
@@ -23,6 +23,7 @@ from cdc.pipeline.config import (
     ScdType,
     SchemaFile,
 )
+from cdc.pipeline.database import expanded, group_keys_problems, has_patterns
 from cdc.pipeline.sql_text import reads_column, sql_tables
 from refine.apply.flatten import array_element, child_columns, child_table_name, field_type, flat_columns
 from refine.apply.merge import EVENT_POSITION
@@ -34,19 +35,38 @@ RESERVED_PREFIX = "_cdc_"
 
 
 def pipeline_problems(pipeline: Pipeline, base_dir: Path) -> list[Problem]:
+    """Every problem of the pipeline file. The tables of a source with a `pattern` are known once Kafka's
+    topics are (:func:`expanded_pipeline`): until then SQL and expectations may name tables not declared."""
+    tables_known = not has_patterns(pipeline)
     return [
         *_topic_problems(pipeline),
         *_schema_file_problems(pipeline, base_dir),
         *_refined_problems(pipeline),
+        *group_keys_problems(pipeline),
         *_name_problems(pipeline),
-        *_business_problems(pipeline),
-        *_expectation_problems(pipeline),
+        *(_business_problems(pipeline) if tables_known else _cycle_problems(pipeline)),
+        *(_expectation_problems(pipeline) if tables_known else ()),
     ]
+
+
+def expanded_pipeline(pipeline: Pipeline, topics: Iterable[str]) -> Pipeline:
+    """The pipeline with its pattern sources' tables for ``topics`` (:func:`cdc.pipeline.database.expanded`),
+    its SQL and expectations checked against them: ConfigError naming each problem."""
+    tables = expanded(pipeline, topics)
+    if tables is not pipeline:
+        problems = [*_refined_problems(tables), *_business_problems(tables), *_expectation_problems(tables)]
+        if problems:
+            raise ConfigError(
+                "the pipeline's tables for the topics Kafka has: " + "; ".join(f"{k}: {r}" for k, r in problems)
+            )
+    return tables
 
 
 def _topic_problems(pipeline: Pipeline) -> Iterator[Problem]:
     owners: dict[str, str] = {}
     for name, source in pipeline.sources.items():
+        if source.topic is None:  # a pattern: its topics are known once Kafka's are
+            continue
         if source.topic in owners:
             yield (
                 f"sources.{name}.topic",
@@ -192,6 +212,10 @@ def _business_problems(pipeline: Pipeline) -> Iterator[Problem]:
     for name, table in pipeline.business.items():
         for unknown in sorted(sql_tables(table.sql) - known.keys()):
             yield f"business.{name}.sql", f"unknown table {unknown!r} (tables: {', '.join(sorted(known))})"
+    yield from _cycle_problems(pipeline)
+
+
+def _cycle_problems(pipeline: Pipeline) -> Iterator[Problem]:
     for cycle in _cycles(
         {name: sql_tables(table.sql) & pipeline.business.keys() for name, table in pipeline.business.items()}
     ):

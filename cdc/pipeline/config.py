@@ -11,9 +11,9 @@ from __future__ import annotations
 import re
 from enum import Enum, IntEnum
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pyspark.sql.types import StructType
 
 from cdc.core.config import TOPIC_NAME, _kafka_topic_name, _Strict
@@ -81,11 +81,44 @@ class SchemaRegistry(_Model):
 WireSchema = Annotated[SchemaFile | SchemaRegistry, Field(discriminator="kind")]
 
 
-class DebeziumPostgresSource(_Model):
-    """A topic of Debezium's Postgres connector (one table)."""
+def _regex(pattern: str) -> str:
+    try:
+        re.compile(pattern)
+    except re.error as error:
+        raise ValueError(f"{pattern!r} is not a regular expression: {error}") from None
+    return pattern
+
+
+Regex = Annotated[str, AfterValidator(_regex)]
+
+
+class _DebeziumTopics(_Model):
+    """A Debezium connector's topic (one table), or every topic of its tables that a pattern matches (a whole
+    database: :mod:`cdc.pipeline.database`)."""
+
+    topic: Topic | None = Field(default=None, description="The Kafka topic (one table); or give `pattern`.")
+    pattern: Regex | None = Field(
+        default=None,
+        description="A regular expression matched against whole topic names: every matching topic of a table is "
+        "a source table (Debezium's own topics left out), refined into a table of its own; or give `topic`.",
+    )
+    exclude: list[Regex] = Field(
+        default_factory=list, description="With `pattern`: regular expressions of whole topic names left out."
+    )
+
+    @model_validator(mode="after")
+    def _topic_or_pattern(self) -> _DebeziumTopics:
+        if (self.topic is None) == (self.pattern is None):
+            raise ValueError("give one of `topic` (one table) or `pattern` (every table whose topic matches)")
+        if self.exclude and self.pattern is None:
+            raise ValueError("`exclude` applies with `pattern` only")
+        return self
+
+
+class DebeziumPostgresSource(_DebeziumTopics):
+    """A topic of Debezium's Postgres connector (one table), or its topics a pattern matches."""
 
     kind: Literal["debezium_postgres"] = Field(description="Debezium Postgres change events.")
-    topic: Topic = Field(description="The Kafka topic, `<prefix>.<schema>.<table>`.")
     source_time_zone: TimeZoneName | None = Field(
         default=None,
         description="The database's time zone (an IANA name, e.g. Europe/Berlin): needed to follow a `timestamp -> "
@@ -93,11 +126,10 @@ class DebeziumPostgresSource(_Model):
     )
 
 
-class DebeziumMongoSource(_Model):
-    """A topic of Debezium's MongoDB connector (one collection)."""
+class DebeziumMongoSource(_DebeziumTopics):
+    """A topic of Debezium's MongoDB connector (one collection), or its topics a pattern matches."""
 
     kind: Literal["debezium_mongodb"] = Field(description="Debezium MongoDB change events.")
-    topic: Topic = Field(description="The Kafka topic, `<prefix>.<database>.<collection>`.")
 
 
 class JsonEvents(_Model):
@@ -253,6 +285,19 @@ class RefinedTable(TableShape, _Model):
         description="Debezium Postgres sources: remove a column the source dropped (default: keep it, NULL in rows "
         "written after the drop).",
     )
+    name_template: str | None = Field(
+        default=None,
+        description="Sources with a `pattern`: each source table's refined table name, from `{prefix}` (the topic "
+        "prefix), `{schema}` and `{table}` (Postgres), `{db}` and `{collection}` (MongoDB); default `{table}` "
+        "(`{collection}`). Characters a name cannot hold become `_`.",
+    )
+    name_prefix: str = Field(default="", description="Sources with a `pattern`: put before every table's name.")
+    name_suffix: str = Field(default="", description="Sources with a `pattern`: put after every table's name.")
+    tables: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Sources with a `pattern`: keys of single tables, by their source table's name (`{table}`, "
+        "or `{schema}.{table}`) or a regular expression matching it whole; every match applies, in file order.",
+    )
 
     @field_validator("keys", "explode")
     @classmethod
@@ -267,6 +312,32 @@ class RefinedTable(TableShape, _Model):
         if self.ordering and not self.keys:
             raise ValueError("`ordering` only applies together with `keys` (without keys every event is appended)")
         return self
+
+    @model_validator(mode="after")
+    def _overrides_are_keys_of_a_table(self) -> RefinedTable:
+        for selector, override in self.tables.items():
+            _regex(selector)
+            for key in override:
+                if key not in type(self).model_fields or key in ("source", *GROUP_KEYS):
+                    raise ValueError(f"tables.{selector}.{key}: not a key a single table of a pattern can set")
+            try:
+                self.for_table([override])
+            except ValidationError as error:
+                first = error.errors()[0]
+                raise ValueError(f"tables.{selector}.{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+        return self
+
+    def for_table(self, overrides: list[dict[str, Any]]) -> RefinedTable:
+        """This table's keys for one source table of its pattern: ``overrides`` (its matches in ``tables``) over
+        the keys given here."""
+        keys = self.model_dump(exclude_unset=True, exclude=set(GROUP_KEYS), by_alias=True)
+        for override in overrides:
+            keys |= override
+        return RefinedTable(**keys)
+
+
+# The keys of a refined table that name the tables of a pattern (cdc.pipeline.database).
+GROUP_KEYS = ("name_template", "name_prefix", "name_suffix", "tables")
 
 
 # --- business tables and expectations ----------------------------------------------------------

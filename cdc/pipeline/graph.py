@@ -56,8 +56,9 @@ def pipeline_graph(pipeline: Pipeline) -> Graph:
     raw_of: dict[str, Node] = {}
     for name, source in pipeline.sources.items():
         detail = source.kind + (f", {source.format}" if hasattr(source, "format") else "")
-        topic = graph.add(Node("topic", source.topic, f"source {name}: {detail}"))
-        raw_of[name] = graph.add(Node("raw", source.topic, f"raw/{source.topic}"), after=topic)
+        topics = source.topic or f"/{getattr(source, 'pattern', '')}/"  # a pattern: every topic it matches
+        topic = graph.add(Node("topic", topics, f"source {name}: {detail}"))
+        raw_of[name] = graph.add(Node("raw", topics, f"raw/{topics}"), after=topic)
     expectations: dict[str, list[str]] = {}
     for name, expectation in pipeline.expectations.items():
         expectations.setdefault(expectation.table, []).append(f"{name} ({expectation.action.value})")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
+from functools import partial
 
 from pydantic import Field
 from pyspark.sql import SparkSession
@@ -21,10 +22,11 @@ from pyspark.sql.streaming import StreamingQuery
 
 from cdc.core.config import AvailableNow, Continuous, KafkaConnection, Trigger, checked
 from cdc.core.errors import ConfigError
+from cdc.core.storage import Storage
 from cdc.core.streaming import JobThreads, stop_queries
 from cdc.core.tables import TableFeatures
 from cdc.pipeline.business import BusinessTableConfig, run_business_tables
-from cdc.pipeline.checks import table_names
+from cdc.pipeline.checks import expanded_pipeline, table_names
 from cdc.pipeline.config import (
     AvroEvents,
     DebeziumMongoSource,
@@ -35,9 +37,10 @@ from cdc.pipeline.config import (
     ScdType,
     Source,
 )
+from cdc.pipeline.database import has_patterns, landing_pattern
 from cdc.pipeline.events.job import EventsBatch, EventsRefineJobConfig, events_batch, history_spec
 from cdc.pipeline.sql_text import sql_tables
-from cdc.raw.config import GapPolicy, RawJobConfig, TopicList
+from cdc.raw.config import GapPolicy, RawJobConfig, TopicList, TopicPattern
 from refine.apply.rules import TableRules
 from refine.apply.schema_changes import SchemaChangePolicy
 from refine.apply.shaping import TableShape
@@ -92,9 +95,14 @@ def raw_job_config(
             kafka=KafkaConnection(bootstrap_servers="broker:9092"),
         )
     """
+    topics: TopicList | TopicPattern = (
+        TopicPattern(pattern=landing_pattern(pipeline))
+        if has_patterns(pipeline)
+        else TopicList(topics=[source.topic for source in pipeline.sources.values() if source.topic is not None])
+    )
     with checked("raw job settings"):
         return RawJobConfig(
-            topics=TopicList(topics=[source.topic for source in pipeline.sources.values()]),
+            topics=topics,
             warehouse=warehouse,
             trigger=trigger,
             kafka=kafka or KafkaConnection(),
@@ -227,6 +235,38 @@ def _start(spark: SparkSession, job: RefineJob) -> tuple[StreamingQuery, RefineB
     return start_refine_query(spark, job.warehouse, topic, job.target, batch, job.trigger), batch
 
 
+# A continuous run of a pipeline with a `pattern` looks for newly landed tables this often.
+TABLE_RESCAN_S = 5.0
+
+
+def landed_topics(spark: SparkSession, warehouse: str) -> list[str]:
+    """The topics landed in ``warehouse``: its raw tables (a folder per topic, once it holds a Delta log)."""
+    storage = Storage(spark)
+    raw = f"{warehouse}/raw"
+    if not storage.exists(raw):
+        return []
+    return [topic for topic in storage.list_names(raw) if storage.exists(f"{raw}/{topic}/_delta_log")]
+
+
+def _refine_new_tables(
+    spark: SparkSession,
+    declared: Pipeline,
+    config: PipelineRefineConfig,
+    started: Pipeline,
+    refine: Callable[[list[RefineJob]], None],
+    threads: JobThreads,
+) -> None:
+    """Until ``threads.stop``: every ``TABLE_RESCAN_S``, the tables of ``declared``'s patterns landed since
+    (not in ``started``) are refined, each new group of them in a thread of ``threads``."""
+    known = set(started.refined)
+    while not threads.stop.wait(TABLE_RESCAN_S):
+        tables = expanded_pipeline(declared, landed_topics(spark, config.warehouse))
+        new = [job for job in refine_jobs(tables, config) if job.target not in known]
+        if new:
+            known |= {job.target for job in new}
+            threads.start(f"refine {', '.join(job.target for job in new)}", partial(refine, new))
+
+
 def business_location(warehouse: str, name: str) -> str:
     return f"{warehouse}/business/{name}"
 
@@ -287,6 +327,8 @@ def run_pipeline_refine(
     """
     stop = stop or threading.Event()
     since = datetime.now(UTC)
+    declared = pipeline
+    pipeline = expanded_pipeline(declared, landed_topics(spark, config.warehouse))
     jobs = refine_jobs(pipeline, config)
     if config.rebuild:
         for job in jobs:
@@ -305,17 +347,28 @@ def run_pipeline_refine(
         interval = Continuous(interval_s=pipeline.business[table.name].trigger_interval_s)
         threads.start(f"business {table.name}", refresh(table, interval))
     counts: dict[str, int] = {}
+
+    def refine(group: list[RefineJob]) -> None:
+        queries: dict[str, StreamingQuery] = {}
+        batches: dict[str, object] = {}
+        try:
+            for job in group:
+                queries[job.target], batches[job.target] = _start(spark, job)
+        except BaseException:
+            stop_queries(queries.values(), stop, say)
+            raise
+        counts.update(watch_refine_queries(queries, say, stop, batches, config.warehouse))
+
+    discovering = has_patterns(declared) and not once
+    if discovering:  # tables created at the source while this runs are refined once landed
+        threads.start(
+            "refine new tables", lambda: _refine_new_tables(spark, declared, config, pipeline, refine, threads)
+        )
     try:
         for group in groups:
-            queries: dict[str, StreamingQuery] = {}
-            batches: dict[str, object] = {}
-            try:
-                for job in group:
-                    queries[job.target], batches[job.target] = _start(spark, job)
-            except BaseException:
-                stop_queries(queries.values(), stop, say)
-                raise
-            counts |= watch_refine_queries(queries, say, stop, batches, config.warehouse)
+            refine(group)
+        if discovering:
+            threads.join()  # until stopped, or a table's refinement fails
     finally:
         if threads.threads:
             stop.set()

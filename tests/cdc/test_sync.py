@@ -14,6 +14,7 @@ from cdc.core.config import validate
 from cdc.core.errors import ConfigError, SourceError, TableError
 from cdc.core.tables import is_delta_table
 from cdc.pipeline.config import Pipeline
+from cdc.pipeline.database import landing_pattern
 from cdc.pipeline.run import PipelineRefineConfig
 from cdc.raw.config import RawJobConfig
 from cdc.stack.workload import run_workload
@@ -282,3 +283,116 @@ def test_an_unknown_topic_ends_a_continuous_sync_with_one_line(kafka, tmp_path, 
     assert error.startswith("cdc: error: "), error
     assert unique_name in error, error
     assert error.count("\n") == 1, error
+
+
+def _rows_of(dsn: str, table: str) -> list[tuple]:
+    with psycopg.connect(dsn) as conn:
+        return sorted(conn.execute(f"SELECT id, name FROM {table}").fetchall())
+
+
+def _refined_rows(spark, warehouse: str, name: str) -> list[tuple] | None:
+    location = refined_table_location(warehouse, name)
+    if not is_delta_table(spark, location):
+        return None
+    return sorted((r.id, r.name) for r in spark.read.format("delta").load(location).select("id", "name").collect())
+
+
+def test_a_whole_database_is_kept_by_one_sync_and_a_table_created_meanwhile_joins_it(
+    spark, kafka, stack, stack_config, tmp_path, unique_name, wait_for, monkeypatch
+):
+    """One pipeline source with a `pattern` over a schema's topics: each table refined into its own table named
+    by the template, with its own keys; a table created while the sync runs is landed and refined without a
+    restart (the shipped connector publishes new tables); compared with Postgres read back."""
+    import cdc.pipeline.run
+    import cdc.raw.job
+    from cdc.stack.postgres import remove_connector
+    from connectors import definitions
+    from connectors.client import ConnectClient
+    from connectors.definitions import ConnectorDefinition
+
+    monkeypatch.setattr(cdc.raw.job, "TOPIC_RESCAN_S", 2.0)  # new topics found sooner than a service's 30 s
+    monkeypatch.setattr(cdc.pipeline.run, "TABLE_RESCAN_S", 1.0)
+    dsn, warehouse, schema = stack_config.postgres.dsn(), str(tmp_path), f"s_{unique_name}"
+    tables = ["alpha", "beta", "gamma"]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+        for i, table in enumerate(tables):
+            conn.execute(f"CREATE TABLE {schema}.{table} (id int PRIMARY KEY, name text)")
+            conn.execute(f"INSERT INTO {schema}.{table} SELECT n, '{table}' || n FROM generate_series(1, {i + 2}) n")
+    shipped = definitions.load("postgres")
+    connector = ConnectorDefinition(
+        unique_name,
+        {
+            **shipped.config,
+            "topic.prefix": unique_name,
+            "slot.name": unique_name,
+            "publication.name": unique_name,
+            "schema.include.list": schema,
+        },
+    )
+    client = ConnectClient(stack_config.connect.url)
+    client.register(connector)
+    try:
+        client.wait_running(connector.name)
+        for table in tables:  # snapshotted: a pattern matching no topic yet is an error of its own
+            kafka.wait_for_last_value(f"{unique_name}.{schema}.{table}", lambda value: value is not None)
+        pipeline = Pipeline.model_validate(
+            {
+                "name": "whole",
+                "sources": {"db": {"kind": "debezium_postgres", "pattern": rf"{unique_name}\.{schema}\..*"}},
+                "refined": {
+                    "db": {
+                        "source": "db",
+                        "name_prefix": "pg_",
+                        "tables": {"beta": {"deletes": "soft"}},
+                    }
+                },
+            }
+        )
+        raw = {
+            "topics": {"kind": "pattern", "pattern": landing_pattern(pipeline)},
+            "warehouse": warehouse,
+            "trigger": CONTINUOUS,
+            "kafka": {"bootstrap_servers": kafka.bootstrap_servers},
+        }
+        config = SyncJobConfig(
+            raw=raw,
+            refine={
+                "kind": "pipeline",
+                "pipeline": pipeline,
+                "run": PipelineRefineConfig(warehouse=warehouse, trigger=CONTINUOUS),
+            },
+        )
+
+        def equal(table: str) -> bool:
+            return _refined_rows(spark, warehouse, f"pg_{table}") == _rows_of(dsn, f"{schema}.{table}")
+
+        stop, lines = threading.Event(), []
+        thread, failures = in_thread(lambda: run_sync_job(spark, config, lines.append, stop))
+        try:
+            wait_for(lambda: failures or all(equal(t) for t in tables), 300, "the snapshot refined", 1)
+            assert not failures, failures
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(f"UPDATE {schema}.alpha SET name = 'changed' WHERE id = 1")
+                conn.execute(f"DELETE FROM {schema}.beta WHERE id = 1")
+                conn.execute(f"CREATE TABLE {schema}.delta (id int PRIMARY KEY, name text)")
+                conn.execute(f"INSERT INTO {schema}.delta VALUES (1, 'new'), (2, 'table')")
+            wait_for(
+                lambda: failures or all(equal(t) for t in ["alpha", "delta"]),
+                300,
+                "the change and the new table refined",
+                1,
+            )
+            assert not failures, failures
+            soft = spark.read.format("delta").load(refined_table_location(warehouse, "pg_beta"))
+            wait_for(
+                lambda: failures or soft.where("_cdc_deleted_at IS NOT NULL").count() == 1, 120, "beta's delete", 1
+            )
+        finally:
+            stop.set()
+            thread.join(120)
+        assert not thread.is_alive()
+        assert not failures, failures
+        assert _refined_rows(spark, warehouse, "pg_beta") == [(1, "beta1"), (2, "beta2"), (3, "beta3")]
+    finally:
+        remove_connector(stack_config, connector)
