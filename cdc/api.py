@@ -46,13 +46,14 @@ from cdc.core.storage import normalize_location
 from cdc.core.tables import is_delta_table, raw_table_location
 from cdc.maintenance import OptimizeResult, VacuumResult, optimize_table, resolve_table, vacuum_table
 from cdc.pipeline.config import Pipeline
+from cdc.pipeline.database import tables_of_pattern
 from cdc.pipeline.load import load_pipeline
 from cdc.pipeline.run import PipelineRefineConfig, raw_job_config, run_pipeline_refine
 from cdc.raw.config import GapPolicy, RawJobConfig, TopicList, TopicPattern
 from cdc.raw.job import TopicSummary, run_raw_job
 from cdc.status import WarehouseStatus, warehouse_status
 from cdc.status_page import write_status_page
-from cdc.sync import PipelineRefinement, SyncJobConfig, TopicsRefinement, run_sync_job
+from cdc.sync import EACH_TOPIC, PipelineRefinement, SyncJobConfig, TopicsRefinement, run_sync_job
 from refine.config import RefineJobConfig, refined_table_location
 from refine.job import run_refine_job
 from refine.rebuild import RebuiltTable, rebuild_refined_table
@@ -261,6 +262,7 @@ class Lakehouse:
         self,
         topics: Sequence[str] | None = None,
         *,
+        pattern: str | None = None,
         pipeline: PipelineSource | None = None,
         continuous: bool = False,
         interval_s: float = 2.0,
@@ -270,14 +272,16 @@ class Lakehouse:
         stop: threading.Event | None = None,
     ) -> list[TopicSummary]:
         """Land topics and refine them in one Spark application (``cdc sync``): Debezium ``topics`` by
-        name, or a ``pipeline``'s sources and tables. ``schema_changes`` as in :meth:`refine`.
+        name, every topic a ``pattern`` matches (a whole database: each refined as it is landed, Debezium's own
+        topics left out), or a ``pipeline``'s sources and tables. ``schema_changes`` as in :meth:`refine`.
 
         Example::
 
             lake.sync(pipeline="examples/pipelines/shop.yaml", continuous=True, stop=stop_event)
+            lake.sync(pattern=r"demo\\.shop\\..*", continuous=True, stop=stop_event)
         """
-        if (topics is None) == (pipeline is None):
-            raise ConfigError("sync needs exactly one of topics and pipeline")
+        if sum(choice is not None for choice in (topics, pattern, pipeline)) != 1:
+            raise ConfigError("sync needs exactly one of topics, pattern and pipeline")
         trigger = _trigger(continuous, interval_s)
         on_gap = GapPolicy.RECORD if allow_gaps else None
         with checked("sync job settings"):
@@ -294,19 +298,25 @@ class Lakehouse:
                 run = PipelineRefineConfig(warehouse=self.warehouse, trigger=trigger, schema_changes=schema_changes)
                 refinement: TopicsRefinement | PipelineRefinement = PipelineRefinement(pipeline=loaded, run=run)
             else:
-                assert topics is not None  # one of the two, checked above
                 raw = RawJobConfig(
-                    topics=TopicList(topics=list(topics)),
+                    topics=TopicList(topics=list(topics))
+                    if topics is not None
+                    else TopicPattern(pattern=tables_of_pattern(pattern or "")),
                     warehouse=self.warehouse,
                     trigger=trigger,
                     kafka=self.kafka,
                     on_gap=on_gap or GapPolicy.FAIL,
                     max_offsets_per_trigger=max_offsets_per_trigger,
                 )
-                jobs = [
-                    self._refine_config(topic, None, None, trigger, schema_changes=schema_changes) for topic in topics
-                ]
-                refinement = TopicsRefinement(jobs=jobs)
+                if topics is not None:
+                    jobs = [
+                        self._refine_config(topic, None, None, trigger, schema_changes=schema_changes)
+                        for topic in topics
+                    ]
+                    refinement = TopicsRefinement(jobs=jobs)
+                else:  # each topic's job as it is landed
+                    each = self._refine_config(EACH_TOPIC, None, None, trigger, schema_changes=schema_changes)
+                    refinement = TopicsRefinement(each=each)
             config = SyncJobConfig(raw=raw, refine=refinement)
         return run_sync_job(self.spark(refines_continuously=continuous), config, say=self.say, stop=stop)
 

@@ -26,18 +26,31 @@ from cdc.core.streaming import JobThreads
 from cdc.core.tables import has_landed_data, is_delta_table, raw_table_location
 from cdc.pipeline.config import JsonEvents, Pipeline
 from cdc.pipeline.database import has_patterns
-from cdc.pipeline.run import PipelineRefineConfig, run_pipeline_refine
+from cdc.pipeline.run import PipelineRefineConfig, landed_topics, run_pipeline_refine
 from cdc.raw.config import RawJobConfig, TopicList, TopicPattern
 from cdc.raw.job import TopicSummary, run_raw_job
+from refine.config import RefineRun
 from refine.job import RefineJobConfig, run_refine_job
 from refine.records.schemas import infers_schema
 
 
 class TopicsRefinement(_Strict):
-    """Refine each landed topic as `cdc refine --table TOPIC` does (Debezium topics)."""
+    """Refine each landed topic as `cdc refine --table TOPIC` does (Debezium topics): those named, or every
+    topic the landing's pattern lands, each as it is landed (``each``)."""
 
     kind: Literal["topics"] = "topics"
-    jobs: list[RefineJobConfig] = Field(min_length=1, description="One refine job per landed topic.")
+    jobs: list[RefineJobConfig] = Field(default_factory=list, description="One refine job per topic named.")
+    each: RefineJobConfig | None = Field(
+        default=None,
+        description="With a landing by pattern: the refine job of every topic it lands (its `table` replaced by the "
+        "topic); a table created at the source while the job runs is refined once landed.",
+    )
+
+    @model_validator(mode="after")
+    def _jobs_or_each(self) -> TopicsRefinement:
+        if bool(self.jobs) == (self.each is not None):
+            raise ValueError("give the refine jobs of the topics named, or `each` for a pattern's")
+        return self
 
 
 class PipelineRefinement(_Strict):
@@ -59,8 +72,12 @@ class SyncJobConfig(_Strict):
 
     @model_validator(mode="after")
     def _one_run(self) -> SyncJobConfig:
-        runs = [self.refine.run] if isinstance(self.refine, PipelineRefinement) else self.refine.jobs
-        whole_database = isinstance(self.refine, PipelineRefinement) and has_patterns(self.refine.pipeline)
+        if isinstance(self.refine, PipelineRefinement):
+            runs: list[RefineRun] = [self.refine.run]
+            whole_database = has_patterns(self.refine.pipeline)
+        else:
+            runs = [*self.refine.jobs, *([self.refine.each] if self.refine.each else [])]
+            whole_database = self.refine.each is not None
         if whole_database:  # the tables of its patterns are refined as they are landed
             if not isinstance(self.raw.topics, TopicPattern):
                 raise ValueError("raw.topics: a pipeline with a `pattern` lands by pattern")
@@ -153,10 +170,48 @@ def _refinements(
                 and infers_schema(spark, run.warehouse, source.topic, source.schema_, run.reinfer_schema)
             ]
             return {pipeline.name: once_landed(config.refined_topics, refine_all, inferred)}
-        case TopicsRefinement(jobs=jobs):
+        case TopicsRefinement(jobs=jobs, each=each):
 
             def refine_one(job: RefineJobConfig) -> Callable[[], object]:
                 return lambda: run_refine_job(spark, job, say, stop)
 
+            if each is not None:
+                assert isinstance(config.raw.topics, TopicPattern)  # checked by SyncJobConfig
+                pattern = config.raw.topics.pattern
+                return {pattern: lambda: _refine_each_landed(spark, pattern, each, refine_one, stop, wait)}
             return {job.target: once_landed([job.table], refine_one(job)) for job in jobs}
     raise AssertionError(f"unknown refinement {config.refine!r}")
+
+
+# The `table` of a refine job standing for each topic of a pattern (TopicsRefinement.each), replaced by it.
+EACH_TOPIC = "cdc.each-topic"
+# A continuous sync by pattern looks for newly landed topics this often.
+TOPIC_RESCAN_S = 5.0
+
+
+def _refine_each_landed(
+    spark: SparkSession,
+    pattern: str,
+    each: RefineJobConfig,
+    refine_one: Callable[[RefineJobConfig], Callable[[], object]],
+    stop: threading.Event,
+    continuous: bool,
+) -> None:
+    """Refine every landed topic ``pattern`` matches with ``each``'s settings: run once, those landed now, one
+    after the other; continuously, each in a thread of its own, and those landed later as they come, until
+    ``stop`` (the first failure sets it and is raised)."""
+    regex = re.compile(pattern)
+    threads = JobThreads(stop)
+    started: set[str] = set()
+    while True:
+        landed = [t for t in landed_topics(spark, each.warehouse) if regex.fullmatch(t) and t not in started]
+        for topic in landed:
+            started.add(topic)
+            job = refine_one(each.model_copy(update={"table": topic}))
+            if continuous:
+                threads.start(f"refine {topic}", job)
+            elif not stop.is_set():
+                job()
+        if not continuous or stop.wait(TOPIC_RESCAN_S):
+            break
+    threads.join()

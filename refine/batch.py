@@ -21,7 +21,7 @@ from pyspark.sql.types import StructType
 from cdc.core.errors import CdcError, ConfigError
 from cdc.core.frames import computed_once
 from cdc.core.shared_tables import retrying_conflicts
-from cdc.core.streaming import batch_error
+from cdc.core.streaming import batch_error, counting_spark_jobs
 from cdc.core.tables import delta_properties, is_delta_table, raw_table_location
 from refine.apply.batch_facts import BatchFacts, batch_facts
 from refine.apply.deleted import deleted_location
@@ -105,6 +105,7 @@ class RefineBatch:
         self.batch_id = -1
         self.records_read: dict[int, int] = {}  # records of each batch (by id), counted once
         self.conflicts: dict[int, int] = {}  # how often each batch (by id) ran again after a conflict
+        self.spark_jobs: dict[int, int] = {}  # the Spark jobs each batch (by id) ran, its reruns included
 
     def check_shape(self, spark: SparkSession) -> None:
         """ConfigError, before a job starts, when its refined table was refined with another shape."""
@@ -114,7 +115,8 @@ class RefineBatch:
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         self.batch_id = batch_id
         try:
-            run_batch_retrying_conflicts(lambda: self._refine_batch(batch), batch_id, self.conflicts)
+            with counting_spark_jobs(batch.sparkSession, self.spark_jobs, batch_id):
+                run_batch_retrying_conflicts(lambda: self._refine_batch(batch), batch_id, self.conflicts)
         except Exception as error:
             # Raised again by watch_refine_queries: Spark's own message would bury it.
             self.error = batch_error(error, self.config.target, batch_id)

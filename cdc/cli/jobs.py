@@ -50,6 +50,7 @@ def refine(args: argparse.Namespace, settings: Settings) -> int:
 def sync(args: argparse.Namespace, settings: Settings) -> int:
     lakehouse(settings).sync(
         args.topics,
+        pattern=args.pattern,
         pipeline=args.pipeline,
         max_offsets_per_trigger=args.max_offsets_per_trigger,
         allow_gaps=args.allow_gaps,
@@ -156,6 +157,12 @@ def _add_sync(commands: Commands, options: Options) -> None:
         dest="topics",
         metavar="TOPIC",
         help="a Debezium topic to land and refine (repeatable)",
+    )
+    synced.add_argument(
+        "--pattern",
+        metavar="REGEX",
+        help="every Debezium topic whose whole name matches (a whole database; Debezium's own topics left out), "
+        "each refined into a table named as its topic, those created while the job runs included",
     )
     synced.add_argument("--pipeline", type=Path, metavar="FILE", help="the topics and tables of a pipeline file")
     add_trigger(syncing, "land what is there, refine it, then stop")

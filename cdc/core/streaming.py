@@ -10,6 +10,7 @@ from typing import Any
 
 from py4j.protocol import Py4JError, Py4JJavaError
 from pyspark.errors import StreamingQueryException
+from pyspark.sql import SparkSession
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 from cdc.core.config import AvailableNow, Continuous, Trigger
@@ -22,6 +23,22 @@ class ProgressLine(str):
     """A job's line about a micro-batch, which the job's next one of the same kind makes old: on a
     terminal the CLI draws each over the last (:class:`cdc.cli.common.TerminalLines`); elsewhere it is
     an ordinary line."""
+
+
+@contextmanager
+def counting_spark_jobs(spark: SparkSession, counts: dict[int, int], batch_id: int) -> Iterator[None]:
+    """Add to ``counts[batch_id]`` the Spark jobs run inside the block by the calling thread's job group: in a
+    streaming query's micro-batch function, the query's run (Spark names the group after its run id). Nothing
+    is counted outside a job group. The status store keeps the last jobs only (``spark.ui.retainedJobs``),
+    enough for one batch."""
+    tracker = spark.sparkContext.statusTracker()
+    group = spark.sparkContext.getLocalProperty("spark.jobGroup.id")
+    before = set(tracker.getJobIdsForGroup(group)) if group else set()
+    try:
+        yield
+    finally:
+        if group:
+            counts[batch_id] = counts.get(batch_id, 0) + len(set(tracker.getJobIdsForGroup(group)) - before)
 
 
 def with_trigger(writer: DataStreamWriter, trigger: Trigger) -> DataStreamWriter:

@@ -98,17 +98,21 @@ def matches(source: DebeziumPostgresSource | DebeziumMongoSource, topic: str) ->
     )
 
 
+def tables_of_pattern(pattern: str, exclude: Iterable[str] = ()) -> str:
+    """A regular expression matching the topics ``pattern`` matches but Debezium's own (and ``exclude``'s)."""
+    excluded = "|".join([f"(?i:{INTERNAL_TOPIC.pattern})", *[f"(?:{e})" for e in exclude]])
+    return rf"(?!(?:{excluded})\Z)(?:{pattern})"
+
+
 def landing_pattern(pipeline: Pipeline) -> str:
     """One regular expression for every topic the pipeline lands: its sources' topics and, for pattern
     sources, their matching topics (exclusions and Debezium's own topics left out)."""
-    internal = INTERNAL_TOPIC.pattern
     parts = []
     for source in pipeline.sources.values():
         if is_pattern(source):
             assert isinstance(source, (DebeziumPostgresSource, DebeziumMongoSource))
             assert source.pattern is not None
-            excluded = "|".join([f"(?i:{internal})", *[f"(?:{e})" for e in source.exclude]])
-            parts.append(rf"(?!(?:{excluded})\Z)(?:{source.pattern})")
+            parts.append(tables_of_pattern(source.pattern, source.exclude))
         else:
             assert source.topic is not None  # a source without a pattern has one topic
             parts.append(re.escape(source.topic))

@@ -1,0 +1,83 @@
+"""What a warm refine batch costs, counted in Spark jobs (timings are the benches'): a keyed table's batch
+runs few more jobs than Delta's own MERGE of the same decoded rows."""
+
+import threading
+
+import psycopg
+from delta.tables import DeltaTable
+from pyspark.sql import functions as F
+
+import refine.job
+from cdc.core.config import validate
+from cdc.stack.postgres import add_to_publication
+from refine.batch import RefineBatch
+from refine.config import refined_table_location
+from refine.job import RefineJobConfig, run_refine_job
+
+
+def _merge_jobs(spark, location: str, rows) -> int:
+    """The Spark jobs of Delta's MERGE of ``rows`` (local data: reading them is no job) into the table at
+    ``location`` by ``id``, updating every column."""
+    context = spark.sparkContext
+    context.setJobGroup("cdc-merge-floor", "Delta's MERGE alone")
+    tracker = context.statusTracker()
+    try:
+        before = set(tracker.getJobIdsForGroup("cdc-merge-floor"))
+        source = spark.createDataFrame(rows.collect(), rows.schema)
+        DeltaTable.forPath(spark, location).alias("t").merge(
+            source.alias("s"), "t.id = s.id"
+        ).whenMatchedUpdateAll().whenNotMatchedInsertAll().execute()
+        return len(set(tracker.getJobIdsForGroup("cdc-merge-floor")) - before)
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)
+
+
+def test_a_warm_batch_of_a_keyed_table_runs_few_more_spark_jobs_than_deltas_merge(
+    spark, kafka, stack_config, postgres_connector, tmp_path, unique_name, land, wait_for, monkeypatch
+):
+    dsn, warehouse, table = stack_config.postgres.dsn(), str(tmp_path), f"shop.{unique_name}"
+    topic = f"{postgres_connector.topic_prefix}.{table}"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, name text, n int)")
+        add_to_publication(conn, postgres_connector.name, table)
+        conn.execute(f"INSERT INTO {table} SELECT i, 'row ' || i, i FROM generate_series(1, 1000) i")
+    kafka.wait_for_last_value(topic, lambda value: value is not None and b'"id":1000' in value)
+    batches: list[RefineBatch] = []
+
+    class Recorded(RefineBatch):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            batches.append(self)
+
+    monkeypatch.setattr(refine.job, "RefineBatch", Recorded)
+    config = validate(
+        RefineJobConfig,
+        {"table": topic, "warehouse": warehouse, "trigger": {"kind": "continuous", "interval_s": 0.5}},
+        "refine job",
+    )
+    location = refined_table_location(warehouse, topic)
+    land(warehouse, topic)
+    stop = threading.Event()
+    job = threading.Thread(target=lambda: run_refine_job(spark, config, lambda line: None, stop), daemon=True)
+    job.start()
+    try:
+        wait_for(lambda: batches and len(batches[0].records_read) >= 1, 300, "the first batch", 0.5)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"UPDATE {table} SET n = n + 1 WHERE id <= 40")
+            conn.execute(f"INSERT INTO {table} SELECT i, 'new ' || i, i FROM generate_series(1001, 1010) i")
+            conn.execute(f"DELETE FROM {table} WHERE id BETWEEN 41 AND 45")
+        kafka.wait_for_last_value(topic, lambda value: value is None)  # the last delete's tombstone
+        land(warehouse, topic)
+        wait_for(lambda: len(batches[0].records_read) >= 2, 300, "the warm batch", 0.5)
+    finally:
+        stop.set()
+        job.join(120)
+    [recorded] = batches
+    warm = max(recorded.records_read)
+    changed = spark.read.format("delta").load(location).where("id <= 40 OR id > 1000").drop(
+        *[c for c in spark.read.format("delta").load(location).columns if c.startswith("_cdc_")]
+    )
+    floor = _merge_jobs(spark, location, changed.withColumn("n", F.col("n")))
+    jobs = recorded.spark_jobs[warm]
+    print(f"warm batch: {jobs} Spark jobs; Delta's MERGE of its rows: {floor}")
+    assert jobs <= floor + 3, f"a warm batch ran {jobs} Spark jobs, Delta's MERGE of its rows {floor}"
