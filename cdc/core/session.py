@@ -253,7 +253,26 @@ def build_spark_session(config: SparkConfig | None = None) -> SparkSession:
     register_helpers(spark)
     if log_file is not None:  # a job's JVM stopped by a signal: Spark's shutdown noise goes to the log file only
         quiet_console_logs_on_shutdown(spark)
+    quiet_accumulator_server(spark)
     return spark
+
+
+def quiet_accumulator_server(spark: SparkSession) -> None:
+    """PySpark's accumulator server (the JVM sends it what Python workers' accumulators add) prints a traceback
+    to stderr when its connection from the JVM ends mid-read, as when a signal stops the job's JVM: that end
+    is no error of the job, and the server now says nothing of it. Other errors print as before."""
+    server = getattr(spark.sparkContext, "_accumulatorServer", None)
+    if server is None or getattr(server, "_cdc_quiet", False):
+        return
+    printed = server.handle_error
+
+    def handle_error(request: object, client_address: object) -> None:
+        if isinstance(sys.exc_info()[1], (EOFError, ConnectionError)):  # the JVM went away
+            return
+        printed(request, client_address)
+
+    server.handle_error = handle_error
+    server._cdc_quiet = True
 
 
 # Spark's launcher always adds `--add-modules=jdk.incubator.vector`, and the JDK then prints this line to

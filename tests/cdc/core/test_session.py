@@ -181,3 +181,19 @@ def test_a_commit_costs_the_same_jobs_in_a_jvm_outside_utc(spark, tmp_path):
     finally:
         zones.setDefault(default)
     assert in_berlin == in_utc
+
+
+def test_the_accumulator_server_says_nothing_when_the_jvm_goes_away(spark, capsys):
+    """A signal stops the JVM while PySpark's accumulator server reads from it: socketserver printed the
+    EOFError's traceback to stderr at every such stop."""
+    server = spark.sparkContext._accumulatorServer
+    try:
+        raise EOFError
+    except EOFError:
+        server.handle_error(None, ("127.0.0.1", 1))
+    assert capsys.readouterr().err == ""
+    try:
+        raise ValueError("a real error")
+    except ValueError:
+        server.handle_error(None, ("127.0.0.1", 1))
+    assert "a real error" in capsys.readouterr().err
