@@ -22,6 +22,7 @@ from pathlib import Path
 from xml.sax.saxutils import escape
 
 from cdc.pipeline.config import Pipeline
+from cdc.pipeline.database import expanded
 from cdc.pipeline.graph import Graph, Node, pipeline_graph, render_html
 from cdc.status import WarehouseStatus
 
@@ -34,6 +35,8 @@ def status_graph(status: WarehouseStatus, pipeline: Pipeline | None = None) -> G
         graph = status_graph(Lakehouse("/data/warehouse").status())
         troubled = [node.name for node in graph.nodes.values() if node.level != "ok"]
     """
+    if pipeline is not None:  # a source's `pattern` stands for the tables of the topics landed
+        pipeline = expanded(pipeline, [raw.topic for raw in status.raw_tables])
     graph = pipeline_graph(pipeline) if pipeline is not None else Graph()
     topic_of_raw: dict[str, str] = {}
     for raw in status.raw_tables:

@@ -106,3 +106,21 @@ def test_the_status_page_draws_each_tables_numbers_on_its_node(spark, kafka, uni
         finally:
             browser.close()
     assert (tmp_path / "status.png").stat().st_size > 10_000
+
+
+def test_a_whole_database_pipeline_is_drawn_with_a_node_per_landed_table():
+    from cdc.pipeline.config import Pipeline
+    from cdc.status import RawTableStatus, WarehouseStatus
+    from cdc.status_page import status_graph
+
+    pipeline = Pipeline.model_validate(
+        {
+            "name": "db",
+            "sources": {"shop": {"kind": "debezium_postgres", "pattern": r"demo\.shop\..*"}},
+            "refined": {"shop": {"source": "shop", "name_prefix": "pg_"}},
+        }
+    )
+    raw = [RawTableStatus(topic, f"/w/raw/{topic}", 1, 3, 0, 0) for topic in ("demo.shop.a", "demo.shop.b")]
+    graph = status_graph(WarehouseStatus(raw_tables=raw, expectations=[]), pipeline)
+    refined = sorted(node.name for node in graph.nodes.values() if node.kind == "refined")
+    assert refined == ["pg_a", "pg_b"]

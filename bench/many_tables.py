@@ -1,0 +1,250 @@
+"""A whole database in one `cdc sync`: how fresh N small tables stay under a steady commit rate.
+
+    .venv/bin/python bench/many_tables.py [--tables 50] [--rows 20] [--rate 2] [--seconds 120]
+                                          [--trigger-interval 1]
+
+Brings the local stack up, and down at the end (a stack already running is used and left running),
+creates a schema of TABLES tables of ROWS rows each, registers the shipped Debezium connector for that
+schema, and starts one `cdc sync --pattern` over its topics as a user runs it. Prints:
+
+- the time from the job's start until every refined table holds its snapshot;
+- then, with RATE commits per second spread over the tables round-robin (one row inserted per commit) for
+  SECONDS seconds: p50, p95 and max from a commit to the Delta commit that made its row visible in its
+  refined table (the table's first commit at or after the row's `_cdc_refined_at`), and the rows that
+  never arrived within a minute after the last commit;
+- the job's peak resident memory (its Python and its JVM) and CPU seconds over the steady part;
+- the floor: one bare Delta MERGE of one row into each of the refined tables, one after the other, from
+  this process's Spark session, as the time it takes (what refining every table once costs at least).
+
+Figures only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import psycopg
+from delta.tables import DeltaTable
+from latency import percentile, start_job, stop_job
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from cdc.core.config import Settings, load_settings
+from cdc.core.session import build_spark_session
+from cdc.core.tables import is_delta_table
+from cdc.stack.local import stack_for_a_run
+from connectors import definitions
+from connectors.client import ConnectClient
+from connectors.definitions import ConnectorDefinition
+from refine.config import refined_table_location
+
+
+def group_usage(pgid: int) -> tuple[int, float]:
+    """(resident bytes, CPU seconds) of the processes of process group ``pgid`` (from /proc)."""
+    rss, cpu = 0, 0.0
+    ticks, page = os.sysconf("SC_CLK_TCK"), os.sysconf("SC_PAGE_SIZE")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) != pgid:  # fields after the command: state, ppid, pgrp, ...
+            continue
+        cpu += (int(fields[11]) + int(fields[12])) / ticks
+        rss += int(fields[21]) * page
+    return rss, cpu
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tables", type=int, default=50, help="tables in the schema")
+    parser.add_argument("--rows", type=int, default=20, help="rows each table starts with")
+    parser.add_argument("--rate", type=float, default=2.0, help="commits per second, over all tables")
+    parser.add_argument("--seconds", type=float, default=120.0, help="how long commits are made")
+    parser.add_argument("--trigger-interval", type=float, default=1.0, help="the job's trigger interval")
+    args = parser.parse_args()
+    settings = load_settings()
+    with stack_for_a_run(settings.stack):
+        measure(args, settings)
+
+
+def measure(args: argparse.Namespace, settings: Settings) -> None:
+    name = f"many{uuid.uuid4().hex[:8]}"
+    dsn = settings.stack.postgres.dsn()
+    tables = [f"t{i:03}" for i in range(args.tables)]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {name}")
+        for table in tables:
+            conn.execute(f"CREATE TABLE {name}.{table} (id bigint PRIMARY KEY, note text)")
+            conn.execute(f"INSERT INTO {name}.{table} SELECT i, 'row' FROM generate_series(1, {args.rows}) i")
+    shipped = definitions.load("postgres")
+    connector = ConnectorDefinition(
+        name,
+        {
+            **shipped.config,
+            "topic.prefix": name,
+            "slot.name": name,
+            "publication.name": name,
+            "schema.include.list": name,
+        },
+    )
+    client = ConnectClient(settings.stack.connect.url)
+    client.register(connector)
+    client.wait_running(name)
+    spark = build_spark_session(settings.spark)
+    with tempfile.TemporaryDirectory(prefix="bench-many-") as warehouse:
+        locations = {t: refined_table_location(warehouse, f"{name}.{name}.{t}") for t in tables}
+        pattern = rf"{name}\.{name}\..*"
+        args_ = [
+            "sync",
+            "--pattern",
+            pattern,
+            "--warehouse",
+            warehouse,
+            "--trigger-interval",
+            str(args.trigger_interval),
+        ]
+        started = time.monotonic()
+        job = start_job(args_, Path(warehouse) / "sync.log")
+        peak = [0]
+        sampling = threading.Event()
+
+        def sample() -> None:
+            while not sampling.wait(1.0):
+                peak[0] = max(peak[0], group_usage(job.pid)[0])
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        try:
+            fresh_s = wait_until_fresh(spark, locations, args.rows, started, timeout_s=900)
+            print(
+                f"{args.tables} tables of {args.rows} rows: every refined table held its snapshot {fresh_s:.0f} s "
+                "after the job started"
+            )
+            _, cpu_before = group_usage(job.pid)
+            committed = commit_steadily(dsn, name, tables, args.rate, args.seconds)
+            _, cpu_after = group_usage(job.pid)
+            last = {
+                t: max(i for (table, i) in committed if table == t) for t in tables if any(c[0] == t for c in committed)
+            }
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not all(has_row(spark, locations[t], i) for t, i in last.items()):
+                time.sleep(2)
+        finally:
+            sampling.set()
+            stop_job(job)
+            client.delete(name)
+        visible = visible_times(spark, locations)
+        latencies = [visible[(t, i)] - at for (t, i), at in committed.items() if (t, i) in visible]
+        missing = len(committed) - len(latencies)
+        print(
+            f"{len(committed)} commits at {args.rate}/s over {args.tables} tables for {args.seconds:.0f} s: "
+            f"commit to refined p50 {statistics.median(latencies):.2f} s, p95 {percentile(latencies, 0.95):.2f} s, "
+            f"max {max(latencies):.2f} s; {missing} not refined within 60 s of the last commit"
+        )
+        print(
+            f"peak resident memory {peak[0] / 2**30:.2f} GiB; CPU {cpu_after - cpu_before:.0f} s in the "
+            f"{args.seconds:.0f} s of commits"
+        )
+        floor = merge_floor(spark, locations)
+        print(
+            f"floor: a bare Delta MERGE of one row into each of the {args.tables} tables, one after the other: "
+            f"{floor:.1f} s ({floor / args.tables:.2f} s each)"
+        )
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA {name} CASCADE")
+
+
+def wait_until_fresh(
+    spark: SparkSession, locations: dict[str, str], rows: int, started: float, timeout_s: float
+) -> float:
+    waiting = dict(locations)
+    while waiting:
+        waiting = {t: loc for t, loc in waiting.items() if not has_rows(spark, loc, rows)}
+        if time.monotonic() - started > timeout_s:
+            raise SystemExit(f"{len(waiting)} tables not refined within {timeout_s:.0f} s")
+        if waiting:
+            time.sleep(2)
+    return time.monotonic() - started
+
+
+def has_rows(spark: SparkSession, location: str, rows: int) -> bool:
+    return is_delta_table(spark, location) and spark.read.format("delta").load(location).count() >= rows
+
+
+def has_row(spark: SparkSession, location: str, row_id: int) -> bool:
+    return (
+        is_delta_table(spark, location)
+        and spark.read.format("delta").load(location).where(F.col("id") == row_id).count() > 0
+    )
+
+
+def commit_steadily(
+    dsn: str, schema: str, tables: list[str], rate: float, seconds: float
+) -> dict[tuple[str, int], float]:
+    """Insert one row per transaction, ``rate`` a second, round-robin over ``tables``; their commit times."""
+    committed: dict[tuple[str, int], float] = {}
+    start = time.monotonic()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        k = 0
+        while time.monotonic() - start < seconds:
+            table, row_id = tables[k % len(tables)], 1_000_000 + k
+            conn.execute(f"INSERT INTO {schema}.{table} VALUES (%s, 'steady')", (row_id,))
+            committed[(table, row_id)] = time.time()
+            k += 1
+            time.sleep(max(0.0, start + k / rate - time.monotonic()))  # the workload's pace
+    return committed
+
+
+def visible_times(spark: SparkSession, locations: dict[str, str]) -> dict[tuple[str, int], float]:
+    """When each steady row became visible: its table's first commit at or after the row's `_cdc_refined_at`."""
+    visible: dict[tuple[str, int], float] = {}
+    for table, location in locations.items():
+        if not is_delta_table(spark, location):
+            continue
+        commits = sorted(
+            row.timestamp.timestamp()
+            for row in spark.sql(f"DESCRIBE HISTORY delta.`{location}`").collect()
+            if row.operation == "MERGE"
+        )
+        for row in spark.read.format("delta").load(location).where("id >= 1000000").collect():
+            refined_at = row._cdc_refined_at.timestamp()
+            after = [c for c in commits if c >= refined_at - 0.001]
+            if after:
+                visible[(table, row.id)] = after[0]
+    return visible
+
+
+def merge_floor(spark: SparkSession, locations: dict[str, str]) -> float:
+    """Seconds of one bare Delta MERGE of one stored row into each table, one after the other (warm: one
+    round first)."""
+    sources = {t: spark.read.format("delta").load(loc).limit(1).collect() for t, loc in locations.items()}
+
+    def round_() -> float:
+        start = time.monotonic()
+        for table, location in locations.items():
+            rows = sources[table]
+            source = spark.createDataFrame(rows, spark.read.format("delta").load(location).schema)
+            DeltaTable.forPath(spark, location).alias("t").merge(
+                source.alias("s"), "t.id = s.id"
+            ).whenMatchedUpdateAll().whenNotMatchedInsertAll().execute()
+        return time.monotonic() - start
+
+    round_()
+    return round_()
+
+
+if __name__ == "__main__":
+    main()
