@@ -55,6 +55,7 @@ from cdc.status import WarehouseStatus, warehouse_status
 from cdc.status_page import write_status_page
 from cdc.sync import EACH_TOPIC, PipelineRefinement, SyncJobConfig, TopicsRefinement, run_sync_job
 from refine.config import RefineJobConfig, refined_table_location
+from refine.event_log import EventLog
 from refine.job import run_refine_job
 from refine.rebuild import RebuiltTable, rebuild_refined_table
 
@@ -92,6 +93,8 @@ class Lakehouse:
         self._kafka = kafka
         self._spark = spark
         self.say = say
+        if self.settings.metrics_file is not None:
+            EventLog.of(self.warehouse).metrics_file = self.settings.metrics_file
 
     @property
     def kafka(self) -> KafkaConnection:

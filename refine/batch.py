@@ -11,7 +11,9 @@ MongoDB documents (:mod:`refine.mongo.documents`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
@@ -35,6 +37,7 @@ from refine.apply.shaping import masked_reason
 from refine.apply.snapshots import with_lone_snapshot_starts
 from refine.batch_schemas import readable_value_schemas
 from refine.config import Connector, RefineJobConfig, refined_table_location
+from refine.event_log import BatchEvent, EventLog
 from refine.mongo.documents import has_bare_mongo_envelopes, is_mongo, refine_mongo_batch
 from refine.mongo.unwrapped_documents import (
     as_mongo_envelopes,
@@ -66,9 +69,15 @@ class RefineBatch:
     the table between them (``state``: a new job's, unless given)."""
 
     def __init__(
-        self, config: RefineJobConfig, *, raw_location: str | None = None, state: TableState | None = None
+        self,
+        config: RefineJobConfig,
+        *,
+        raw_location: str | None = None,
+        state: TableState | None = None,
+        events: EventLog | None = None,
     ) -> None:
         self.config = config
+        self.events = events  # where each batch's row goes (refine/event_log.py), if anywhere
         # Another warehouse's raw table: a rebuild (refine/rebuild.py) refines into staging tables.
         self.raw = raw_location or raw_table_location(config.warehouse, config.table)
         self.refined = refined_table_location(config.warehouse, config.target)
@@ -106,6 +115,7 @@ class RefineBatch:
         self.records_read: dict[int, int] = {}  # records of each batch (by id), counted once
         self.conflicts: dict[int, int] = {}  # how often each batch (by id) ran again after a conflict
         self.spark_jobs: dict[int, int] = {}  # the Spark jobs each batch (by id) ran, its reruns included
+        self.facts: BatchFacts | None = None  # the facts of the batch running (or last run)
 
     def check_shape(self, spark: SparkSession) -> None:
         """ConfigError, before a job starts, when its refined table was refined with another shape."""
@@ -113,7 +123,8 @@ class RefineBatch:
             check_shape(self.refined, delta_properties(spark, self.refined), self.state.settings.shape_fingerprint)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        self.batch_id = batch_id
+        self.batch_id, self.facts = batch_id, None
+        started, clock = datetime.now(UTC), time.monotonic()
         try:
             with counting_spark_jobs(batch.sparkSession, self.spark_jobs, batch_id):
                 run_batch_retrying_conflicts(lambda: self._refine_batch(batch), batch_id, self.conflicts)
@@ -121,6 +132,28 @@ class RefineBatch:
             # Raised again by watch_refine_queries: Spark's own message would bury it.
             self.error = batch_error(error, self.config.target, batch_id)
             raise
+        if self.events is not None:
+            self.events.record(self._event(batch_id, started, time.monotonic() - clock))
+
+    def _event(self, batch_id: int, started: datetime, seconds: float) -> BatchEvent:
+        """The event log's row of the batch just refined."""
+        ended = datetime.now(UTC)
+        facts = self.facts
+        newest = facts.newest_commit if facts is not None else None
+        if newest is not None and newest.tzinfo is None:
+            newest = newest.replace(tzinfo=UTC)  # the session's time zone is UTC
+        return BatchEvent(
+            table=self.config.target,
+            batch=batch_id,
+            started_at=started,
+            ended_at=ended,
+            changes_read=self.records_read.get(batch_id, facts.records if facts is not None else 0),
+            quarantined=facts.problems if facts is not None else 0,
+            spark_jobs=self.spark_jobs.get(batch_id, 0),
+            seconds=seconds,
+            newest_source_commit=newest,
+            lag_seconds=None if newest is None else (ended - newest).total_seconds(),
+        )
 
     def _refine_batch(self, batch: DataFrame) -> None:
         spark = batch.sparkSession
@@ -321,6 +354,7 @@ class RefineBatch:
         parsed = changes.withColumn("raw_value", F.when(F.col("problem").isNotNull(), F.col("raw_value"))).persist()
         try:
             facts = batch_facts(parsed)
+            self.facts = facts
             if guessed and facts.other_schemas:
                 return False
             # Spark counts a record each time the batch is read: a batch parsed again would count twice.

@@ -23,13 +23,14 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from cdc.core.config import Trigger
+from cdc.core.config import Continuous, Trigger
 from cdc.core.errors import CdcError, QuarantineError, StreamError, TableError
 from cdc.core.storage import Storage
 from cdc.core.streaming import ProgressLine, ProgressReports, ending_on_request, failure, stop_queries, with_trigger
 from cdc.core.tables import delta_properties, is_delta_table, raw_table_location, raw_table_topic
 from refine.batch import RefineBatch
 from refine.config import RefineJobConfig, RefineRun, refined_table_location
+from refine.event_log import EventLog
 from refine.progress import (
     record_failure,
     record_tables,
@@ -165,11 +166,12 @@ def run_refine_job(
         changes = run_refine_job(spark, RefineJobConfig(table="demo.shop.orders", warehouse="/data/warehouse"))
     """
     since = datetime.now(UTC)
-    batch = RefineBatch(config)
-    batch.check_shape(spark)
-    query = start_refine_query(spark, config.warehouse, config.table, config.target, batch, config.trigger)
     stop = stop or threading.Event()
-    changes = watch_refine_queries({config.target: query}, say, stop, {config.target: batch}, config.warehouse)
+    with EventLog.of(config.warehouse).kept_flushed(spark, isinstance(config.trigger, Continuous)) as events:
+        batch = RefineBatch(config, events=events)
+        batch.check_shape(spark)
+        query = start_refine_query(spark, config.warehouse, config.table, config.target, batch, config.trigger)
+        changes = watch_refine_queries({config.target: query}, say, stop, {config.target: batch}, config.warehouse)
     fail_if_quarantined(config, summarize_run(spark, config.warehouse, changes, since, say, stop))
     return changes[config.target]
 

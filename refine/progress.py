@@ -18,6 +18,7 @@ from pyspark.sql import functions as F
 from cdc.core.errors import CdcError
 from cdc.core.storage import Storage
 from cdc.core.tables import is_delta_table
+from refine.event_log import TableFreshness, table_freshness
 
 
 def progress_location(warehouse: str, name: str) -> str:
@@ -48,9 +49,13 @@ class RefinedTableStatus:
     raw_version: int | None  # the raw table's Delta version refined up to (inclusive)
     behind: int | None  # raw changes (Change Data Feed rows) not refined yet; None: unknown
     last_error: RefineFailure | None  # the last failure, when no batch has committed since
+    freshness: TableFreshness | None = None  # what the event log says of its batches (refine/event_log.py)
 
     def as_dict(self) -> dict[str, object]:
-        return asdict(self)
+        document = asdict(self)
+        if self.freshness is not None:  # JSON has no datetime
+            document["freshness"]["last_batch_at"] = self.freshness.last_batch_at.isoformat()
+        return document
 
 
 def record_tables(storage: Storage, warehouse: str, name: str, raw: str, refined: str) -> None:
@@ -74,7 +79,10 @@ def refined_table_statuses(spark: SparkSession, warehouse: str) -> list[RefinedT
     names = sorted(
         name.removesuffix(".json") for name in storage.list_names(f"{warehouse}/_cdc/refine") if name.endswith(".json")
     )
-    return [_status(spark, storage, warehouse, name, _read(storage, warehouse, name)) for name in names]
+    freshness = table_freshness(spark, warehouse)
+    return [
+        _status(spark, storage, warehouse, name, _read(storage, warehouse, name), freshness.get(name)) for name in names
+    ]
 
 
 def refined_table_status(spark: SparkSession, warehouse: str, name: str) -> RefinedTableStatus | None:
@@ -84,7 +92,14 @@ def refined_table_status(spark: SparkSession, warehouse: str, name: str) -> Refi
     return _status(spark, storage, warehouse, name, document) if document.get("raw") else None
 
 
-def _status(spark: SparkSession, storage: Storage, warehouse: str, name: str, document: dict) -> RefinedTableStatus:
+def _status(
+    spark: SparkSession,
+    storage: Storage,
+    warehouse: str,
+    name: str,
+    document: dict,
+    freshness: TableFreshness | None = None,
+) -> RefinedTableStatus:
     checkpoint = refine_checkpoint_location(warehouse, name)
     batches = [int(batch) for batch in storage.list_names(f"{checkpoint}/commits") if batch.isdigit()]
     last_batch = max(batches) if batches else None
@@ -103,6 +118,7 @@ def _status(spark: SparkSession, storage: Storage, warehouse: str, name: str, do
         raw_version=raw_version,
         behind=_changes_after(spark, document["raw"], raw_version),
         last_error=last_error,
+        freshness=freshness,
     )
 
 

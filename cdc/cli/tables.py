@@ -35,12 +35,18 @@ def status(args: argparse.Namespace, settings: Settings) -> int:
         counts = f"{table.version:>7} {table.rows:>12,} {table.recorded_gaps:>4} {table.quarantined:>11,}"
         print(f"{table.topic:<32} {counts}  {partitions}")
     if found.refined_tables:
-        print(f"\n{'refined table':<32} {'last batch':>10} {'raw version':>11} {'behind':>8}  last error")
+        print(
+            f"\n{'refined table':<32} {'last batch':>10} {'raw version':>11} {'behind':>8} "
+            f"{'batch p50/p95 s':>15} {'lag p50/p95 s':>15}  last error"
+        )
     for refined in found.refined_tables:
         failure = refined.last_error
+        fresh = refined.freshness
+        seconds = f"{fresh.batch_p50_s:.1f}/{fresh.batch_p95_s:.1f}" if fresh else "-"
+        lag = f"{fresh.lag_p50_s:.1f}/{fresh.lag_p95_s:.1f}" if fresh and fresh.lag_p95_s is not None else "-"
         print(
             f"{refined.name:<32} {_or_none(refined.last_batch):>10} {_or_none(refined.raw_version):>11} "
-            f"{_or_none(refined.behind):>8}  "
+            f"{_or_none(refined.behind):>8} {seconds:>15} {lag:>15}  "
             + (f"{failure.at} batch {failure.batch}: {failure.error}" if failure else "-")
         )
     # Columns as wide as their longest name.

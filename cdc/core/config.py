@@ -503,6 +503,12 @@ class Settings(BaseSettings):
     s3_secrets_file: Path | None = Field(
         default=None, description="YAML/JSON file of S3 settings (access and secret keys...) read over CDC_S3__*."
     )
+    metrics_file: Path | None = Field(
+        default=None,
+        description="A file the refine jobs rewrite with their metrics in Prometheus's text format every few seconds "
+        "(per table: batches, changes read, quarantined, Spark jobs, batch seconds, last batch time, lag): point a "
+        "node exporter's textfile collector at its folder. Default none.",
+    )
 
 
 def load_settings(overrides: dict[str, Any] | None = None) -> Settings:

@@ -46,6 +46,7 @@ from refine.apply.schema_changes import SchemaChangePolicy
 from refine.apply.shaping import TableShape
 from refine.batch import RefineBatch
 from refine.config import Connector, RefineJobConfig, RefineRun, refined_table_location
+from refine.event_log import EventLog
 from refine.job import fail_if_quarantined, start_refine_query, summarize_run, watch_refine_queries
 from refine.quality.expectations import Expectation
 from refine.rebuild import rebuild_refined_table
@@ -227,8 +228,10 @@ def refine_jobs(pipeline: Pipeline, config: PipelineRefineConfig) -> list[Refine
     return jobs
 
 
-def _start(spark: SparkSession, job: RefineJob) -> tuple[StreamingQuery, RefineBatch | EventsBatch]:
-    batch = events_batch(spark, job) if isinstance(job, EventsRefineJobConfig) else RefineBatch(job)
+def _start(
+    spark: SparkSession, job: RefineJob, events: EventLog | None = None
+) -> tuple[StreamingQuery, RefineBatch | EventsBatch]:
+    batch = events_batch(spark, job) if isinstance(job, EventsRefineJobConfig) else RefineBatch(job, events=events)
     if isinstance(batch, RefineBatch):
         batch.check_shape(spark)
     topic = job.topic if isinstance(job, EventsRefineJobConfig) else job.table
@@ -347,32 +350,34 @@ def run_pipeline_refine(
         interval = Continuous(interval_s=pipeline.business[table.name].trigger_interval_s)
         threads.start(f"business {table.name}", refresh(table, interval))
     counts: dict[str, int] = {}
+    # The event log's rows of all the tables, appended together (refine/event_log.py).
+    with EventLog.of(config.warehouse).kept_flushed(spark, continuous=not once) as events:
 
-    def refine(group: list[RefineJob]) -> None:
-        queries: dict[str, StreamingQuery] = {}
-        batches: dict[str, object] = {}
+        def refine(group: list[RefineJob]) -> None:
+            queries: dict[str, StreamingQuery] = {}
+            batches: dict[str, object] = {}
+            try:
+                for job in group:
+                    queries[job.target], batches[job.target] = _start(spark, job, events)
+            except BaseException:
+                stop_queries(queries.values(), stop, say)
+                raise
+            counts.update(watch_refine_queries(queries, say, stop, batches, config.warehouse))
+
+        discovering = has_patterns(declared) and not once
+        if discovering:  # tables created at the source while this runs are refined once landed
+            threads.start(
+                "refine new tables", lambda: _refine_new_tables(spark, declared, config, pipeline, refine, threads)
+            )
         try:
-            for job in group:
-                queries[job.target], batches[job.target] = _start(spark, job)
-        except BaseException:
-            stop_queries(queries.values(), stop, say)
-            raise
-        counts.update(watch_refine_queries(queries, say, stop, batches, config.warehouse))
-
-    discovering = has_patterns(declared) and not once
-    if discovering:  # tables created at the source while this runs are refined once landed
-        threads.start(
-            "refine new tables", lambda: _refine_new_tables(spark, declared, config, pipeline, refine, threads)
-        )
-    try:
-        for group in groups:
-            refine(group)
-        if discovering:
-            threads.join()  # until stopped, or a table's refinement fails
-    finally:
-        if threads.threads:
-            stop.set()
-            threads.join()
+            for group in groups:
+                refine(group)
+            if discovering:
+                threads.join()  # until stopped, or a table's refinement fails
+        finally:
+            if threads.threads:
+                stop.set()
+                threads.join()
     quarantined = summarize_run(spark, config.warehouse, counts, since, say, stop)
     if once and not stop.is_set():
         run_business_tables(spark, business, config.trigger, stop, say)

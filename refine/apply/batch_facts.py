@@ -3,6 +3,7 @@ steps of the refinement it needs."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import NamedTuple
 
 from pyspark.sql import DataFrame
@@ -28,6 +29,7 @@ class BatchFacts(NamedTuple):
     placeholders: bool  # a TOAST placeholder in a row image after a change
     other_schemas: int  # records of a schema the parser was not built for (only_schemas)
     records: int
+    newest_commit: datetime | None = None  # the source commit time of the batch's newest change
 
     @property
     def resets(self) -> bool:
@@ -46,6 +48,7 @@ def batch_facts(changes: DataFrame) -> BatchFacts:
         F.coalesce(F.max(has_placeholder(F.col("after"), row_type_of(changes))), F.lit(False)).alias("toast"),
         F.count(F.when(F.col("problem") == OTHER_SCHEMA, 1)).alias("other_schemas"),
         F.count(F.lit(1)).alias("records"),
+        F.max("source_committed_at").alias("newest_commit"),
     ).collect()[0]  # an aggregate without grouping: one row
     truncate = tuple(row.truncate) if row.truncate else None
     return BatchFacts(
@@ -58,6 +61,7 @@ def batch_facts(changes: DataFrame) -> BatchFacts:
         row.toast,
         row.other_schemas,
         row.records,
+        row.newest_commit,
     )
 
 
