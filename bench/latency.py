@@ -44,7 +44,6 @@ from cdc.core.tables import raw_table_location
 from cdc.stack.local import stack_for_a_run
 from connectors import definitions
 from connectors.client import ConnectClient
-from connectors.definitions import ConnectorDefinition
 from refine.config import refined_table_location
 
 
@@ -119,18 +118,7 @@ def measure(args: argparse.Namespace, settings: Settings) -> None:
         conn.execute("CREATE SCHEMA IF NOT EXISTS bench")
         conn.execute(f"CREATE TABLE bench.{name} (id bigint PRIMARY KEY, note text)")
         conn.execute(f"INSERT INTO bench.{name} VALUES (0, 'first')")
-    shipped = definitions.load("postgres")
-    connector = ConnectorDefinition(
-        name,
-        {
-            **shipped.config,
-            "topic.prefix": name,
-            "slot.name": name,
-            "publication.name": name,
-            "schema.include.list": "bench",
-            "table.include.list": f"bench.{name}",
-        },
-    )
+    connector = definitions.postgres_named(name, schema_include_list="bench", table_include_list=f"bench.{name}")
     client = ConnectClient(settings.stack.connect.url)
     client.register(connector)
     client.wait_running(name)

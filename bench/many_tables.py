@@ -45,7 +45,6 @@ from cdc.core.tables import is_delta_table
 from cdc.stack.local import stack_for_a_run
 from connectors import definitions
 from connectors.client import ConnectClient
-from connectors.definitions import ConnectorDefinition
 from refine.config import refined_table_location
 
 
@@ -89,17 +88,7 @@ def measure(args: argparse.Namespace, settings: Settings) -> None:
         for table in tables:
             conn.execute(f"CREATE TABLE {name}.{table} (id bigint PRIMARY KEY, note text)")
             conn.execute(f"INSERT INTO {name}.{table} SELECT i, 'row' FROM generate_series(1, {args.rows}) i")
-    shipped = definitions.load("postgres")
-    connector = ConnectorDefinition(
-        name,
-        {
-            **shipped.config,
-            "topic.prefix": name,
-            "slot.name": name,
-            "publication.name": name,
-            "schema.include.list": name,
-        },
-    )
+    connector = definitions.postgres_named(name, schema_include_list=name)
     client = ConnectClient(settings.stack.connect.url)
     client.register(connector)
     client.wait_running(name)

@@ -47,7 +47,6 @@ from cdc.stack.process import port_open
 from cdc.stack.random_workload import SCHEMA, RandomTables, RandomWorkload, compare, wait_for_marks
 from connectors import definitions
 from connectors.client import ConnectClient
-from connectors.definitions import ConnectorDefinition
 
 PIPELINE = """name: soak
 sources:
@@ -126,16 +125,8 @@ def soak(args: argparse.Namespace, settings: Settings, stack: LocalStack, seed: 
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
         tables.create(conn)
-    shipped = definitions.load("postgres")
-    connector = ConnectorDefinition(
-        name,
-        {
-            **shipped.config,
-            "topic.prefix": name,
-            "slot.name": name,
-            "publication.name": name,
-            "table.include.list": ",".join(f"{SCHEMA}.{table}" for table in tables.names),
-        },
+    connector = definitions.postgres_named(
+        name, table_include_list=",".join(f"{SCHEMA}.{table}" for table in tables.names)
     )
     client = ConnectClient(settings.stack.connect.url)
     client.register(connector)

@@ -35,6 +35,21 @@ def load(kind: str) -> ConnectorDefinition:
     return ConnectorDefinition(document["name"], document["config"])
 
 
+def postgres_named(name: str, **settings: str) -> ConnectorDefinition:
+    """The shipped Postgres connector as a connector of its own named ``name``: its topic prefix, replication
+    slot and publication named after it, ``settings`` (Connect's keys, ``.`` written ``_``) over the shipped ones.
+
+    Example::
+
+        postgres_named("bench1", schema_include_list="bench")  # topics bench1.bench.<table>
+    """
+    shipped = load("postgres")
+    own = {"topic.prefix": name, "slot.name": name, "publication.name": name}
+    return ConnectorDefinition(
+        name, {**shipped.config, **own, **{key.replace("_", "."): value for key, value in settings.items()}}
+    )
+
+
 def available() -> list[str]:
     return sorted(
         entry.name.removesuffix(".json")

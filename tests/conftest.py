@@ -209,21 +209,10 @@ def postgres_connector(stack, stack_config: StackConfig, unique_name: str):
     """
     from connectors import definitions
     from connectors.client import ConnectClient
-    from connectors.definitions import ConnectorDefinition
 
-    shipped = definitions.load("postgres")
-    connector = ConnectorDefinition(
-        unique_name,
-        {
-            **shipped.config,
-            "topic.prefix": unique_name,
-            "slot.name": unique_name,
-            "publication.name": unique_name,
-            # Of the tables each test makes, only those it adds (add_to_publication): the shipped `all_tables`
-            # would have every test's connector write topics for every other test's tables.
-            "publication.autocreate.mode": "filtered",
-        },
-    )
+    # Of the tables each test makes, only those it adds (add_to_publication): the shipped `all_tables` would
+    # have every test's connector write topics for every other test's tables.
+    connector = definitions.postgres_named(unique_name, publication_autocreate_mode="filtered")
     client = ConnectClient(stack_config.connect.url)
     client.register(connector)
     client.wait_running(connector.name)

@@ -11,12 +11,11 @@ from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from cdc.cli import main
-from cdc.core.config import validate
+from cdc.core.config import Continuous, KafkaConnection, validate
 from cdc.core.errors import ConfigError, SourceError, TableError
 from cdc.core.tables import is_delta_table, raw_table_location
 from cdc.pipeline.config import Pipeline
-from cdc.pipeline.database import landing_pattern
-from cdc.pipeline.run import PipelineRefineConfig
+from cdc.pipeline.run import PipelineRefineConfig, raw_job_config
 from cdc.raw.config import RawJobConfig
 from cdc.stack.workload import run_workload
 from cdc.sync import SyncJobConfig, run_sync_job
@@ -43,6 +42,17 @@ def sync_config(
         {"table": topic, "warehouse": warehouse, "trigger": trigger, **refine_settings} for topic in refined or topics
     ]
     return validate(SyncJobConfig, {"raw": raw, "refine": {"kind": "topics", "jobs": jobs}}, "sync job settings")
+
+
+def pipeline_sync_config(pipeline: Pipeline, warehouse: str, bootstrap_servers: str) -> SyncJobConfig:
+    """A continuous `cdc sync --pipeline`: the landing as `raw_job_config` makes it (by pattern for a
+    pipeline with a `pattern` source), the pipeline's refinement."""
+    trigger = Continuous(**{k: v for k, v in CONTINUOUS.items() if k != "kind"})
+    raw = raw_job_config(
+        pipeline, warehouse=warehouse, trigger=trigger, kafka=KafkaConnection(bootstrap_servers=bootstrap_servers)
+    )
+    run = PipelineRefineConfig(warehouse=warehouse, trigger=trigger)
+    return SyncJobConfig(raw=raw, refine={"kind": "pipeline", "pipeline": pipeline, "run": run})
 
 
 def test_the_refinement_must_read_what_the_landing_lands_in_the_same_run(tmp_path):
@@ -176,21 +186,7 @@ def test_continuous_pipeline_sync_lands_refines_and_refreshes_its_business_table
             }
         },
     }
-    pipeline = Pipeline.model_validate(document)
-    raw = {
-        "topics": {"kind": "topics", "topics": [topic]},
-        "warehouse": warehouse,
-        "trigger": CONTINUOUS,
-        "kafka": {"bootstrap_servers": kafka.bootstrap_servers},
-    }
-    config = SyncJobConfig(
-        raw=raw,
-        refine={
-            "kind": "pipeline",
-            "pipeline": pipeline,
-            "run": PipelineRefineConfig(warehouse=warehouse, trigger=CONTINUOUS),
-        },
-    )
+    config = pipeline_sync_config(Pipeline.model_validate(document), warehouse, kafka.bootstrap_servers)
 
     def total_of(player: str) -> int | None:
         if not is_delta_table(spark, f"{warehouse}/business/totals"):
@@ -319,7 +315,6 @@ def test_a_whole_database_is_kept_by_one_sync_and_a_table_created_meanwhile_join
     from cdc.stack.postgres import remove_connector
     from connectors import definitions
     from connectors.client import ConnectClient
-    from connectors.definitions import ConnectorDefinition
 
     monkeypatch.setattr(cdc.raw.job, "TOPIC_RESCAN_S", 2.0)  # new topics found sooner than a service's 30 s
     monkeypatch.setattr(cdc.pipeline.run, "TABLE_RESCAN_S", 1.0)
@@ -330,17 +325,7 @@ def test_a_whole_database_is_kept_by_one_sync_and_a_table_created_meanwhile_join
         for i, table in enumerate(tables):
             conn.execute(f"CREATE TABLE {schema}.{table} (id int PRIMARY KEY, name text)")
             conn.execute(f"INSERT INTO {schema}.{table} SELECT n, '{table}' || n FROM generate_series(1, {i + 2}) n")
-    shipped = definitions.load("postgres")
-    connector = ConnectorDefinition(
-        unique_name,
-        {
-            **shipped.config,
-            "topic.prefix": unique_name,
-            "slot.name": unique_name,
-            "publication.name": unique_name,
-            "schema.include.list": schema,
-        },
-    )
+    connector = definitions.postgres_named(unique_name, schema_include_list=schema)
     client = ConnectClient(stack_config.connect.url)
     client.register(connector)
     try:
@@ -360,20 +345,8 @@ def test_a_whole_database_is_kept_by_one_sync_and_a_table_created_meanwhile_join
                 },
             }
         )
-        raw = {
-            "topics": {"kind": "pattern", "pattern": landing_pattern(pipeline)},
-            "warehouse": warehouse,
-            "trigger": CONTINUOUS,
-            "kafka": {"bootstrap_servers": kafka.bootstrap_servers},
-        }
-        config = SyncJobConfig(
-            raw=raw,
-            refine={
-                "kind": "pipeline",
-                "pipeline": pipeline,
-                "run": PipelineRefineConfig(warehouse=warehouse, trigger=CONTINUOUS),
-            },
-        )
+        config = pipeline_sync_config(pipeline, warehouse, kafka.bootstrap_servers)
+        assert config.raw.topics.kind == "pattern"  # the landing subscribes to the pattern
 
         def equal(table: str) -> bool:
             return _refined_rows(spark, warehouse, f"pg_{table}") == _rows_of(dsn, f"{schema}.{table}")
