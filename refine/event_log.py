@@ -70,6 +70,8 @@ class EventLog:
         self.flushing = threading.Lock()  # one append at a time
         self.metrics_file: Path | None = None  # where each flush writes the metrics (`CDC_METRICS_FILE`)
         self.last_error: Exception | None = None  # of the last append that failed
+        self.totals: dict[tuple[str, str], float] = {}  # the metrics' counters by (metric, table), this process's
+        self.gauges: dict[tuple[str, str], float] = {}
         self._users = 0  # the jobs running with it (kept_flushed)
         self._stop: threading.Event | None = None
         self._thread: threading.Thread | None = None
@@ -100,7 +102,7 @@ class EventLog:
                 self.last_error = error
                 return 0
             if self.metrics_file is not None:
-                write_metrics(self.metrics_file, events)
+                write_metrics(self.metrics_file, events, self.totals, self.gauges)
             return len(events)
 
     @contextmanager
@@ -136,31 +138,27 @@ class EventLog:
             self.flush(spark)
 
 
-_METRICS: dict[str, tuple[str, str]] = {
-    "changes_read": ("cdc_refine_changes_read_total", "counter"),
-    "quarantined": ("cdc_refine_quarantined_total", "counter"),
-    "spark_jobs": ("cdc_refine_spark_jobs_total", "counter"),
-    "seconds": ("cdc_refine_batch_seconds_total", "counter"),
+_METRICS: dict[str, str] = {
+    "changes_read": "cdc_refine_changes_read_total",
+    "quarantined": "cdc_refine_quarantined_total",
+    "spark_jobs": "cdc_refine_spark_jobs_total",
+    "seconds": "cdc_refine_batch_seconds_total",
 }
-_totals: dict[tuple[str, str], float] = {}
-_last: dict[tuple[str, str], float] = {}
 
 
-def write_metrics(path: Path, events: list[BatchEvent]) -> None:
-    """Add ``events`` to this process's totals and write them to ``path`` (:func:`prometheus_text`), replacing
-    it whole (a reader never sees half a file)."""
+def write_metrics(path: Path, events: list[BatchEvent], totals: dict, gauges: dict) -> None:
+    """Add ``events`` to the ``totals`` (counters) and ``gauges`` by (metric, table) and write them to ``path``
+    (:func:`prometheus_text`), replacing it whole (a reader never sees half a file)."""
     for event in events:
-        for name, (metric, _) in _METRICS.items():
-            _totals[(metric, event.table)] = _totals.get((metric, event.table), 0.0) + float(getattr(event, name))
-        _totals[("cdc_refine_batches_total", event.table)] = (
-            _totals.get(("cdc_refine_batches_total", event.table), 0) + 1
-        )
-        _last[("cdc_refine_last_batch_timestamp_seconds", event.table)] = event.ended_at.timestamp()
+        for name, metric in _METRICS.items():
+            totals[(metric, event.table)] = totals.get((metric, event.table), 0.0) + float(getattr(event, name))
+        totals[("cdc_refine_batches_total", event.table)] = totals.get(("cdc_refine_batches_total", event.table), 0) + 1
+        gauges[("cdc_refine_last_batch_timestamp_seconds", event.table)] = event.ended_at.timestamp()
         if event.lag_seconds is not None:
-            _last[("cdc_refine_lag_seconds", event.table)] = event.lag_seconds
+            gauges[("cdc_refine_lag_seconds", event.table)] = event.lag_seconds
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".tmp")
-    partial.write_text(prometheus_text(_totals, _last))
+    partial.write_text(prometheus_text(totals, gauges))
     partial.replace(path)
 
 

@@ -48,7 +48,9 @@ def batch_facts(changes: DataFrame) -> BatchFacts:
         F.coalesce(F.max(has_placeholder(F.col("after"), row_type_of(changes))), F.lit(False)).alias("toast"),
         F.count(F.when(F.col("problem") == OTHER_SCHEMA, 1)).alias("other_schemas"),
         F.count(F.lit(1)).alias("records"),
-        F.max("source_committed_at").alias("newest_commit"),
+        (F.max("source_committed_at") if "source_committed_at" in changes.columns else F.lit(None)).alias(
+            "newest_commit"
+        ),
     ).collect()[0]  # an aggregate without grouping: one row
     truncate = tuple(row.truncate) if row.truncate else None
     return BatchFacts(

@@ -46,7 +46,7 @@ def test_every_lakehouse_method_has_an_example(method):
         (lambda lake: lake.refine(), "exactly one of table and pipeline"),
         (lambda lake: lake.refine("a.b", reinfer_schema=True), "reinfer_schema applies"),
         (lambda lake: lake.refine("a.b", key=["id"]), "refine job settings"),
-        (lambda lake: lake.sync(), "exactly one of topics and pipeline"),
+        (lambda lake: lake.sync(), "exactly one of topics, pattern and pipeline"),
         (lambda lake: lake.refine(pipeline="no/such/pipeline.yaml"), "no/such/pipeline.yaml"),
     ],
 )
