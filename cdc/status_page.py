@@ -16,11 +16,13 @@ The page is a picture of one moment (its time is in the heading); write it again
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from xml.sax.saxutils import escape
 
+from cdc.core.errors import ConfigError
 from cdc.pipeline.config import Pipeline
 from cdc.pipeline.database import expanded
 from cdc.pipeline.graph import Graph, Node, pipeline_graph, render_html
@@ -36,7 +38,8 @@ def status_graph(status: WarehouseStatus, pipeline: Pipeline | None = None) -> G
         troubled = [node.name for node in graph.nodes.values() if node.level != "ok"]
     """
     if pipeline is not None:  # a source's `pattern` stands for the tables of the topics landed
-        pipeline = expanded(pipeline, [raw.topic for raw in status.raw_tables])
+        with contextlib.suppress(ConfigError):  # names that collide: the job says so; the page draws the file
+            pipeline = expanded(pipeline, [raw.topic for raw in status.raw_tables])
     graph = pipeline_graph(pipeline) if pipeline is not None else Graph()
     topic_of_raw: dict[str, str] = {}
     for raw in status.raw_tables:

@@ -141,7 +141,7 @@ class RefineBatch:
         facts = self.facts
         newest = facts.newest_commit if facts is not None else None
         if newest is not None and newest.tzinfo is None:
-            newest = newest.replace(tzinfo=UTC)  # the session's time zone is UTC
+            newest = newest.astimezone(UTC)  # PySpark returns the process's local time, without a zone
         return BatchEvent(
             table=self.config.target,
             batch=batch_id,

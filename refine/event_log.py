@@ -68,6 +68,7 @@ class EventLog:
         self.warehouse = warehouse
         self.pending: list[BatchEvent] = []
         self.flushing = threading.Lock()  # one append at a time
+        self._held = threading.Lock()  # the rows held
         self.metrics_file: Path | None = None  # where each flush writes the metrics (`CDC_METRICS_FILE`)
         self.last_error: Exception | None = None  # of the last append that failed
         self.totals: dict[tuple[str, str], float] = {}  # the metrics' counters by (metric, table), this process's
@@ -82,14 +83,16 @@ class EventLog:
             return cls._logs.setdefault(warehouse, EventLog(warehouse))
 
     def record(self, event: BatchEvent) -> None:
-        self.pending.append(event)  # list.append is atomic
+        with self._held:
+            self.pending.append(event)
 
     def flush(self, spark: SparkSession) -> int:
         """Append the rows held to the event log in one commit; returns how many. With a ``metrics_file``,
         also write the metrics (:func:`prometheus_text`) there. A failed append (storage away, the JVM
         stopping) keeps the rows for the next flush and is kept in ``last_error``: the log never stops a job."""
         with self.flushing:
-            events, self.pending = self.pending, []
+            with self._held:  # no row recorded between the swap and the append is lost
+                events, self.pending = self.pending, []
             if not events:
                 return 0
             rows = [astuple(event) for event in events]
@@ -98,7 +101,8 @@ class EventLog:
                     event_log_location(self.warehouse)
                 )
             except Exception as error:  # noqa: BLE001 - the log's trouble is no job's failure
-                self.pending[:0] = events
+                with self._held:
+                    self.pending[:0] = events
                 self.last_error = error
                 return 0
             if self.metrics_file is not None:
@@ -171,7 +175,7 @@ def prometheus_text(totals: dict[tuple[str, str], float], gauges: dict[tuple[str
             for (name, table), value in sorted(values.items()):
                 if name == metric:
                     label = table.replace("\\", "\\\\").replace('"', '\\"')
-                    lines.append(f'{metric}{{table="{label}"}} {value:g}')
+                    lines.append(f'{metric}{{table="{label}"}} {float(value)!r}')  # every digit: epoch seconds
     return "\n".join(lines) + "\n"
 
 

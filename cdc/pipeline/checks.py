@@ -23,7 +23,7 @@ from cdc.pipeline.config import (
     ScdType,
     SchemaFile,
 )
-from cdc.pipeline.database import expanded, group_keys_problems, has_patterns
+from cdc.pipeline.database import expanded, group_keys_problems, has_patterns, is_pattern
 from cdc.pipeline.sql_text import reads_column, sql_tables
 from refine.apply.flatten import array_element, child_columns, child_table_name, field_type, flat_columns
 from refine.apply.merge import EVENT_POSITION
@@ -43,10 +43,26 @@ def pipeline_problems(pipeline: Pipeline, base_dir: Path) -> list[Problem]:
         *_schema_file_problems(pipeline, base_dir),
         *_refined_problems(pipeline),
         *group_keys_problems(pipeline),
+        *_override_problems(pipeline),
         *_name_problems(pipeline),
         *(_business_problems(pipeline) if tables_known else _cycle_problems(pipeline)),
         *(_expectation_problems(pipeline) if tables_known else ()),
     ]
+
+
+def _override_problems(pipeline: Pipeline) -> Iterator[Problem]:
+    """The problems of each single table's keys (``tables.<selector>``) of a pattern's refined table, as the
+    table they make would have them."""
+    for group, table in pipeline.refined.items():
+        source = pipeline.sources.get(table.source)
+        if source is None or not is_pattern(source):
+            continue
+        for selector, override in table.tables.items():
+            single = pipeline.model_copy(update={"refined": {group: table.for_table([override])}})
+            for key, reason in _refined_problems(single):
+                field = key.removeprefix(f"refined.{group}.").split(".")[0].split("[")[0]
+                if field in override:
+                    yield key.replace(f"refined.{group}.", f"refined.{group}.tables.{selector}.", 1), reason
 
 
 def expanded_pipeline(pipeline: Pipeline, topics: Iterable[str]) -> Pipeline:

@@ -83,9 +83,9 @@ WireSchema = Annotated[SchemaFile | SchemaRegistry, Field(discriminator="kind")]
 
 def _regex(pattern: str) -> str:
     try:
-        re.compile(pattern)
+        re.compile(f"(?:x)|(?:{pattern})")  # as the landing joins them: a global flag must be scoped, (?i:...)
     except re.error as error:
-        raise ValueError(f"{pattern!r} is not a regular expression: {error}") from None
+        raise ValueError(f"{pattern!r} is not a regular expression (scope a flag: (?i:...)): {error}") from None
     return pattern
 
 
@@ -329,10 +329,13 @@ class RefinedTable(TableShape, _Model):
 
     def for_table(self, overrides: list[dict[str, Any]]) -> RefinedTable:
         """This table's keys for one source table of its pattern: ``overrides`` (its matches in ``tables``) over
-        the keys given here."""
+        the keys given here, a mapping (``mask``, ``computed``, ``features``, ``renames``, ...) key by key, any
+        other value whole."""
         keys = self.model_dump(exclude_unset=True, exclude=set(GROUP_KEYS), by_alias=True)
         for override in overrides:
-            keys |= override
+            for key, value in override.items():
+                given = keys.get(key)
+                keys[key] = {**given, **value} if isinstance(given, dict) and isinstance(value, dict) else value
         return RefinedTable(**keys)
 
 

@@ -21,6 +21,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from string import Formatter
+
+from pydantic import ValidationError
 
 from cdc.core.errors import ConfigError
 from cdc.pipeline.config import (
@@ -32,14 +35,16 @@ from cdc.pipeline.config import (
     Source,
 )
 
-# Topics Debezium and Kafka Connect write for themselves, never a table's: internal ones (`__...`, `_schemas`,
-# `_connect-*`), heartbeats (`__debezium-heartbeat.<prefix>`), transaction metadata (`<prefix>.transaction`),
-# signals, schema history, Connect's configs/offsets/status and dead-letter queues.
+# Topics Debezium and Kafka Connect write for themselves, never a table's, by their shapes (a table's topic is
+# `<prefix>.<schema>.<table>`, its words are the user's): internal ones (`__debezium-heartbeat.<prefix>`,
+# `_schemas`, `__consumer_offsets`), those of fewer than three parts (`<prefix>.transaction`, Connect's
+# `connect-offsets`, signal and schema-history topics), and dead-letter queues named after a topic
+# (`<topic>.dlq`, `<topic>-dlq`, `dlq-<topic>`, `...dead-letter...`).
 INTERNAL_TOPIC = re.compile(
-    r"_.*|.*\.transaction|.*(?:heartbeat|schema-?history|schema-changes|signal|dlq|dead-letter|deadletter).*"
-    r"|(?:.*[.-])?connect-(?:configs|offsets|status)(?:[.-].*)?",
+    r"_.*|[^.]*|[^.]*\.[^.]*|(?:dlq|dead-?letter(?:-queue)?)[.-].*|.*[.-](?:dlq|dead-?letter(?:-queue)?)",
     re.IGNORECASE,
 )
+MAX_NAME = 128  # as cdc.pipeline.config's names
 # What a name may hold: refined table names are letters, digits and single underscores (cdc.pipeline.config).
 _NOT_IN_NAME = re.compile(r"[^A-Za-z0-9_]+")
 
@@ -71,11 +76,16 @@ class SourceTable:
         return name if name[:1].isalpha() else f"t_{name}"
 
     def selected_by(self, selector: str) -> bool:
-        """Whether a key of ``tables`` names this table: its name, ``schema.table``, or a regex matching either."""
-        if selector in (self.table, f"{self.schema}.{self.table}"):
-            return True
-        regex = re.compile(selector)
-        return bool(regex.fullmatch(self.table) or regex.fullmatch(f"{self.schema}.{self.table}"))
+        """Whether a key of ``tables`` names this table: a name (no regex character but `.`) is its name or
+        ``schema.table``; anything else a regex matching either whole."""
+        names = (self.table, f"{self.schema}.{self.table}")
+        if LITERAL_SELECTOR.fullmatch(selector):
+            return selector in names
+        return any(re.fullmatch(selector, name) for name in names)
+
+
+# A `tables` key that names a table (dots between names), not a regular expression.
+LITERAL_SELECTOR = re.compile(r"[\w$-]+(?:\.[\w$-]+)?")
 
 
 def is_pattern(source: Source) -> bool:
@@ -131,7 +141,12 @@ def expanded(pipeline: Pipeline, topics: Iterable[str]) -> Pipeline:
     refined: dict[str, RefinedTable] = {
         name: t for name, t in pipeline.refined.items() if not is_pattern(pipeline.sources[t.source])
     }
-    made_by = {name: f"sources.{name}" for name in sources} | {name: f"refined.{name}" for name in refined}
+    # Names compared case-folded: Spark's views of them (business SQL) and some stores' paths ignore case.
+    made_by = (
+        {name.casefold(): f"sources.{name}" for name in sources}
+        | {name.casefold(): f"refined.{name}" for name in refined}
+        | {name.casefold(): f"business.{name}" for name in pipeline.business}
+    )
     for group, table in pipeline.refined.items():
         source = pipeline.sources[table.source]
         if not is_pattern(source):
@@ -144,16 +159,28 @@ def expanded(pipeline: Pipeline, topics: Iterable[str]) -> Pipeline:
             source_table = SourceTable.of(topic)
             assert source_table is not None  # matches() says so
             name = source_table.name(table, mongodb)
-            if name in made_by or name in pipeline.business:
-                other = made_by.get(name, f"business.{name}")
+            if len(name) > MAX_NAME:
+                raise ConfigError(
+                    f"refined.{group}: topic {topic} makes the table name {name!r}, longer than {MAX_NAME} characters "
+                    "(name_template, name_prefix, name_suffix)"
+                )
+            if (other := made_by.get(name.casefold())) is not None:
                 raise ConfigError(
                     f"refined.{group}: topic {topic} makes the table name {name!r}, which {other} has already "
-                    "(name_template, name_prefix, name_suffix tell them apart)"
+                    "(names differing in case only collide; name_template, name_prefix, name_suffix tell them apart)"
                 )
-            overrides = [o for selector, o in table.tables.items() if source_table.selected_by(selector)]
+            selected = [(selector, o) for selector, o in table.tables.items() if source_table.selected_by(selector)]
+            try:
+                refined[name] = table.for_table([o for _, o in selected]).model_copy(update={"source": name})
+            except ValidationError as error:
+                keys = ", ".join(f"refined.{group}.tables.{selector}" for selector, _ in selected)
+                problem = error.errors()[0]
+                where = ".".join(map(str, problem["loc"]))
+                raise ConfigError(
+                    f"{keys}: together, for topic {topic}: {where + ': ' if where else ''}{problem['msg']}"
+                ) from None
             sources[name] = source.model_copy(update={"topic": topic, "pattern": None, "exclude": []})
-            refined[name] = table.for_table(overrides).model_copy(update={"source": name})
-            made_by[name] = f"refined.{group} (topic {topic})"
+            made_by[name.casefold()] = f"refined.{group} (topic {topic})"
     return pipeline.model_copy(update={"sources": sources, "refined": refined})
 
 
@@ -173,7 +200,12 @@ def group_keys_problems(pipeline: Pipeline) -> list[tuple[str, str]]:
             ]
             continue
         fields = {"prefix", "schema", "table", "db", "collection"}
-        for placeholder in re.findall(r"\{([^{}]*)\}", table.name_template or ""):
+        try:
+            placeholders = [f for _, f, _, _ in Formatter().parse(table.name_template or "") if f is not None]
+        except ValueError as error:
+            problems.append((f"refined.{name}.name_template", f"not a template: {error}"))
+            continue
+        for placeholder in placeholders:
             if placeholder not in fields:
                 problems.append(
                     (

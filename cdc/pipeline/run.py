@@ -258,12 +258,20 @@ def _refine_new_tables(
     started: Pipeline,
     refine: Callable[[list[RefineJob]], None],
     threads: JobThreads,
+    say: Callable[[str], None],
 ) -> None:
     """Until ``threads.stop``: every ``TABLE_RESCAN_S``, the tables of ``declared``'s patterns landed since
-    (not in ``started``) are refined, each new group of them in a thread of ``threads``."""
-    known = set(started.refined)
+    (not in ``started``) are refined, each new group of them in a thread of ``threads``. A new topic the
+    pipeline cannot take (its name collides) is said once, and the tables refined go on."""
+    known, said = set(started.refined), set()
     while not threads.stop.wait(TABLE_RESCAN_S):
-        tables = expanded_pipeline(declared, landed_topics(spark, config.warehouse))
+        try:
+            tables = expanded_pipeline(declared, landed_topics(spark, config.warehouse))
+        except ConfigError as error:
+            if str(error) not in said:
+                said.add(str(error))
+                say(f"cdc: new tables not refined: {error}")
+            continue
         new = [job for job in refine_jobs(tables, config) if job.target not in known]
         if new:
             known |= {job.target for job in new}
@@ -367,7 +375,7 @@ def run_pipeline_refine(
         discovering = has_patterns(declared) and not once
         if discovering:  # tables created at the source while this runs are refined once landed
             threads.start(
-                "refine new tables", lambda: _refine_new_tables(spark, declared, config, pipeline, refine, threads)
+                "refine new tables", lambda: _refine_new_tables(spark, declared, config, pipeline, refine, threads, say)
             )
         try:
             for group in groups:

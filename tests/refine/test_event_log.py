@@ -48,6 +48,8 @@ def test_the_batches_of_all_tables_are_appended_in_one_commit_and_give_each_tabl
     assert families["cdc_refine_lag_seconds"].type == "gauge"
     lags = {sample.labels["table"]: sample.value for sample in families["cdc_refine_lag_seconds"].samples}
     assert lags == {"orders": 8.0, 'odd "name"': 8.0}
+    last = families["cdc_refine_last_batch_timestamp_seconds"].samples
+    assert {s.value for s in last} == {(AT + timedelta(seconds=8)).timestamp()}  # every digit of epoch seconds
 
 
 def test_a_failed_append_keeps_the_rows_for_the_next_flush(spark, tmp_path):

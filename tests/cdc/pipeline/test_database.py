@@ -120,3 +120,52 @@ def test_per_table_keys_are_checked_as_a_tables():
         pipeline(shop={"source": "shop", "tables": {"customers": {"source": "clicks"}}})
     with pytest.raises(ValueError, match="give one of `topic`"):
         Pipeline(name="db", sources={"s": {"kind": "debezium_postgres", "topic": "a.b.c", "pattern": "a.*"}})
+
+
+def test_tables_named_like_debeziums_own_topics_are_still_tables():
+    for table_topic in [
+        "demo.shop.signals",
+        "demo.shop.heartbeat_log",
+        "demo.public.dlq_items",
+        "demo.public.transaction",
+        "demo.hr.deadletter_notes",
+        "demo.shop.orders_dlq",
+    ]:
+        assert not INTERNAL_TOPIC.fullmatch(table_topic), table_topic
+
+
+def test_per_table_keys_merge_mappings_and_a_name_selects_only_that_table():
+    declared = pipeline(
+        shop={
+            "source": "shop",
+            "mask": {"email": "sha256"},
+            "tables": {"shop.orders": {"mask": {"ssn": "sha256"}}, "orders_.*": {"deletes": "soft"}},
+        }
+    )
+    tables = expanded(declared, ["demo.shop.orders", "demo.public.shop_orders", "demo.shop.orders_2026"])
+    assert dict(tables.refined["orders"].mask) == {"email": "sha256", "ssn": "sha256"}  # the group's mask stays
+    assert dict(tables.refined["shop_orders"].mask) == {"email": "sha256"}  # `shop.orders` is a name, not a regex
+    assert tables.refined["orders_2026"].deletes.value == "soft"
+
+
+def test_names_too_long_or_differing_in_case_only_and_bad_templates_are_refused(tmp_path):
+    declared = pipeline(shop={"source": "shop"})
+    with pytest.raises(ConfigError, match="longer than 128 characters"):
+        expanded(declared, ["demo.shop." + "t" * 129])
+    with pytest.raises(ConfigError, match="differing in case only collide"):
+        expanded(declared, ["demo.shop.Orders", "demo.shop.orders"])
+    bad = pipeline(shop={"source": "shop", "name_template": "{table"})
+    assert "not a template" in dict(pipeline_problems(bad, tmp_path))["refined.shop.name_template"]
+    with pytest.raises(ValueError, match=r"scope a flag"):
+        Pipeline(name="db", sources={"s": {"kind": "debezium_postgres", "pattern": r"(?i)demo\..*"}})
+
+
+def test_a_tables_keys_are_checked_where_the_file_gives_them(tmp_path):
+    declared = pipeline(shop={"source": "shop", "tables": {"orders": {"split_by": "region"}}})
+    problems = dict(pipeline_problems(declared, tmp_path))
+    assert "applies to event sources only" in problems["refined.shop.tables.orders.split_by"]
+    clashing = pipeline(
+        shop={"source": "shop", "tables": {"orders": {"columns": ["id"]}, "ord.*": {"except_columns": ["x"]}}}
+    )
+    with pytest.raises(ConfigError, match=r"refined\.shop\.tables\.orders, refined\.shop\.tables\.ord\.\*: together"):
+        expanded(clashing, ["demo.shop.orders"])
