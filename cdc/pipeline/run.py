@@ -24,7 +24,7 @@ from cdc.core.config import AvailableNow, Continuous, KafkaConnection, Trigger, 
 from cdc.core.errors import ConfigError
 from cdc.core.storage import Storage
 from cdc.core.streaming import JobThreads, stop_queries
-from cdc.core.tables import TableFeatures
+from cdc.core.tables import TableFeatures, is_delta_table
 from cdc.pipeline.business import BusinessTableConfig, run_business_tables
 from cdc.pipeline.checks import expanded_pipeline, table_names
 from cdc.pipeline.config import (
@@ -243,12 +243,13 @@ TABLE_RESCAN_S = 5.0
 
 
 def landed_topics(spark: SparkSession, warehouse: str) -> list[str]:
-    """The topics landed in ``warehouse``: its raw tables (a folder per topic, once it holds a Delta log)."""
+    """The topics landed in ``warehouse``: its raw tables (a folder per topic, once its first commit is in:
+    the log's folder is made before it)."""
     storage = Storage(spark)
     raw = f"{warehouse}/raw"
     if not storage.exists(raw):
         return []
-    return [topic for topic in storage.list_names(raw) if storage.exists(f"{raw}/{topic}/_delta_log")]
+    return [topic for topic in storage.list_names(raw) if is_delta_table(spark, f"{raw}/{topic}")]
 
 
 def _refine_new_tables(
