@@ -26,7 +26,7 @@ from cdc.core.streaming import JobThreads
 from cdc.core.tables import has_landed_data, is_delta_table, raw_table_location
 from cdc.pipeline.config import JsonEvents, Pipeline
 from cdc.pipeline.database import has_patterns
-from cdc.pipeline.run import PipelineRefineConfig, landed_topics, run_pipeline_refine
+from cdc.pipeline.run import TABLE_RESCAN_S, PipelineRefineConfig, landed_topics, run_pipeline_refine
 from cdc.raw.config import RawJobConfig, TopicList, TopicPattern
 from cdc.raw.job import TopicSummary, run_raw_job
 from refine.config import RefineRun
@@ -185,8 +185,6 @@ def _refinements(
 
 # The `table` of a refine job standing for each topic of a pattern (TopicsRefinement.each), replaced by it.
 EACH_TOPIC = "cdc.each-topic"
-# A continuous sync by pattern looks for newly landed topics this often.
-TOPIC_RESCAN_S = 5.0
 
 
 def _refine_each_landed(
@@ -204,7 +202,7 @@ def _refine_each_landed(
     threads = JobThreads(stop)
     started: set[str] = set()
     while True:
-        landed = [t for t in landed_topics(spark, each.warehouse) if regex.fullmatch(t) and t not in started]
+        landed = [t for t in landed_topics(spark, each.warehouse, started) if regex.fullmatch(t) and t not in started]
         for topic in landed:
             started.add(topic)
             job = refine_one(each.model_copy(update={"table": topic}))
@@ -212,6 +210,6 @@ def _refine_each_landed(
                 threads.start(f"refine {topic}", job)
             elif not stop.is_set():
                 job()
-        if not continuous or stop.wait(TOPIC_RESCAN_S):
+        if not continuous or stop.wait(TABLE_RESCAN_S):
             break
     threads.join()

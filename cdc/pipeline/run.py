@@ -12,7 +12,7 @@ tables when run once, on their own interval when run continuously. A declaration
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import UTC, datetime
 from functools import partial
 
@@ -238,18 +238,19 @@ def _start(
     return start_refine_query(spark, job.warehouse, topic, job.target, batch, job.trigger), batch
 
 
-# A continuous run of a pipeline with a `pattern` looks for newly landed tables this often.
+# A continuous run by pattern (a pipeline's, `cdc sync --pattern`) looks for newly landed tables this often.
 TABLE_RESCAN_S = 5.0
 
 
-def landed_topics(spark: SparkSession, warehouse: str) -> list[str]:
+def landed_topics(spark: SparkSession, warehouse: str, known: Collection[str] = ()) -> list[str]:
     """The topics landed in ``warehouse``: its raw tables (a folder per topic, once its first commit is in:
-    the log's folder is made before it)."""
+    the log's folder is made before it). Those ``known`` landed already are not read again: a raw table
+    stays one, and a rescan then costs a listing and the new folders' logs."""
     storage = Storage(spark)
     raw = f"{warehouse}/raw"
     if not storage.exists(raw):
         return []
-    return [topic for topic in storage.list_names(raw) if is_delta_table(spark, f"{raw}/{topic}")]
+    return [t for t in storage.list_names(raw) if t in known or is_delta_table(spark, f"{raw}/{t}")]
 
 
 def _refine_new_tables(
@@ -265,9 +266,11 @@ def _refine_new_tables(
     (not in ``started``) are refined, each new group of them in a thread of ``threads``. A new topic the
     pipeline cannot take (its name collides) is said once, and the tables refined go on."""
     known, said = set(started.refined), set()
+    landed: list[str] = []
     while not threads.stop.wait(TABLE_RESCAN_S):
+        landed = landed_topics(spark, config.warehouse, set(landed))
         try:
-            tables = expanded_pipeline(declared, landed_topics(spark, config.warehouse))
+            tables = expanded_pipeline(declared, landed)
         except ConfigError as error:
             if str(error) not in said:
                 said.add(str(error))

@@ -210,7 +210,9 @@ def _ranges(counted: DataFrame, soft_deletes: bool) -> Column:
     )
 
 
-def copies(nets: DataFrame, existing: DataFrame | None, columns: list[str], soft_deletes: bool = False) -> DataFrame:
+def copies(
+    nets: DataFrame, existing: DataFrame | None, columns: list[str], soft_deletes: bool = False, reset: bool = False
+) -> DataFrame:
     """One row per copy to write (``_action`` insert, or delete: under soft deletes, marking it deleted),
     from the images' net changes (:func:`net_changes`) and the ``existing`` table (None: empty, after a
     truncate under hard deletes; under soft ones a truncate's table has no live copies, and all count)."""
@@ -218,7 +220,12 @@ def copies(nets: DataFrame, existing: DataFrame | None, columns: list[str], soft
         counted = nets.withColumns({"_live": F.lit(0), "_have": F.lit(0)})
     else:
         # Copies 1..n: live ones first, then the soft-deleted ones.
-        live = F.count(F.when(F.col(DELETED_AT).isNull(), 1)) if DELETED_AT in existing.columns else F.max(COPY)
+        if reset:  # after a truncate every stored copy is deleted, and stays counted
+            live = F.lit(0)
+        elif DELETED_AT in existing.columns:
+            live = F.count(F.when(F.col(DELETED_AT).isNull(), 1))
+        else:
+            live = F.max(COPY)
         have = (
             existing.join(nets.select(ROW_HASH), ROW_HASH, "left_semi")
             .groupBy(ROW_HASH)
@@ -394,11 +401,9 @@ def merge_keyless_changes(
         images = typed_images(images, image)
         if soft or not reset:  # soft-deleted copies stay counted after a reset
             existing = spark.read.format("delta").load(location)
-            if reset:
-                existing = existing.withColumn(DELETED_AT, F.current_timestamp())
         version = (applied[-1] if applied else 0) + 1
         nets = net_changes(images, image.names, soft)
-        merge_keyless(spark, location, copies(nets, existing, image.names, soft), reset, version, soft)
+        merge_keyless(spark, location, copies(nets, existing, image.names, soft, reset), reset, version, soft)
         commit_lsn, lsn, offset = mark.last
         write_applied(spark, applied_at, commit_lsn, lsn, offset, version)
     finally:
