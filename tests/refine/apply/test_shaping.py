@@ -368,3 +368,58 @@ def test_a_shaped_table_follows_postgres(
     assert {r.id: r.balance for r in live.collect()} == {
         i: hashlib.sha256(str(source[i]).encode()).hexdigest() for i in (a, b, c)
     }
+
+
+def test_a_shaped_table_follows_alters_widening_and_dropping_its_columns(
+    spark, kafka, stack_config, postgres_connector, tmp_path, unique_name, land_and_refine
+):
+    """A masked, filtered, computed table under `smallint -> integer` and a DROP COLUMN (the lenient policy:
+    widen, keep the dropped column NULL in later rows), compared with Postgres read back."""
+    import psycopg
+
+    from cdc.stack.postgres import add_to_publication
+    from refine.config import refined_table_location
+
+    dsn, warehouse, table = stack_config.postgres.dsn(), str(tmp_path), f"shop.{unique_name}"
+    topic = f"{postgres_connector.topic_prefix}.{table}"
+    shape = {
+        "except_columns": ["note"],
+        "mask": {"email": "sha256"},
+        "computed": {"big": "n > 100"},
+        "where": "n > 0",
+    }
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, n smallint, email text, note text, tag text)")
+        add_to_publication(conn, postgres_connector.name, table)
+        conn.execute(f"INSERT INTO {table} VALUES (1, 5, 'a@x', 'n', 't1'), (2, -1, 'b@x', 'n', 't2')")
+
+    def refined_equals_postgres(marker: bytes, dropped: bool) -> None:
+        kafka.wait_for_last_value(topic, lambda value: value is not None and marker in value)
+        with psycopg.connect(dsn) as conn:
+            columns = "id, n, email" + ("" if dropped else ", tag")
+            source = conn.execute(f"SELECT {columns} FROM {table} WHERE n > 0").fetchall()
+        expected = {
+            r[0]: (r[1], hashlib.sha256(r[2].encode()).hexdigest(), r[1] > 100, None if dropped else r[3])
+            for r in source
+        }
+        for _ in range(2):  # a rerun changes nothing
+            land_and_refine(warehouse, topic, shape=shape)
+            refined = spark.read.format("delta").load(refined_table_location(warehouse, topic))
+            assert "note" not in refined.columns
+            got = {r.id: (r.n, r.email, r.big, r.tag) for r in refined.collect()}
+            assert got == expected, (got, expected)
+
+    refined_equals_postgres(b'"t2"', dropped=False)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"ALTER TABLE {table} ALTER COLUMN n TYPE integer")
+        conn.execute(f"UPDATE {table} SET n = 2 WHERE id = 2")  # now matches `where`
+        conn.execute(f"INSERT INTO {table} VALUES (3, 70000, 'c@x', 'n', 't3')")
+    refined_equals_postgres(b'"t3"', dropped=False)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"ALTER TABLE {table} DROP COLUMN tag")
+        conn.execute(f"UPDATE {table} SET email = 'new@x' WHERE id = 1")
+        conn.execute(f"UPDATE {table} SET email = 'c2@x' WHERE id = 3")
+        conn.execute(f"UPDATE {table} SET email = 'b2@x', n = 3 WHERE id = 2")
+    refined_equals_postgres(b'"b2@x"', dropped=True)
+    types = dict(spark.read.format("delta").load(refined_table_location(warehouse, topic)).dtypes)
+    assert types["n"] == "int"  # widened
