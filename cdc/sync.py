@@ -16,13 +16,15 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable, Collection
+from datetime import UTC, datetime
+from functools import partial
 from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 from pyspark.sql import SparkSession
 
-from cdc.core.config import AvailableNow, _Strict
-from cdc.core.streaming import JobThreads
+from cdc.core.config import AvailableNow, Continuous, _Strict
+from cdc.core.streaming import JobThreads, LandingNews
 from cdc.core.tables import has_landed_data, is_delta_table, raw_table_location
 from cdc.pipeline.config import JsonEvents, Pipeline
 from cdc.pipeline.database import has_patterns
@@ -30,8 +32,10 @@ from cdc.pipeline.run import TABLE_RESCAN_S, PipelineRefineConfig, landed_topics
 from cdc.raw.config import RawJobConfig, TopicList, TopicPattern
 from cdc.raw.job import TopicSummary, run_raw_job
 from refine.config import RefineRun
-from refine.job import RefineJobConfig, run_refine_job
+from refine.event_log import EventLog
+from refine.job import RefineJobConfig, fail_if_quarantined, run_refine_job, summarize_run
 from refine.records.schemas import infers_schema
+from refine.tables_loop import RefineLoop
 
 
 class TopicsRefinement(_Strict):
@@ -118,25 +122,32 @@ def run_sync_job(
 
     if isinstance(config.raw.trigger, AvailableNow):
         landed = run_raw_job(spark, config.raw, say_whole, stop)
-        for refine in _refinements(spark, config, say_whole, stop, wait=False).values():
+        for refine in _refinements(spark, config, say_whole, stop, None).values():
             if not stop.is_set():
                 refine()
         return landed
     landed = []
     threads = JobThreads(stop)
-    threads.start("raw", lambda: landed.extend(run_raw_job(spark, config.raw, say_whole, stop)))
-    for name, refine in _refinements(spark, config, say_whole, stop).items():
+    # The landing tells a whole database's refinement which raw tables it wrote (refine/tables_loop.py).
+    landing = LandingNews()
+    threads.start("raw", lambda: landed.extend(run_raw_job(spark, config.raw, say_whole, stop, landing)))
+    for name, refine in _refinements(spark, config, say_whole, stop, landing).items():
         threads.start(f"refine {name}", refine)
     threads.join()
     return landed
 
 
 def _refinements(
-    spark: SparkSession, config: SyncJobConfig, say: Callable[[str], None], stop: threading.Event, wait: bool = True
+    spark: SparkSession,
+    config: SyncJobConfig,
+    say: Callable[[str], None],
+    stop: threading.Event,
+    landing: LandingNews | None,
 ) -> dict[str, Callable[[], object]]:
     """Each refinement, by name, as a call that first waits (until ``stop``) for the raw tables it reads.
-    Without ``wait`` (after a landing run once) it starts at once: a table still missing or empty is
-    the refinement's own clear error, not a wait that never ends."""
+    Without a ``landing`` beside it (after a landing run once) it starts at once: a table still missing or empty
+    is the refinement's own clear error, not a wait that never ends."""
+    wait = landing is not None
 
     def once_landed(
         topics: list[str], refine: Callable[[], object], with_rows: Collection[str] = ()
@@ -161,7 +172,7 @@ def _refinements(
 
     match config.refine:
         case PipelineRefinement(pipeline=pipeline, run=run):
-            refine_all = lambda: run_pipeline_refine(spark, pipeline, run, say, stop)  # noqa: E731
+            refine_all = lambda: run_pipeline_refine(spark, pipeline, run, say, stop, landing)  # noqa: E731
             # An event source without a schema has it inferred from its first rows (refine/records/schemas.py).
             inferred = [
                 source.topic
@@ -171,15 +182,13 @@ def _refinements(
             ]
             return {pipeline.name: once_landed(config.refined_topics, refine_all, inferred)}
         case TopicsRefinement(jobs=jobs, each=each):
-
-            def refine_one(job: RefineJobConfig) -> Callable[[], object]:
-                return lambda: run_refine_job(spark, job, say, stop)
-
             if each is not None:
                 assert isinstance(config.raw.topics, TopicPattern)  # checked by SyncJobConfig
                 pattern = config.raw.topics.pattern
-                return {pattern: lambda: _refine_each_landed(spark, pattern, each, refine_one, stop, wait)}
-            return {job.target: once_landed([job.table], refine_one(job)) for job in jobs}
+                return {pattern: lambda: _refine_each_landed(spark, pattern, each, say, stop, landing)}
+            return {
+                job.target: once_landed([job.table], partial(run_refine_job, spark, job, say, stop)) for job in jobs
+            }
     raise AssertionError(f"unknown refinement {config.refine!r}")
 
 
@@ -191,25 +200,35 @@ def _refine_each_landed(
     spark: SparkSession,
     pattern: str,
     each: RefineJobConfig,
-    refine_one: Callable[[RefineJobConfig], Callable[[], object]],
+    say: Callable[[str], None],
     stop: threading.Event,
-    continuous: bool,
+    landing: LandingNews | None,
 ) -> None:
-    """Refine every landed topic ``pattern`` matches with ``each``'s settings: run once, those landed now, one
-    after the other; continuously, each in a thread of its own, and those landed later as they come, until
-    ``stop`` (the first failure sets it and is raised)."""
+    """Refine every landed topic ``pattern`` matches with ``each``'s settings (its `table` replaced by the topic),
+    all in one loop (refine/tables_loop.py): run once, those landed now; continuously, those landed later too
+    (looked for every ``TABLE_RESCAN_S``), until ``stop``."""
     regex = re.compile(pattern)
-    threads = JobThreads(stop)
+    since = datetime.now(UTC)
+    continuous = isinstance(each.trigger, Continuous)
     started: set[str] = set()
-    while True:
+
+    def new_tables() -> list[RefineJobConfig]:
         landed = [t for t in landed_topics(spark, each.warehouse, started) if regex.fullmatch(t) and t not in started]
-        for topic in landed:
-            started.add(topic)
-            job = refine_one(each.model_copy(update={"table": topic}))
-            if continuous:
-                threads.start(f"refine {topic}", job)
-            elif not stop.is_set():
-                job()
-        if not continuous or stop.wait(TABLE_RESCAN_S):
-            break
-    threads.join()
+        started.update(landed)
+        return [each.model_copy(update={"table": topic}) for topic in landed]
+
+    with EventLog.of(each.warehouse).kept_flushed(spark, continuous) as events:
+        loop = RefineLoop(
+            spark,
+            each.trigger,
+            say,
+            stop,
+            events=events,
+            told_what_landed=landing is not None,
+            discover=new_tables,
+            discover_every_s=TABLE_RESCAN_S,
+        )
+        if landing is not None:
+            landing.listen(loop.landed)
+        changes = loop.run()
+    fail_if_quarantined(each, summarize_run(spark, each.warehouse, changes, since, say, stop))

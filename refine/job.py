@@ -27,7 +27,7 @@ from cdc.core.config import Continuous, Trigger
 from cdc.core.errors import CdcError, QuarantineError, StreamError, TableError
 from cdc.core.storage import Storage
 from cdc.core.streaming import ProgressLine, ProgressReports, ending_on_request, failure, stop_queries, with_trigger
-from cdc.core.tables import delta_properties, is_delta_table, raw_table_location, raw_table_topic
+from cdc.core.tables import delta_properties, is_delta_table, raw_table_location, raw_table_topic, table_version
 from refine.batch import RefineBatch
 from refine.config import RefineJobConfig, RefineRun, refined_table_location
 from refine.event_log import EventLog
@@ -36,6 +36,7 @@ from refine.progress import (
     record_tables,
     refine_checkpoint_location,
     refined_table_status,
+    streaming_start,
 )
 from refine.quality.expectations import expectation_failures_since
 from refine.quality.quarantine import quarantine_location, quarantined_since
@@ -70,12 +71,14 @@ def start_refine_query(
     if raw_table_topic(spark, raw) is None:
         raise TableError("no raw table for this topic: run `cdc raw` first", table=raw)
     checkpoint = refine_checkpoint_location(warehouse, name)
-    record_tables(Storage(spark), warehouse, name, raw, refined_table_location(warehouse, name))
-    starting = (
-        0
-        if Storage(spark).exists(checkpoint)
-        else starting_raw_version(spark, refined_table_location(warehouse, name), raw)
-    )
+    storage = Storage(spark)
+    record_tables(storage, warehouse, name, raw, refined_table_location(warehouse, name))
+    if (after_loop := streaming_start(storage, warehouse, name)) is not None:  # refined by the loop so far
+        starting = min(after_loop, table_version(spark, raw))  # Delta refuses a start after the last version
+    elif storage.exists(checkpoint):
+        starting = 0  # resumed from the checkpoint's offsets
+    else:
+        starting = starting_raw_version(spark, refined_table_location(warehouse, name), raw)
     writer = (
         spark.readStream.format("delta")
         .option("readChangeFeed", "true")

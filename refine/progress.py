@@ -4,6 +4,11 @@ A refine query records, at ``<warehouse>/_cdc/refine/<name>.json``, which raw ta
 refined table it writes (when it starts) and its last failure (when a batch fails). With its streaming
 checkpoint (``offsets/<batch>`` holds the raw table's Delta version the batch read up to, ``commits/<batch>``
 exists once the batch committed), that is all ``cdc status`` needs: no query runs for it.
+
+Tables refined by one loop instead (:mod:`refine.tables_loop`) keep where they are in a marker in that
+checkpoint's folder (:class:`RefinedUpTo`). The two hand over there: the loop takes a checkpoint's committed
+batches (newer than any marker, since the loop removes them when it takes over) into its marker, and a
+streaming query started later begins after the marker's version.
 """
 
 from __future__ import annotations
@@ -27,6 +32,69 @@ def progress_location(warehouse: str, name: str) -> str:
 
 def refine_checkpoint_location(warehouse: str, name: str) -> str:
     return f"{warehouse}/_cdc/checkpoints/refine/{name}"
+
+
+def marker_location(warehouse: str, name: str) -> str:
+    return f"{refine_checkpoint_location(warehouse, name)}/refined-up-to.json"
+
+
+@dataclass(frozen=True)
+class RefinedUpTo:
+    """Where a table refined by the loop is: its last batch done and the raw version it refined through (-1:
+    none), and a batch begun and not done (the next id, over the raw versions up to ``begun_to``): after a crash
+    it runs again over the same versions with the same id, as a streaming query replays its planned batch."""
+
+    batch: int
+    raw_version: int
+    begun_to: int | None = None
+
+
+def read_marker(storage: Storage, warehouse: str, name: str) -> RefinedUpTo | None:
+    location = marker_location(warehouse, name)
+    try:
+        return RefinedUpTo(**json.loads(storage.read_text(location))) if storage.exists(location) else None
+    except (ValueError, TypeError):
+        return None  # a torn write: the checkpoint's batches or the start decide, and replays are harmless
+
+
+def write_marker(storage: Storage, warehouse: str, name: str, marker: RefinedUpTo) -> None:
+    storage.write_text(marker_location(warehouse, name), json.dumps(asdict(marker)))
+
+
+def committed_batches(storage: Storage, checkpoint: str) -> list[int]:
+    """The micro-batches a refine query's checkpoint holds as committed."""
+    return [int(batch) for batch in storage.list_names(f"{checkpoint}/commits") if batch.isdigit()]
+
+
+def take_over(storage: Storage, warehouse: str, name: str, rebuilt_from: int | None) -> RefinedUpTo:
+    """Where the loop starts refining table ``name``: a streaming query's last committed batch (its offsets and
+    commits are then removed, so that a query started later begins after the marker, not at its old offsets),
+    else the loop's own marker, else after the raw version a rebuild made the table from (``rebuilt_from``),
+    else at the start."""
+    checkpoint = refine_checkpoint_location(warehouse, name)
+    if batches := committed_batches(storage, checkpoint):
+        last = max(batches)
+        up_to = _read_up_to(storage, checkpoint, last)
+        marker = RefinedUpTo(last, -1 if up_to is None else up_to)
+        write_marker(storage, warehouse, name, marker)
+    elif (kept := read_marker(storage, warehouse, name)) is not None:
+        marker = kept
+    else:
+        marker = RefinedUpTo(-1, -1 if rebuilt_from is None else rebuilt_from)
+    for folder in ("offsets", "commits"):  # a batch planned and not committed is replayed by the loop's marker
+        if storage.exists(f"{checkpoint}/{folder}"):
+            storage.delete(f"{checkpoint}/{folder}")
+    return marker
+
+
+def streaming_start(storage: Storage, warehouse: str, name: str) -> int | None:
+    """The raw version after the loop's marker, where a new streaming query of table ``name`` starts (None: no
+    marker, or the checkpoint holds batches of a query, which resumes from them)."""
+    checkpoint = refine_checkpoint_location(warehouse, name)
+    if storage.exists(f"{checkpoint}/offsets") and storage.list_names(f"{checkpoint}/offsets"):
+        return None
+    marker = read_marker(storage, warehouse, name)
+    return None if marker is None else marker.raw_version + 1
 
 
 @dataclass(frozen=True)
@@ -101,14 +169,15 @@ def _status(
     freshness: TableFreshness | None = None,
 ) -> RefinedTableStatus:
     checkpoint = refine_checkpoint_location(warehouse, name)
-    batches = [int(batch) for batch in storage.list_names(f"{checkpoint}/commits") if batch.isdigit()]
+    batches = committed_batches(storage, checkpoint)
     last_batch = max(batches) if batches else None
     raw_version = None if last_batch is None else _read_up_to(storage, checkpoint, last_batch)
+    last_commit = f"{checkpoint}/commits/{last_batch}"
+    if last_batch is None and (marker := read_marker(storage, warehouse, name)) is not None and marker.batch >= 0:
+        last_batch, raw_version, last_commit = marker.batch, marker.raw_version, marker_location(warehouse, name)
     failure = document.get("last_error")
     last_error = None
-    if failure and (
-        last_batch is None or _after(failure["at"], storage.last_modified(f"{checkpoint}/commits/{last_batch}"))
-    ):
+    if failure and (last_batch is None or _after(failure["at"], storage.last_modified(last_commit))):
         last_error = RefineFailure(**failure)  # no batch has committed since
     return RefinedTableStatus(
         name=name,

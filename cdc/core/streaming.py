@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -185,3 +185,24 @@ class ProgressReports:
         if fresh:
             self.last = fresh[0]["timestamp"]
         return fresh[::-1]
+
+
+class LandingNews:
+    """What a landing writes, told as it goes to the refinements of the same process (`cdc sync`): they look
+    at a raw table when it has new rows instead of at every table each trigger."""
+
+    def __init__(self) -> None:
+        self._listeners: list[Callable[[Collection[str]], None]] = []
+        self._lock = threading.Lock()
+
+    def listen(self, listener: Callable[[Collection[str]], None]) -> None:
+        """Call ``listener`` with the topics of each batch landed from now on."""
+        with self._lock:
+            self._listeners.append(listener)
+
+    def tell(self, topics: Collection[str]) -> None:
+        """The landing appended rows of ``topics`` to their raw tables."""
+        with self._lock:
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener(topics)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Collection
 from datetime import UTC, datetime
-from functools import partial
 
 from pydantic import Field
 from pyspark.sql import SparkSession
@@ -23,7 +22,7 @@ from pyspark.sql.streaming import StreamingQuery
 from cdc.core.config import AvailableNow, Continuous, KafkaConnection, Trigger, checked
 from cdc.core.errors import ConfigError
 from cdc.core.storage import Storage
-from cdc.core.streaming import JobThreads, stop_queries
+from cdc.core.streaming import JobThreads, LandingNews, stop_queries
 from cdc.core.tables import TableFeatures, is_delta_table
 from cdc.pipeline.business import BusinessTableConfig, run_business_tables
 from cdc.pipeline.checks import expanded_pipeline, table_names
@@ -50,6 +49,7 @@ from refine.event_log import EventLog
 from refine.job import fail_if_quarantined, start_refine_query, summarize_run, watch_refine_queries
 from refine.quality.expectations import Expectation
 from refine.rebuild import rebuild_refined_table
+from refine.tables_loop import RefineLoop
 
 RefineJob = RefineJobConfig | EventsRefineJobConfig
 
@@ -253,21 +253,17 @@ def landed_topics(spark: SparkSession, warehouse: str, known: Collection[str] = 
     return [t for t in storage.list_names(raw) if t in known or is_delta_table(spark, f"{raw}/{t}")]
 
 
-def _refine_new_tables(
-    spark: SparkSession,
-    declared: Pipeline,
-    config: PipelineRefineConfig,
-    started: Pipeline,
-    refine: Callable[[list[RefineJob]], None],
-    threads: JobThreads,
-    say: Callable[[str], None],
-) -> None:
-    """Until ``threads.stop``: every ``TABLE_RESCAN_S``, the tables of ``declared``'s patterns landed since
-    (not in ``started``) are refined, each new group of them in a thread of ``threads``. A new topic the
-    pipeline cannot take (its name collides) is said once, and the tables refined go on."""
-    known, said = set(started.refined), set()
+def _new_tables(
+    spark: SparkSession, declared: Pipeline, config: PipelineRefineConfig, known: set[str], say: Callable[[str], None]
+) -> Callable[[], list[RefineJobConfig]]:
+    """The jobs of the tables of ``declared``'s patterns landed since the last call (not in ``known``, which it
+    adds them to), for :class:`RefineLoop`'s ``discover``. A new topic the pipeline cannot take (its name
+    collides) is said once, and the tables refined go on."""
+    said: set[str] = set()
     landed: list[str] = []
-    while not threads.stop.wait(TABLE_RESCAN_S):
+
+    def new() -> list[RefineJobConfig]:
+        nonlocal landed
         landed = landed_topics(spark, config.warehouse, set(landed))
         try:
             tables = expanded_pipeline(declared, landed)
@@ -275,11 +271,12 @@ def _refine_new_tables(
             if str(error) not in said:
                 said.add(str(error))
                 say(f"cdc: new tables not refined: {error}")
-            continue
-        new = [job for job in refine_jobs(tables, config) if job.target not in known]
-        if new:
-            known |= {job.target for job in new}
-            threads.start(f"refine {', '.join(job.target for job in new)}", partial(refine, new))
+            return []
+        jobs = [job for job in refine_jobs(tables, config) if job.target not in known]
+        known.update(job.target for job in jobs)
+        return [job for job in jobs if isinstance(job, RefineJobConfig)]  # patterns are Debezium sources'
+
+    return new
 
 
 def business_location(warehouse: str, name: str) -> str:
@@ -332,9 +329,11 @@ def run_pipeline_refine(
     config: PipelineRefineConfig,
     say: Callable[[str], None] = print,
     stop: threading.Event | None = None,
+    landing: LandingNews | None = None,
 ) -> dict[str, int]:
     """Refine every refined table of the pipeline and refresh its business tables; return the
-    records each refined table read.
+    records each refined table read. ``landing``: what a landing in this process writes (`cdc sync`), so that
+    a whole database's tables are looked at only when they have changes.
 
     Run once (available now), the tables are refined one after the other, then the business tables
     are refreshed in dependency order; continuously, all refined tables at once and each business
@@ -351,7 +350,11 @@ def run_pipeline_refine(
                 rebuild_refined_table(spark, job, say)
     business = business_tables(pipeline, config.warehouse)
     once = isinstance(config.trigger, AvailableNow)
-    groups = [[job] for job in jobs] if once else [jobs]
+    # With patterns (a whole database), the Debezium tables are refined by one loop; others by a query each.
+    discovering = has_patterns(declared)
+    looped = [job for job in jobs if discovering and isinstance(job, RefineJobConfig)]
+    streamed = [job for job in jobs if not (discovering and isinstance(job, RefineJobConfig))]
+    groups = [[job] for job in streamed] if once else [streamed] if streamed else []
     # Run continuously, each business table is refreshed on its own interval in a thread until ``stop``.
     threads = JobThreads(stop)
 
@@ -376,17 +379,35 @@ def run_pipeline_refine(
                 raise
             counts.update(watch_refine_queries(queries, say, stop, batches, config.warehouse))
 
-        discovering = has_patterns(declared) and not once
+        loop = None
         if discovering:  # tables created at the source while this runs are refined once landed
-            threads.start(
-                "refine new tables", lambda: _refine_new_tables(spark, declared, config, pipeline, refine, threads, say)
+            loop = RefineLoop(
+                spark,
+                config.trigger,
+                say,
+                stop,
+                events=events,
+                told_what_landed=landing is not None,
+                discover=None if once else _new_tables(spark, declared, config, {job.target for job in jobs}, say),
+                discover_every_s=TABLE_RESCAN_S,
             )
+            for job in looped:
+                loop.add(job)
+            if landing is not None:
+                landing.listen(loop.landed)
+            if not once:
+                threads.start("refine loop", loop.run)
         try:
             for group in groups:
                 refine(group)
-            if discovering:
-                threads.join()  # until stopped, or a table's refinement fails
+            if loop is not None:
+                if once and not stop.is_set():
+                    loop.run()
+                elif not once:
+                    threads.join()  # until stopped, or a table's refinement fails
         finally:
+            if loop is not None:
+                counts.update(loop.changes())
             if threads.threads:
                 stop.set()
                 threads.join()

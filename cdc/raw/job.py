@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from cdc.core.config import Continuous
-from cdc.core.errors import OffsetGapError, SourceError, StreamError, TableError
+from cdc.core.errors import OffsetGapError, TableError
 from cdc.core.source import KafkaTopics
 from cdc.core.storage import Storage
-from cdc.core.streaming import ProgressLine, ProgressReports, ending_on_request, failure, stop_queries, with_trigger
+from cdc.core.streaming import LandingNews, ProgressLine, ProgressReports, ending_on_request, stop_queries, with_trigger
 from cdc.core.tables import (
     RESET_ALLOWED_PROPERTY,
     checkpoint_location,
@@ -30,15 +28,15 @@ from cdc.core.tables import (
     raw_table_location,
     raw_table_topic,
 )
+from cdc.raw.by_pattern import land_by_pattern
 from cdc.raw.checkpoint import batch_end_offsets, committed_offsets
 from cdc.raw.commits import batch_marker, last_landed_batch
-from cdc.raw.config import GapPolicy, RawJobConfig, TopicList
+from cdc.raw.config import GapPolicy, RawJobConfig, TopicPattern
 from cdc.raw.gaps import find_gaps, record_gaps
+from cdc.raw.reader import kafka_stream, raise_landing_failure
 from cdc.raw.rows import raw_rows
+from cdc.raw.summary import TopicSummary
 from cdc.raw.table import create_raw_table
-
-# With a pattern, a continuous run looks for new matching topics this often.
-TOPIC_RESCAN_S = 30.0
 
 
 @dataclass
@@ -56,27 +54,20 @@ class TopicRun:
         self.reports = ProgressReports(self.query)
 
 
-@dataclass(frozen=True)
-class TopicSummary:
-    """What one run landed of one topic: its raw table, the records appended and the micro-batches.
-
-    Example::
-
-        for summary in run_raw_job(spark, config):  # or Lakehouse(...).land([...])
-            print(f"{summary.topic}: {summary.rows} records in {summary.batches} batches -> {summary.table}")
-    """
-
-    topic: str
-    table: str
-    rows: int
-    batches: int
-
-
 class LandBatch:
     """The foreachBatch function: one micro-batch of Kafka records appended to the raw table."""
 
-    def __init__(self, config: RawJobConfig, topic: str, table: str, checkpoint: str, new_table: bool = False) -> None:
+    def __init__(
+        self,
+        config: RawJobConfig,
+        topic: str,
+        table: str,
+        checkpoint: str,
+        new_table: bool = False,
+        landing: LandingNews | None = None,
+    ) -> None:
         self.config = config
+        self.landing = landing  # told what each batch landed
         self.topic = topic
         self.table = table
         self.checkpoint = checkpoint
@@ -107,16 +98,8 @@ class LandBatch:
             if landed is None:  # a table landed without markers: Delta's idempotent write decides
                 writer = writer.option("txnAppId", f"cdc-raw-{query_id}").option("txnVersion", batch_id)
         writer.save(self.table)
-
-
-def resolve_topics(config: RawJobConfig, kafka: KafkaTopics) -> list[str]:
-    if isinstance(config.topics, TopicList):
-        kafka.require(config.topics.topics)
-        return list(config.topics.topics)
-    matching = kafka.matching(config.topics.pattern)
-    if not matching:
-        raise SourceError("no topic matches the pattern", pattern=config.topics.pattern)
-    return matching
+        if self.landing is not None:
+            self.landing.tell([self.topic])
 
 
 def prepare_topic(spark: SparkSession, config: RawJobConfig, kafka: KafkaTopics, topic: str) -> tuple[str, str, bool]:
@@ -160,31 +143,18 @@ def prepare_topic(spark: SparkSession, config: RawJobConfig, kafka: KafkaTopics,
 
 
 def start_query(
-    spark: SparkSession, config: RawJobConfig, topic: str, table: str, checkpoint: str, new_table: bool
+    spark: SparkSession,
+    config: RawJobConfig,
+    topic: str,
+    table: str,
+    checkpoint: str,
+    new_table: bool,
+    landing: LandingNews | None = None,
 ) -> StreamingQuery:
-    reader = (
-        spark.readStream.format("kafka")
-        # Larger fetches: on loopback these read ~1 KB records ~40% faster than Kafka's defaults.
-        .option("kafka.max.partition.fetch.bytes", str(16 << 20))
-        .option("kafka.fetch.max.bytes", str(64 << 20))
-        # With Kafka's default fetch.max.wait.ms (500 ms), a task reading a few records spent ~0.5 s
-        # of its ~0.55 s idle, waiting out a fetch the broker held open for want of newer records:
-        # reading one record took ~0.65 s, ~0.15 s with 10 ms. A fetch with records returns at once.
-        .option("kafka.fetch.max.wait.ms", "10")
-        .options(**config.kafka.spark_options())
-        .option("subscribe", topic)
-        .option("startingOffsets", "earliest")
-        .option("includeHeaders", "true")
-        .option("failOnDataLoss", str(config.on_gap is GapPolicy.FAIL).lower())
-        # Split large partitions into several tasks so every core writes, even for one partition.
-        .option("minPartitions", spark.sparkContext.defaultParallelism)
-    )
-    if config.max_offsets_per_trigger:
-        reader = reader.option("maxOffsetsPerTrigger", config.max_offsets_per_trigger)
     writer = (
-        reader.load()
+        kafka_stream(spark, config, subscribe=topic)
         .writeStream.queryName(f"raw {topic}")
-        .foreachBatch(LandBatch(config, topic, table, checkpoint, new_table))
+        .foreachBatch(LandBatch(config, topic, table, checkpoint, new_table, landing))
         .option("checkpointLocation", checkpoint)
     )
     return with_trigger(writer, config.trigger).start()
@@ -241,8 +211,10 @@ def run_raw_job(
     config: RawJobConfig,
     say: Callable[[str], None] = print,
     stop: threading.Event | None = None,
+    landing: LandingNews | None = None,
 ) -> list[TopicSummary]:
-    """Land the configured topics; return what each landed.
+    """Land the configured topics; return what each landed. Topics by pattern are landed by one query
+    (:mod:`cdc.raw.by_pattern`), topics by name by a query each. ``landing`` is told the topics of each batch.
 
     A continuous run goes on until ``stop`` is set (the CLI sets it on SIGINT and SIGTERM); then
     the queries stop, and a micro-batch cut short is replayed by the next run.
@@ -253,42 +225,11 @@ def run_raw_job(
         run_raw_job(spark, config, stop=stop_event)  # continuous until stop_event is set
     """
     stop = stop or threading.Event()
-    kafka = KafkaTopics(config.kafka)
     Storage(spark).ensure_writable(config.warehouse)
-    runs: dict[str, TopicRun] = {}
-
-    def start(topic: str) -> None:
-        table, checkpoint, new_table = prepare_topic(spark, config, kafka, topic)
-        runs[topic] = TopicRun(topic, table, start_query(spark, config, topic, table, checkpoint, new_table))
-        say(f"raw {topic} -> {table}")
-
-    try:
-        with ending_on_request(stop):
-            for topic in resolve_topics(config, kafka):
-                start(topic)
-            last_scan = time.monotonic()
-            while any(run.query.isActive for run in runs.values()) and not stop.is_set():
-                for run in runs.values():
-                    # (a timeout in seconds, any number: pyspark's annotation says int)
-                    run.query.awaitTermination(0.5)  # type: ignore[arg-type]
-                    _raise_failure(run, config)
-                    for line in progress_lines(run):
-                        say(line)
-                if (
-                    isinstance(config.trigger, Continuous)
-                    and not isinstance(config.topics, TopicList)
-                    and time.monotonic() - last_scan > TOPIC_RESCAN_S
-                ):
-                    for topic in set(resolve_topics(config, kafka)) - runs.keys():
-                        start(topic)
-                    last_scan = time.monotonic()
-            for run in runs.values():
-                _raise_failure(run, config)
-                for line in progress_lines(run):
-                    say(line)
-    finally:
-        stop_queries([run.query for run in runs.values()], stop, say)
-    summaries = [TopicSummary(run.topic, run.table, run.rows, run.batches) for run in runs.values()]
+    if isinstance(config.topics, TopicPattern):
+        summaries = land_by_pattern(spark, config, say, stop, landing)
+    else:
+        summaries = _land_each(spark, config, config.topics.topics, say, stop, landing)
     for summary in summaries:
         say(
             f"raw {summary.topic}: landed {summary.rows:,} records in {summary.batches} micro-batches "
@@ -297,16 +238,40 @@ def run_raw_job(
     return summaries
 
 
+def _land_each(
+    spark: SparkSession,
+    config: RawJobConfig,
+    topics: list[str],
+    say: Callable[[str], None],
+    stop: threading.Event,
+    landing: LandingNews | None,
+) -> list[TopicSummary]:
+    """A streaming query per topic."""
+    kafka = KafkaTopics(config.kafka)
+    kafka.require(topics)
+    runs: dict[str, TopicRun] = {}
+    try:
+        with ending_on_request(stop):
+            for topic in topics:
+                table, checkpoint, new_table = prepare_topic(spark, config, kafka, topic)
+                query = start_query(spark, config, topic, table, checkpoint, new_table, landing)
+                runs[topic] = TopicRun(topic, table, query)
+                say(f"raw {topic} -> {table}")
+            while any(run.query.isActive for run in runs.values()) and not stop.is_set():
+                for run in runs.values():
+                    # (a timeout in seconds, any number: pyspark's annotation says int)
+                    run.query.awaitTermination(0.5)  # type: ignore[arg-type]
+                    _raise_failure(run, config)
+                    for line in progress_lines(run):
+                        say(line)
+            for run in runs.values():
+                _raise_failure(run, config)
+                for line in progress_lines(run):
+                    say(line)
+    finally:
+        stop_queries([run.query for run in runs.values()], stop, say)
+    return [TopicSummary(run.topic, run.table, run.rows, run.batches) for run in runs.values()]
+
+
 def _raise_failure(run: TopicRun, config: RawJobConfig) -> None:
-    message = failure(run.query, config.kafka.secrets())
-    if message is None:
-        return
-    first_line = message.splitlines()[0]
-    if "data may have been lost" in message or "data loss" in message.lower():
-        raise OffsetGapError(
-            f"Kafka no longer holds offsets the raw table has not landed: {first_line}; "
-            "rerun with --allow-gaps to continue and record the gap",
-            topic=run.topic,
-            table=run.table,
-        )
-    raise StreamError(f"the raw stream stopped: {first_line}", topic=run.topic, table=run.table)
+    raise_landing_failure(run.query, config, topic=run.topic, table=run.table)

@@ -311,12 +311,12 @@ def test_a_whole_database_is_kept_by_one_sync_and_a_table_created_meanwhile_join
     by the template, with its own keys; a table created while the sync runs is landed and refined without a
     restart (the shipped connector publishes new tables); compared with Postgres read back."""
     import cdc.pipeline.run
-    import cdc.raw.job
+    import cdc.raw.by_pattern
     from cdc.stack.postgres import remove_connector
     from connectors import definitions
     from connectors.client import ConnectClient
 
-    monkeypatch.setattr(cdc.raw.job, "TOPIC_RESCAN_S", 2.0)  # new topics found sooner than a service's 30 s
+    monkeypatch.setattr(cdc.raw.by_pattern, "TOPIC_RESCAN_S", 2.0)  # new topics found sooner than a service's 30 s
     monkeypatch.setattr(cdc.pipeline.run, "TABLE_RESCAN_S", 1.0)
     dsn, warehouse, schema = stack_config.postgres.dsn(), str(tmp_path), f"s_{unique_name}"
     tables = ["alpha", "beta", "gamma"]
