@@ -13,6 +13,8 @@ schema, and starts one `cdc sync --pattern` over its topics as a user runs it. P
   refined table (the table's first commit at or after the row's `_cdc_refined_at`), and the rows that
   never arrived within a minute after the last commit;
 - the job's peak resident memory (its Python and its JVM) and CPU seconds over the steady part;
+- where the refinement's time went, from the job's event log (`_cdc/events`): refine batches, their seconds
+  (p50, p95, sum) and Spark jobs per batch;
 - the floor: one bare Delta MERGE of one row into each of the refined tables, one after the other, from
   this process's Spark session, as the time it takes (what refining every table once costs at least).
 
@@ -41,7 +43,7 @@ from pyspark.sql import functions as F
 
 from cdc.core.config import Settings, load_settings
 from cdc.core.session import build_spark_session
-from cdc.core.tables import is_delta_table
+from cdc.core.tables import is_delta_table, table_version
 from cdc.stack.local import stack_for_a_run
 from connectors import definitions
 from connectors.client import ConnectClient
@@ -73,6 +75,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=2.0, help="commits per second, over all tables")
     parser.add_argument("--seconds", type=float, default=120.0, help="how long commits are made")
     parser.add_argument("--trigger-interval", type=float, default=1.0, help="the job's trigger interval")
+    parser.add_argument("--log", type=Path, help="keep the job's output here")
     args = parser.parse_args()
     settings = load_settings()
     with stack_for_a_run(settings.stack):
@@ -128,13 +131,19 @@ def measure(args: argparse.Namespace, settings: Settings) -> None:
             last = {
                 t: max(i for (table, i) in committed if table == t) for t in tables if any(c[0] == t for c in committed)
             }
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and not all(has_row(spark, locations[t], i) for t, i in last.items()):
+            deadline, seen = time.monotonic() + 60, dict.fromkeys(last, -1)
+            while last and time.monotonic() < deadline:  # each table looked at again only once its version moved
+                moved = {t for t in last if table_version(spark, locations[t]) != seen[t]}
+                seen.update({t: table_version(spark, locations[t]) for t in moved})
+                last = {t: i for t, i in last.items() if t not in moved or not has_row(spark, locations[t], i)}
                 time.sleep(2)
+            steady = (time.time() - args.seconds - 60, time.time())
         finally:
             sampling.set()
             stop_job(job)
             client.delete(name)
+            if args.log:
+                args.log.write_text((Path(warehouse) / "sync.log").read_text())
         visible = visible_times(spark, locations)
         latencies = [visible[(t, i)] - at for (t, i), at in committed.items() if (t, i) in visible]
         missing = len(committed) - len(latencies)
@@ -147,6 +156,7 @@ def measure(args: argparse.Namespace, settings: Settings) -> None:
             f"peak resident memory {peak[0] / 2**30:.2f} GiB; CPU {cpu_after - cpu_before:.0f} s in the "
             f"{args.seconds:.0f} s of commits"
         )
+        print(refine_breakdown(spark, warehouse, steady))
         floor = merge_floor(spark, locations)
         print(
             f"floor: a bare Delta MERGE of one row into each of the {args.tables} tables, one after the other: "
@@ -156,12 +166,36 @@ def measure(args: argparse.Namespace, settings: Settings) -> None:
         conn.execute(f"DROP SCHEMA {name} CASCADE")
 
 
+def refine_breakdown(spark: SparkSession, warehouse: str, steady: tuple[float, float]) -> str:
+    """The refine batches that ended in the ``steady`` window (epoch seconds), from the event log."""
+    events = [
+        row
+        for row in spark.read.format("delta").load(f"{warehouse}/_cdc/events").collect()
+        if steady[0] <= row.ended_at.timestamp() <= steady[1]
+    ]
+    if not events:
+        return "refine batches: none in the steady part"
+    seconds = [row.seconds for row in events]
+    jobs = [row.spark_jobs for row in events]
+    return (
+        f"refine batches in the steady part: {len(events)}, seconds each p50 {statistics.median(seconds):.2f} "
+        f"p95 {percentile(seconds, 0.95):.2f}, {sum(seconds):.0f} s in all; Spark jobs each p50 "
+        f"{statistics.median(jobs):.0f}"
+    )
+
+
 def wait_until_fresh(
     spark: SparkSession, locations: dict[str, str], rows: int, started: float, timeout_s: float
 ) -> float:
+    """Seconds from ``started`` until each table holds ``rows`` rows (counted again only when its version moved:
+    the polls share the job's cores)."""
     waiting = dict(locations)
+    seen: dict[str, int] = {}
     while waiting:
-        waiting = {t: loc for t, loc in waiting.items() if not has_rows(spark, loc, rows)}
+        versions = {t: table_version(spark, loc) if is_delta_table(spark, loc) else -1 for t, loc in waiting.items()}
+        moved = {t: loc for t, loc in waiting.items() if versions[t] >= 0 and versions[t] != seen.get(t)}
+        seen.update(versions)
+        waiting = {t: loc for t, loc in waiting.items() if t not in moved or not has_rows(spark, loc, rows)}
         if time.monotonic() - started > timeout_s:
             raise SystemExit(f"{len(waiting)} tables not refined within {timeout_s:.0f} s")
         if waiting:

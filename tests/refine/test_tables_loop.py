@@ -1,0 +1,128 @@
+"""Many tables refined by one loop (refine/tables_loop.py), on real Delta tables: each table's new raw versions
+refined once, a table without any left alone, a batch cut short run again as it was, and the hand-over with a
+table's streaming query both ways."""
+
+from __future__ import annotations
+
+import json
+
+from cdc.core.storage import Storage
+from cdc.core.tables import raw_table_location, table_version
+from cdc.raw.rows import raw_rows
+from cdc.raw.table import create_raw_table
+from cdc.stack.envelopes import postgres_envelope
+from refine.config import RefineJobConfig, refined_table_location
+from refine.job import run_refine_job
+from refine.progress import (
+    RefinedUpTo,
+    read_marker,
+    refine_checkpoint_location,
+    refined_table_status,
+    write_marker,
+)
+from refine.tables_loop import RefineLoop
+
+COLUMNS = {"id": "bigint", "name": "string"}
+
+
+def land(spark, warehouse: str, topic: str, changes: list[tuple[str, int, dict | None, dict | None]]) -> int:
+    """Append Debezium envelopes (op, lsn, before, after) of ``topic`` as one landing commit; its raw version."""
+    location = raw_table_location(warehouse, topic)
+    create_raw_table(spark, location, topic)
+    first = spark.read.format("delta").load(location).count()
+    rows = [
+        (
+            json.dumps({"id": (after or before)["id"]}).encode(),
+            json.dumps(postgres_envelope(op, lsn, before=before, after=after)).encode(),
+            topic,
+            0,
+            first + i,
+        )
+        for i, (op, lsn, before, after) in enumerate(changes)
+    ]
+    records = spark.createDataFrame(rows, "key binary, value binary, topic string, partition int, offset long")
+    records = records.selectExpr(
+        "*",
+        "current_timestamp() AS timestamp",
+        "0 AS timestampType",
+        "CAST(NULL AS array<struct<key:string,value:binary>>) AS headers",
+    )
+    raw_rows(records, first).write.format("delta").mode("append").save(location)
+    return table_version(spark, location)
+
+
+def job(warehouse: str, topic: str, trigger: str = "available_now") -> RefineJobConfig:
+    return RefineJobConfig(
+        table=topic, warehouse=warehouse, trigger={"kind": trigger}, columns=COLUMNS, key=["id"], connector="postgres"
+    )
+
+
+def refined(spark, warehouse: str, topic: str) -> list[tuple]:
+    rows = spark.read.format("delta").load(refined_table_location(warehouse, topic)).collect()
+    return sorted((row.id, row.name) for row in rows)
+
+
+def run_loop(spark, warehouse: str, topics: list[str]) -> tuple[dict[str, int], list[str]]:
+    said: list[str] = []
+    loop = RefineLoop(spark, job(warehouse, topics[0]).trigger, said.append)
+    for topic in topics:
+        loop.add(job(warehouse, topic))
+    return loop.run(), said
+
+
+def test_one_loop_refines_each_table_s_new_versions_once_and_leaves_the_others(spark, tmp_path):
+    warehouse = str(tmp_path)
+    topics = [f"demo.shop.t{i}" for i in range(3)]
+    for i, topic in enumerate(topics):
+        land(spark, warehouse, topic, [("c", 10, None, {"id": n, "name": f"{topic}-{n}"}) for n in range(i + 1)])
+    changes, _ = run_loop(spark, warehouse, topics)
+    assert changes == {topic: i + 1 for i, topic in enumerate(topics)}
+    for i, topic in enumerate(topics):
+        assert refined(spark, warehouse, topic) == [(n, f"{topic}-{n}") for n in range(i + 1)]
+
+    # Only t1 moves: a new loop (a new process) refines its new version, and nothing of the others.
+    version = land(spark, warehouse, topics[1], [("u", 20, {"id": 0, "name": "x"}, {"id": 0, "name": "moved"})])
+    changes, said = run_loop(spark, warehouse, topics)
+    assert changes == {topics[0]: 0, topics[1]: 1, topics[2]: 0}
+    assert said == [f"refine {topics[1]} batch 1: 1 changes"]
+    assert refined(spark, warehouse, topics[1]) == [(0, "moved"), (1, f"{topics[1]}-1")]
+    assert read_marker(Storage(spark), warehouse, topics[1]) == RefinedUpTo(1, version)
+    status = refined_table_status(spark, warehouse, topics[1])
+    assert (status.last_batch, status.raw_version, status.behind) == (1, version, 0)
+
+
+def test_a_batch_cut_short_runs_again_over_the_same_versions_with_the_same_id(spark, tmp_path):
+    warehouse, topic = str(tmp_path), "demo.shop.cut"
+    land(spark, warehouse, topic, [("c", 10, None, {"id": 1, "name": "a"})])
+    run_loop(spark, warehouse, [topic])
+    begun = land(spark, warehouse, topic, [("u", 20, {"id": 1, "name": "a"}, {"id": 1, "name": "b"})])
+    # The marker as a crash leaves it: batch 1 begun over the versions up to ``begun``, not done.
+    write_marker(Storage(spark), warehouse, topic, RefinedUpTo(0, begun - 1, begun_to=begun))
+    land(spark, warehouse, topic, [("u", 30, {"id": 1, "name": "b"}, {"id": 1, "name": "c"})])
+    changes, said = run_loop(spark, warehouse, [topic])
+    assert said == [f"refine {topic} batch 1: 1 changes", f"refine {topic} batch 2: 1 changes"]
+    assert changes == {topic: 2}
+    assert refined(spark, warehouse, topic) == [(1, "c")]
+
+
+def test_a_table_hands_over_between_its_streaming_query_and_the_loop_both_ways(spark, tmp_path):
+    """Each refines only what the other has not: a streaming query after the loop starts after the loop's marker
+    (it read every change again from the start), and the loop after the query starts after its last committed
+    batch and removes its offsets (a query started later would resume from them)."""
+    warehouse, topic = str(tmp_path), "demo.shop.handed"
+    land(spark, warehouse, topic, [("c", 10, None, {"id": n, "name": "a"}) for n in range(3)])
+    assert run_loop(spark, warehouse, [topic])[0] == {topic: 3}
+
+    land(spark, warehouse, topic, [("u", 20, {"id": 0, "name": "a"}, {"id": 0, "name": "b"})])
+    assert run_refine_job(spark, job(warehouse, topic), say=lambda line: None) == 1
+    checkpoint = refine_checkpoint_location(warehouse, topic)
+    assert Storage(spark).list_names(f"{checkpoint}/commits")
+
+    version = land(spark, warehouse, topic, [("d", 30, {"id": 1, "name": "a"}, None)])
+    assert run_loop(spark, warehouse, [topic])[0] == {topic: 1}
+    assert not Storage(spark).exists(f"{checkpoint}/commits")
+    assert read_marker(Storage(spark), warehouse, topic).raw_version == version
+
+    land(spark, warehouse, topic, [("c", 40, None, {"id": 7, "name": "z"})])
+    assert run_refine_job(spark, job(warehouse, topic), say=lambda line: None) == 1
+    assert refined(spark, warehouse, topic) == [(0, "b"), (2, "a"), (7, "z")]
