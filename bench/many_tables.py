@@ -31,6 +31,7 @@ import tempfile
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -157,10 +158,11 @@ def measure(args: argparse.Namespace, settings: Settings) -> None:
             f"{args.seconds:.0f} s of commits"
         )
         print(refine_breakdown(spark, warehouse, steady))
-        floor = merge_floor(spark, locations)
+        floor, floor_two = merge_floor(spark, locations), merge_floor(spark, locations, workers=2)
         print(
             f"floor: a bare Delta MERGE of one row into each of the {args.tables} tables, one after the other: "
-            f"{floor:.1f} s ({floor / args.tables:.2f} s each)"
+            f"{floor:.1f} s ({floor / args.tables:.2f} s each); two at a time: {floor_two:.1f} s "
+            f"({args.tables / floor_two:.2f} tables/s)"
         )
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f"DROP SCHEMA {name} CASCADE")
@@ -249,19 +251,22 @@ def visible_times(spark: SparkSession, locations: dict[str, str]) -> dict[tuple[
     return visible
 
 
-def merge_floor(spark: SparkSession, locations: dict[str, str]) -> float:
-    """Seconds of one bare Delta MERGE of one stored row into each table, one after the other (warm: one
-    round first)."""
+def merge_floor(spark: SparkSession, locations: dict[str, str], workers: int = 1) -> float:
+    """Seconds of one bare Delta MERGE of one stored row into each table, ``workers`` tables at a time (warm:
+    one round first)."""
     sources = {t: spark.read.format("delta").load(loc).limit(1).collect() for t, loc in locations.items()}
+
+    def merge(table: str) -> None:
+        location = locations[table]
+        source = spark.createDataFrame(sources[table], spark.read.format("delta").load(location).schema)
+        DeltaTable.forPath(spark, location).alias("t").merge(
+            source.alias("s"), "t.id = s.id"
+        ).whenMatchedUpdateAll().whenNotMatchedInsertAll().execute()
 
     def round_() -> float:
         start = time.monotonic()
-        for table, location in locations.items():
-            rows = sources[table]
-            source = spark.createDataFrame(rows, spark.read.format("delta").load(location).schema)
-            DeltaTable.forPath(spark, location).alias("t").merge(
-                source.alias("s"), "t.id = s.id"
-            ).whenMatchedUpdateAll().whenNotMatchedInsertAll().execute()
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(merge, locations))
         return time.monotonic() - start
 
     round_()
