@@ -32,7 +32,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from cdc.core.config import Continuous
-from cdc.core.errors import OffsetGapError, SourceError, TableError
+from cdc.core.errors import SourceError, TableError
 from cdc.core.source import KafkaTopics
 from cdc.core.storage import Storage
 from cdc.core.streaming import (
@@ -55,7 +55,7 @@ from cdc.core.tables import (
 from cdc.raw.checkpoint import Offsets, batch_end_offsets, committed_offsets
 from cdc.raw.commits import batch_marker, last_landed_batch
 from cdc.raw.config import GapPolicy, RawJobConfig, TopicPattern
-from cdc.raw.gaps import find_gaps, record_gaps
+from cdc.raw.gaps import find_gaps, record_gaps, refuse_gaps
 from cdc.raw.reader import kafka_stream, raise_landing_failure
 from cdc.raw.rows import raw_rows
 from cdc.raw.summary import TopicSummary
@@ -215,16 +215,8 @@ def _start(
     for topic in topics:  # a query of its own started later must not land the topic again from its old offsets
         if storage.exists(own := checkpoint_location(config.warehouse, topic)):
             storage.delete(own)
-    if config.on_gap is GapPolicy.FAIL and (gaps := find_gaps(next_offsets, kafka.offsets(topics))):
-        gap = gaps[0]
-        raise OffsetGapError(
-            "Kafka no longer holds offsets the raw table has not landed (retention deleted them); "
-            "rerun with --allow-gaps to continue and record the gap",
-            topic=gap.topic,
-            partition=gap.partition,
-            missing=f"{gap.first_missing}-{gap.last_missing}",
-            table=raw_table_location(config.warehouse, gap.topic),
-        )
+    if config.on_gap is GapPolicy.FAIL:
+        refuse_gaps(find_gaps(next_offsets, kafka.offsets(topics)), config.warehouse)
     for topic in topics:
         if topic not in batch.ready and raw_table_topic(spark, raw_table_location(config.warehouse, topic)):
             batch.ready.add(topic)

@@ -13,8 +13,10 @@ from datetime import UTC, datetime
 from pyspark.sql import SparkSession
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
+from cdc.core.errors import OffsetGapError
 from cdc.core.shared_tables import merge_into_shared_table
 from cdc.core.source import PartitionOffsets
+from cdc.core.tables import raw_table_location
 from cdc.raw.checkpoint import Offsets
 
 GAPS_SCHEMA = StructType(
@@ -47,6 +49,21 @@ def find_gaps(next_offsets: Offsets, kafka: dict[tuple[str, int], PartitionOffse
         if held is not None and held.earliest > next_offset:
             gaps.append(OffsetGap(topic, partition, next_offset, held.earliest - 1))
     return gaps
+
+
+def refuse_gaps(gaps: list[OffsetGap], warehouse: str) -> None:
+    """Stop the landing when Kafka no longer holds offsets a raw table has not landed: an
+    :class:`OffsetGapError` naming the first of ``gaps``."""
+    if gaps:
+        gap = gaps[0]
+        raise OffsetGapError(
+            "Kafka no longer holds offsets the raw table has not landed (retention deleted them); "
+            "rerun with --allow-gaps to continue and record the gap",
+            topic=gap.topic,
+            partition=gap.partition,
+            missing=f"{gap.first_missing}-{gap.last_missing}",
+            table=raw_table_location(warehouse, gap.topic),
+        )
 
 
 def record_gaps(spark: SparkSession, gaps_table: str, raw_table: str, gaps: list[OffsetGap]) -> None:

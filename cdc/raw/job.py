@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from cdc.core.errors import OffsetGapError, TableError
+from cdc.core.errors import TableError
 from cdc.core.source import KafkaTopics
 from cdc.core.storage import Storage
 from cdc.core.streaming import LandingNews, ProgressLine, ProgressReports, ending_on_request, stop_queries, with_trigger
@@ -32,7 +32,7 @@ from cdc.raw.by_pattern import land_by_pattern
 from cdc.raw.checkpoint import batch_end_offsets, committed_offsets
 from cdc.raw.commits import batch_marker, last_landed_batch
 from cdc.raw.config import GapPolicy, RawJobConfig, TopicPattern
-from cdc.raw.gaps import find_gaps, record_gaps
+from cdc.raw.gaps import find_gaps, record_gaps, refuse_gaps
 from cdc.raw.reader import kafka_stream, raise_landing_failure
 from cdc.raw.rows import raw_rows
 from cdc.raw.summary import TopicSummary
@@ -128,17 +128,7 @@ def prepare_topic(spark: SparkSession, config: RawJobConfig, kafka: KafkaTopics,
     create_raw_table(spark, table, topic)
     # A checkpoint without committed batches starts from the earliest offsets: no gap to look for.
     if config.on_gap is GapPolicy.FAIL and (committed := committed_offsets(storage, checkpoint)):
-        gaps = find_gaps(committed, kafka.offsets([topic]))
-        if gaps:
-            gap = gaps[0]
-            raise OffsetGapError(
-                "Kafka no longer holds offsets the raw table has not landed (retention deleted them); "
-                "rerun with --allow-gaps to continue and record the gap",
-                topic=gap.topic,
-                partition=gap.partition,
-                missing=f"{gap.first_missing}-{gap.last_missing}",
-                table=table,
-            )
+        refuse_gaps(find_gaps(committed, kafka.offsets([topic])), config.warehouse)
     return table, checkpoint, existing_topic is None
 
 
