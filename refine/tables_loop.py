@@ -77,7 +77,7 @@ class LoopTable:
         position = self.position
         if position.begun_to is None:
             latest = table_version(spark, self.raw) if up_to is None else up_to
-            if latest <= position.raw_version:
+            if latest <= max(position.raw_version, 0):  # version 0 is the table's creation: no rows
                 return None
             position = RefinedUpTo(
                 position.batch, position.raw_version, min(latest, position.raw_version + MAX_VERSIONS_PER_BATCH)
@@ -113,10 +113,8 @@ class LoopTable:
         self.position = position
 
     def caught_up(self, spark: SparkSession, up_to: int | None = None) -> bool:
-        return (
-            self.position.begun_to is None
-            and (up_to if up_to is not None else table_version(spark, self.raw)) <= self.position.raw_version
-        )
+        latest = up_to if up_to is not None else table_version(spark, self.raw)
+        return self.position.begun_to is None and latest <= max(self.position.raw_version, 0)
 
 
 class RefineLoop:

@@ -126,3 +126,14 @@ def test_a_table_hands_over_between_its_streaming_query_and_the_loop_both_ways(s
     land(spark, warehouse, topic, [("c", 40, None, {"id": 7, "name": "z"})])
     assert run_refine_job(spark, job(warehouse, topic), say=lambda line: None) == 1
     assert refined(spark, warehouse, topic) == [(0, "b"), (2, "a"), (7, "z")]
+
+
+def test_a_raw_table_holding_only_its_creation_runs_no_batch(spark, tmp_path):
+    """A whole database's landing creates a topic's raw table before it appends to it: the loop may find it
+    then, and has nothing to refine (a batch over the creation alone ran, and looked for a schema in vain)."""
+    warehouse, topic = str(tmp_path), "demo.shop.empty"
+    create_raw_table(spark, raw_table_location(warehouse, topic), topic)
+    assert run_loop(spark, warehouse, [topic]) == ({topic: 0}, [])
+    assert read_marker(Storage(spark), warehouse, topic) is None
+    land(spark, warehouse, topic, [("c", 10, None, {"id": 1, "name": "a"})])
+    assert run_loop(spark, warehouse, [topic])[0] == {topic: 1}
