@@ -70,18 +70,23 @@ class LoopTable:
         )
         self.position = take_over(self.storage, job.warehouse, self.name, None if rebuilt is None else int(rebuilt))
         self.changes = 0  # read in this run
+        self.more = False  # the last batch stopped short of the raw table's latest version (a backlog)
+        self.session = own_session(spark)
 
-    def refine_new(self, spark: SparkSession, up_to: int | None = None) -> int | None:
+    def refine_new(self, up_to: int | None = None) -> int | None:
         """Refine the raw versions after the marker (up to ``up_to``, else the latest, at most
-        ``MAX_VERSIONS_PER_BATCH``) as one batch; return the changes read (None: nothing new)."""
+        ``MAX_VERSIONS_PER_BATCH``) as one batch, in the table's own session; return the changes read (None:
+        nothing new)."""
+        spark = self.session
         position = self.position
         if position.begun_to is None:
             latest = table_version(spark, self.raw) if up_to is None else up_to
             if latest <= max(position.raw_version, 0):  # version 0 is the table's creation: no rows
+                self.more = False
                 return None
-            position = RefinedUpTo(
-                position.batch, position.raw_version, min(latest, position.raw_version + MAX_VERSIONS_PER_BATCH)
-            )
+            end = min(latest, position.raw_version + MAX_VERSIONS_PER_BATCH)
+            position = RefinedUpTo(position.batch, position.raw_version, end)
+            self.more = latest > end
             self._mark(position)
         assert position.begun_to is not None
         batch_id = position.batch + 1
@@ -115,6 +120,17 @@ class LoopTable:
     def caught_up(self, spark: SparkSession, up_to: int | None = None) -> bool:
         latest = up_to if up_to is not None else table_version(spark, self.raw)
         return self.position.begun_to is None and latest <= max(self.position.raw_version, 0)
+
+
+def own_session(spark: SparkSession) -> SparkSession:
+    """A session of one table's batches: a clone of ``spark`` (its settings, functions and views), as a streaming
+    query runs its batches in. A batch may set session settings for a write (the keyless MERGE's idempotent
+    ``txnAppId``/``txnVersion``): another table's batch, running beside it, must not see them. Delta's refusal to
+    read versions older than ``delta.deletedFileRetentionDuration`` is lifted there: a raw table is only appended
+    to, and a streaming read of its feed is not refused either (a loop a week behind would stop for good)."""
+    session = SparkSession(spark.sparkContext, spark._jsparkSession.cloneSession())
+    session.conf.set("spark.databricks.delta.vacuum.enforceTimeTravelWithinDeletedFileRetentionDuration", "false")
+    return session
 
 
 class RefineLoop:
@@ -195,7 +211,11 @@ class RefineLoop:
                     self._woken.clear()
                 if full_look:
                     last_full_look = began
-                due = [t for t in self.tables.values() if full_look or t.job.table in moved or t.position.begun_to]
+                due = [
+                    t
+                    for t in self.tables.values()
+                    if full_look or t.job.table in moved or t.more or t.position.begun_to is not None
+                ]
                 self._round(pool, due, None)
                 # The next round: at the trigger's interval, or as soon as the landing says what it wrote.
                 rest = max(0.0, interval - (time.monotonic() - began))
@@ -213,7 +233,7 @@ class RefineLoop:
         def refine(table: LoopTable) -> None:
             if self.stop.is_set():
                 return
-            read = table.refine_new(self.spark, None if limits is None else limits[table.name])
+            read = table.refine_new(None if limits is None else limits[table.name])
             if read:
                 self.say(ProgressLine(f"refine {table.name} batch {table.position.batch}: {read:,} changes"))
 

@@ -5,6 +5,9 @@ table's streaming query both ways."""
 from __future__ import annotations
 
 import json
+import time
+
+import pytest
 
 from cdc.core.storage import Storage
 from cdc.core.tables import raw_table_location, table_version
@@ -137,3 +140,34 @@ def test_a_raw_table_holding_only_its_creation_runs_no_batch(spark, tmp_path):
     assert read_marker(Storage(spark), warehouse, topic) is None
     land(spark, warehouse, topic, [("c", 10, None, {"id": 1, "name": "a"})])
     assert run_loop(spark, warehouse, [topic])[0] == {topic: 1}
+
+
+def test_each_table_refines_in_a_session_of_its_own_that_reads_versions_past_retention(spark, tmp_path):
+    """Two tables' batches run side by side in one driver: a setting one batch sets for its write (the keyless
+    MERGE's txnAppId) must not reach the other's, nor the job's session. And a raw version older than
+    ``delta.deletedFileRetentionDuration`` (a loop a week behind) is still read: Delta refuses a batch read of
+    the feed there by default, which would stop every table for good."""
+    warehouse = str(tmp_path)
+    topics = ["demo.shop.s0", "demo.shop.s1"]
+    for topic in topics:
+        land(spark, warehouse, topic, [("c", 10, None, {"id": 1, "name": "a"})])
+    loop = RefineLoop(spark, job(warehouse, topics[0]).trigger, lambda line: None)
+    for topic in topics:
+        loop.add(job(warehouse, topic))
+    first, second = (loop.tables[topic].session for topic in topics)
+    first.conf.set("spark.databricks.delta.write.txnAppId", "first-table")
+    assert second.conf.get("spark.databricks.delta.write.txnAppId", None) is None
+    assert spark.conf.get("spark.databricks.delta.write.txnAppId", None) is None
+    first.conf.unset("spark.databricks.delta.write.txnAppId")
+
+    raw = raw_table_location(warehouse, topics[0])
+    spark.sql(
+        f"ALTER TABLE delta.`{raw}` SET TBLPROPERTIES ('delta.deletedFileRetentionDuration' = 'interval 1 seconds')"
+    )
+    land(spark, warehouse, topics[0], [("u", 20, {"id": 1, "name": "a"}, {"id": 1, "name": "b"})])
+    time.sleep(2)
+    feed = spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 1)
+    with pytest.raises(Exception, match=r"(?i)retention"):  # the job's own session refuses
+        feed.load(raw).count()
+    assert loop.run() == {topics[0]: 2, topics[1]: 1}
+    assert refined(spark, warehouse, topics[0]) == [(1, "b")]
