@@ -33,7 +33,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from cdc.core.config import Continuous
 from cdc.core.errors import SourceError, TableError
-from cdc.core.source import KafkaTopics
+from cdc.core.source import KafkaTopics, PartitionOffsets
 from cdc.core.storage import Storage
 from cdc.core.streaming import (
     LandingNews,
@@ -160,11 +160,11 @@ def _checkpoint_topics(storage: Storage, checkpoint: str) -> set[str] | None:
 
 
 def starting_offsets(
-    spark: SparkSession, config: RawJobConfig, kafka: KafkaTopics, topics: list[str]
+    spark: SparkSession, config: RawJobConfig, held: dict[tuple[str, int], PartitionOffsets], topics: list[str]
 ) -> tuple[str | None, Offsets]:
-    """Where the query over ``topics`` starts: None to resume from its checkpoint, else Spark's JSON of each
-    partition's next offset (from the raw tables; the checkpoint is then removed); and the next offset of each
-    partition that has one (for the gap check)."""
+    """Where the query over ``topics`` (whose partitions Kafka holds as ``held``) starts: None to resume from its
+    checkpoint, else Spark's JSON of each partition's next offset (from the raw tables; the checkpoint is then
+    removed); and the next offset of each partition that has one (for the gap check)."""
     storage = Storage(spark)
     checkpoint = pattern_checkpoint_location(config.warehouse)
     read = _checkpoint_topics(storage, checkpoint)
@@ -179,16 +179,13 @@ def starting_offsets(
             return None, committed_offsets(storage, checkpoint)
     if storage.exists(checkpoint):
         storage.delete(checkpoint)
-    partitions = kafka.offsets(topics)
+    landed = {topic: landed_offsets(spark, config.warehouse, topic) for topic in topics}
     offsets: dict[str, dict[str, int]] = {topic: {} for topic in topics}
     known: Offsets = {}
-    for topic in topics:
-        landed = landed_offsets(spark, config.warehouse, topic)
-        for partition_topic, partition in partitions:
-            if partition_topic == topic:
-                offsets[topic][str(partition)] = landed.get(partition, EARLIEST)
-                if partition in landed:
-                    known[(topic, partition)] = landed[partition]
+    for topic, partition in held:
+        offsets[topic][str(partition)] = landed[topic].get(partition, EARLIEST)
+        if partition in landed[topic]:
+            known[(topic, partition)] = landed[topic][partition]
     return json.dumps(offsets), known
 
 
@@ -210,13 +207,14 @@ def _start(
     spark: SparkSession, config: RawJobConfig, kafka: KafkaTopics, topics: list[str], batch: LandTopicsBatch
 ) -> StreamingQuery:
     batch.first_batch = True  # the batch a stopped run cut short runs again
-    starting, next_offsets = starting_offsets(spark, config, kafka, topics)
+    held = kafka.offsets(topics)
+    starting, next_offsets = starting_offsets(spark, config, held, topics)
     storage = Storage(spark)
     for topic in topics:  # a query of its own started later must not land the topic again from its old offsets
         if storage.exists(own := checkpoint_location(config.warehouse, topic)):
             storage.delete(own)
     if config.on_gap is GapPolicy.FAIL:
-        refuse_gaps(find_gaps(next_offsets, kafka.offsets(topics)), config.warehouse)
+        refuse_gaps(find_gaps(next_offsets, held), config.warehouse)
     for topic in topics:
         if topic not in batch.ready and raw_table_topic(spark, raw_table_location(config.warehouse, topic)):
             batch.ready.add(topic)
