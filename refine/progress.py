@@ -49,16 +49,21 @@ class RefinedUpTo:
     begun_to: int | None = None
 
 
-def read_marker(storage: Storage, warehouse: str, name: str) -> RefinedUpTo | None:
-    location = marker_location(warehouse, name)
+def _parse_marker(text: str) -> RefinedUpTo | None:
     try:
-        return RefinedUpTo(**json.loads(storage.read_text(location))) if storage.exists(location) else None
+        return RefinedUpTo(**json.loads(text))
     except (ValueError, TypeError):
-        return None  # a torn write: the checkpoint's batches or the start decide, and replays are harmless
+        return None
+
+
+def read_marker(storage: Storage, warehouse: str, name: str) -> RefinedUpTo | None:
+    text = storage.read_replaced_text(marker_location(warehouse, name), lambda t: _parse_marker(t) is not None)
+    return None if text is None else _parse_marker(text)
 
 
 def write_marker(storage: Storage, warehouse: str, name: str, marker: RefinedUpTo) -> None:
-    storage.write_text(marker_location(warehouse, name), json.dumps(asdict(marker)))
+    """Replace the marker whole or not at all: a torn one would send the table back to its first version."""
+    storage.replace_text(marker_location(warehouse, name), json.dumps(asdict(marker)))
 
 
 def committed_batches(storage: Storage, checkpoint: str) -> list[int]:

@@ -4,7 +4,7 @@ files and probes, never table data."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -14,6 +14,8 @@ from py4j.protocol import Py4JJavaError
 from pyspark.sql import SparkSession
 
 from cdc.core.errors import TableError
+
+_ASIDE = ".next"  # where Storage.replace_text writes a file's new text before it takes the file's place
 
 
 def normalize_location(location: str) -> str:
@@ -112,11 +114,35 @@ class Storage:
         with storage_errors(self._spark, location):
             fs, path = self._fs(location)
             fs.mkdirs(path.getParent())
-            stream = fs.create(path, True)
-            try:
-                stream.write(bytearray(text.encode("utf-8")))
-            finally:
-                stream.close()
+            self._write(fs, path, text.encode("utf-8"))
+
+    def replace_text(self, location: str, text: str) -> None:
+        """Replace a small UTF-8 text file whole or not at all, for :meth:`read_replaced_text`: the text is
+        written beside it first, then takes its place. Hadoop's rename refuses to overwrite, so the file is
+        removed in between; a reader finding it gone, or torn, reads the one beside it."""
+        with storage_errors(self._spark, location):
+            fs, path = self._fs(location)
+            fs.mkdirs(path.getParent())
+            aside = self._jvm.org.apache.hadoop.fs.Path(f"{location}{_ASIDE}")
+            self._write(fs, aside, text.encode("utf-8"))
+            fs.delete(path, False)
+            if not fs.rename(aside, path):
+                raise OSError(f"could not rename {location}{_ASIDE} to {location}")
+
+    def read_replaced_text(self, location: str, whole: Callable[[str], bool]) -> str | None:
+        """The text of a file written by :meth:`replace_text`: the file's when it is ``whole``, else the one
+        written beside it when that is (a replacement cut short), else None."""
+        for candidate in (location, f"{location}{_ASIDE}"):
+            if self.exists(candidate) and whole(text := self.read_text(candidate)):
+                return text
+        return None
+
+    def _write(self, fs: Any, path: Any, data: bytes) -> None:
+        stream = fs.create(path, True)
+        try:
+            stream.write(bytearray(data))
+        finally:
+            stream.close()
 
     def delete(self, location: str) -> None:
         with storage_errors(self._spark, location):

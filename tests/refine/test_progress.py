@@ -10,8 +10,9 @@ import time
 import pytest
 
 from cdc import Lakehouse, StreamError
+from cdc.core.storage import Storage
 from cdc.stack.workload import run_workload
-from refine.progress import refined_table_statuses
+from refine.progress import RefinedUpTo, read_marker, refined_table_statuses, write_marker
 
 
 def test_status_follows_a_refined_tables_batches_lag_and_last_error(
@@ -77,3 +78,29 @@ def test_changes_not_refined_are_counted_when_the_raw_feed_is_past_its_file_rete
         values.write.format("delta").options(**properties).mode("append").save(raw)
     time.sleep(1.5)  # the first appends are now older than the table's file retention
     assert (_changes_after(spark, raw, None), _changes_after(spark, raw, 0), _changes_after(spark, raw, 1)) == (7, 4, 0)
+
+
+class _CutShort(Storage):
+    """A storage whose next file write stops halfway, as a process killed in the middle of it leaves the file."""
+
+    cut = False
+
+    def _write(self, fs, path, data: bytes) -> None:
+        if not self.cut:
+            return super()._write(fs, path, data)
+        super()._write(fs, path, data[: len(data) // 2])
+        raise OSError("killed in the middle of a write")
+
+
+def test_a_marker_write_cut_short_leaves_the_last_whole_marker(spark, tmp_path):
+    """A torn marker sent its table back to the first raw version (every change refined again)."""
+    warehouse, name = str(tmp_path), "demo.shop.torn"
+    storage = _CutShort(spark)
+    write_marker(storage, warehouse, name, RefinedUpTo(4, 40))
+    storage.cut = True
+    with pytest.raises(OSError):
+        write_marker(storage, warehouse, name, RefinedUpTo(5, 40, begun_to=45))
+    assert read_marker(Storage(spark), warehouse, name) == RefinedUpTo(4, 40)
+    storage.cut = False
+    write_marker(storage, warehouse, name, RefinedUpTo(5, 45))
+    assert read_marker(Storage(spark), warehouse, name) == RefinedUpTo(5, 45)
