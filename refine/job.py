@@ -36,6 +36,7 @@ from refine.progress import (
     record_tables,
     refine_checkpoint_location,
     refined_table_status,
+    first_batch_id,
     streaming_start,
 )
 from refine.quality.expectations import expectation_failures_since
@@ -57,6 +58,10 @@ def starting_raw_version(spark: SparkSession, refined: str, raw: str) -> int:
     return min(int(rebuilt_from) + 1, latest)
 
 
+def _numbered(batch: Callable[[DataFrame, int], None], first: int) -> Callable[[DataFrame, int], None]:
+    return lambda rows, batch_id: batch(rows, batch_id + first)
+
+
 def start_refine_query(
     spark: SparkSession,
     warehouse: str,
@@ -73,8 +78,9 @@ def start_refine_query(
     checkpoint = refine_checkpoint_location(warehouse, name)
     storage = Storage(spark)
     record_tables(storage, warehouse, name, raw, refined_table_location(warehouse, name))
-    if (after_loop := streaming_start(storage, warehouse, name)) is not None:  # refined by the loop so far
-        starting = min(after_loop, table_version(spark, raw))  # Delta refuses a start after the last version
+    start = streaming_start(storage, warehouse, name)
+    if start.raw_version is not None:  # refined by the loop so far
+        starting = min(start.raw_version, table_version(spark, raw))  # Delta refuses a start after the last version
     elif storage.exists(checkpoint):
         starting = 0  # resumed from the checkpoint's offsets
     else:
@@ -85,7 +91,7 @@ def start_refine_query(
         .option("startingVersion", starting)
         .load(raw)
         .writeStream.queryName(f"refine {name}")
-        .foreachBatch(batch)
+        .foreachBatch(batch if not start.first_batch else _numbered(batch, start.first_batch))
         .option("checkpointLocation", checkpoint)
     )
     return with_trigger(writer, trigger).start()
@@ -103,6 +109,9 @@ def watch_refine_queries(
     the failure for ``cdc status``, given the ``warehouse``)."""
     changes = dict.fromkeys(queries, 0)
     reports = {name: ProgressReports(query) for name, query in queries.items()}
+    # Batch ids go on from the refine loop's where a query took its table over from it.
+    storage = None if warehouse is None else Storage(SparkSession.builder.getOrCreate())
+    first = {name: 0 if storage is None else first_batch_id(storage, warehouse, name) for name in queries}
     try:
         with ending_on_request(stop):
             while any(query.isActive for query in queries.values()) and not stop.is_set():
@@ -114,7 +123,8 @@ def watch_refine_queries(
                     read = getattr((batches or {}).get(name), "records_read", {})
                     conflicts = getattr((batches or {}).get(name), "conflicts", {})
                     for report in reports[name].new():
-                        batch, rows = report["batchId"], read.pop(report["batchId"], report["numInputRows"])
+                        batch = report["batchId"] + first[name]
+                        rows = read.pop(batch, report["numInputRows"])
                         if rows:  # not one of Spark's idle reports between batches
                             changes[name] += rows
                             rerun = conflicts.pop(batch, 0)

@@ -38,6 +38,10 @@ def marker_location(warehouse: str, name: str) -> str:
     return f"{refine_checkpoint_location(warehouse, name)}/refined-up-to.json"
 
 
+def _first_batch_location(warehouse: str, name: str) -> str:
+    return f"{refine_checkpoint_location(warehouse, name)}/first-batch-id.json"
+
+
 @dataclass(frozen=True)
 class RefinedUpTo:
     """Where a table refined by the loop is: its last batch done and the raw version it refined through (-1:
@@ -80,26 +84,48 @@ def take_over(storage: Storage, warehouse: str, name: str, rebuilt_from: int | N
     if batches := committed_batches(storage, checkpoint):
         last = max(batches)
         up_to = _read_up_to(storage, checkpoint, last)
-        marker = RefinedUpTo(last, -1 if up_to is None else up_to)
+        marker = RefinedUpTo(last + first_batch_id(storage, warehouse, name), -1 if up_to is None else up_to)
         write_marker(storage, warehouse, name, marker)
     elif (kept := read_marker(storage, warehouse, name)) is not None:
         marker = kept
     else:
         marker = RefinedUpTo(-1, -1 if rebuilt_from is None else rebuilt_from)
-    for folder in ("offsets", "commits"):  # a batch planned and not committed is replayed by the loop's marker
-        if storage.exists(f"{checkpoint}/{folder}"):
-            storage.delete(f"{checkpoint}/{folder}")
+    # A batch planned and not committed is replayed by the loop's marker.
+    for location in (f"{checkpoint}/offsets", f"{checkpoint}/commits", _first_batch_location(warehouse, name)):
+        if storage.exists(location):
+            storage.delete(location)
     return marker
 
 
-def streaming_start(storage: Storage, warehouse: str, name: str) -> int | None:
-    """The raw version after the loop's marker, where a new streaming query of table ``name`` starts (None: no
-    marker, or the checkpoint holds batches of a query, which resumes from them)."""
+@dataclass(frozen=True)
+class StreamingStart:
+    """Where a streaming query of a table starts: after the loop's marker (``raw_version``; None: it resumes from
+    its checkpoint's offsets, or starts afresh), its batch 0 numbered ``first_batch``, so batch ids go on from the
+    loop's (the event log and the expectation counts are kept by batch id)."""
+
+    raw_version: int | None
+    first_batch: int
+
+
+def streaming_start(storage: Storage, warehouse: str, name: str) -> StreamingStart:
+    """Where a streaming query of table ``name`` starts; records its numbering for :func:`first_batch_id`."""
     checkpoint = refine_checkpoint_location(warehouse, name)
     if storage.exists(f"{checkpoint}/offsets") and storage.list_names(f"{checkpoint}/offsets"):
-        return None
+        return StreamingStart(None, first_batch_id(storage, warehouse, name))
     marker = read_marker(storage, warehouse, name)
-    return None if marker is None else marker.raw_version + 1
+    first = 0 if marker is None else marker.batch + 1
+    numbering = _first_batch_location(warehouse, name)
+    if first:
+        storage.replace_text(numbering, str(first))
+    elif storage.exists(numbering):
+        storage.delete(numbering)
+    return StreamingStart(None if marker is None else marker.raw_version + 1, first)
+
+
+def first_batch_id(storage: Storage, warehouse: str, name: str) -> int:
+    """The id a streaming query's batch 0 stands for (0 unless it took its table over from the loop)."""
+    text = storage.read_replaced_text(_first_batch_location(warehouse, name), str.isdigit)
+    return 0 if text is None else int(text)
 
 
 @dataclass(frozen=True)
@@ -175,9 +201,9 @@ def _status(
 ) -> RefinedTableStatus:
     checkpoint = refine_checkpoint_location(warehouse, name)
     batches = committed_batches(storage, checkpoint)
-    last_batch = max(batches) if batches else None
-    raw_version = None if last_batch is None else _read_up_to(storage, checkpoint, last_batch)
-    last_commit = f"{checkpoint}/commits/{last_batch}"
+    last_batch = max(batches) + first_batch_id(storage, warehouse, name) if batches else None
+    raw_version = None if not batches else _read_up_to(storage, checkpoint, max(batches))
+    last_commit = f"{checkpoint}/commits/{max(batches) if batches else None}"
     if last_batch is None and (marker := read_marker(storage, warehouse, name)) is not None and marker.batch >= 0:
         last_batch, raw_version, last_commit = marker.batch, marker.raw_version, marker_location(warehouse, name)
     failure = document.get("last_error")
