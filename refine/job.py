@@ -32,11 +32,11 @@ from refine.batch import RefineBatch
 from refine.config import RefineJobConfig, RefineRun, refined_table_location
 from refine.event_log import EventLog
 from refine.progress import (
+    first_batch_id,
     record_failure,
     record_tables,
     refine_checkpoint_location,
     refined_table_status,
-    first_batch_id,
     streaming_start,
 )
 from refine.quality.expectations import expectation_failures_since

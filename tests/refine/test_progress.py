@@ -98,7 +98,7 @@ def test_a_marker_write_cut_short_leaves_the_last_whole_marker(spark, tmp_path):
     storage = _CutShort(spark)
     write_marker(storage, warehouse, name, RefinedUpTo(4, 40))
     storage.cut = True
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="killed"):
         write_marker(storage, warehouse, name, RefinedUpTo(5, 40, begun_to=45))
     assert read_marker(Storage(spark), warehouse, name) == RefinedUpTo(4, 40)
     storage.cut = False
