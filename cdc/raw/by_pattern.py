@@ -55,7 +55,7 @@ from cdc.core.tables import (
 from cdc.raw.checkpoint import Offsets, batch_end_offsets, committed_offsets
 from cdc.raw.commits import batch_marker, last_landed_batch
 from cdc.raw.config import GapPolicy, RawJobConfig, TopicPattern
-from cdc.raw.gaps import find_gaps, record_gaps, refuse_gaps
+from cdc.raw.gaps import OffsetGap, find_gaps, record_gaps, refuse_gaps
 from cdc.raw.reader import kafka_stream, raise_landing_failure
 from cdc.raw.rows import raw_rows
 from cdc.raw.summary import TopicSummary
@@ -130,16 +130,15 @@ class LandTopicsBatch:
         """failOnDataLoss is off in this mode: record what Kafka deleted before this batch read it."""
         start = batch_end_offsets(Storage(spark), self.checkpoint, batch_id - 1)
         held = KafkaTopics(self.config.kafka).offsets(sorted({topic for topic, _ in start}))
-        by_topic: dict[str, list] = {}
-        for gap in find_gaps(start, held):
-            by_topic.setdefault(gap.topic, []).append(gap)
-        for topic, gaps in by_topic.items():
-            record_gaps(
-                spark,
-                gaps_table_location(self.config.warehouse),
-                raw_table_location(self.config.warehouse, topic),
-                gaps,
-            )
+        _record_gaps(spark, self.config.warehouse, find_gaps(start, held))
+
+
+def _record_gaps(spark: SparkSession, warehouse: str, gaps: list[OffsetGap]) -> None:
+    by_topic: dict[str, list[OffsetGap]] = {}
+    for gap in gaps:
+        by_topic.setdefault(gap.topic, []).append(gap)
+    for topic, found in by_topic.items():
+        record_gaps(spark, gaps_table_location(warehouse), raw_table_location(warehouse, topic), found)
 
 
 def landed_offsets(spark: SparkSession, warehouse: str, topic: str) -> dict[int, int]:
@@ -215,6 +214,8 @@ def _start(
             storage.delete(own)
     if config.on_gap is GapPolicy.FAIL:
         refuse_gaps(find_gaps(next_offsets, held), config.warehouse)
+    else:  # the first batch's gaps: it has no batch before it in the checkpoint to compare with
+        _record_gaps(spark, config.warehouse, find_gaps(next_offsets, held))
     for topic in topics:
         if topic not in batch.ready and raw_table_topic(spark, raw_table_location(config.warehouse, topic)):
             batch.ready.add(topic)
