@@ -300,8 +300,9 @@ def test_retention_gap_stops_the_job_unless_allowed_and_then_is_recorded(spark, 
     by_pattern = {"pattern": re.escape(topic)}
     with pytest.raises(OffsetGapError, match="retention deleted them"):
         run_raw_job(spark, raw_job(tmp_path, [], kafka.bootstrap_servers, **by_pattern), say=lambda line: None)
+    recording = raw_job(tmp_path, [], kafka.bootstrap_servers, on_gap="record", **by_pattern)
     for _ in range(2):
-        run_raw_job(spark, raw_job(tmp_path, [], kafka.bootstrap_servers, on_gap="record", **by_pattern), say=lambda _: None)
+        run_raw_job(spark, recording, say=lambda line: None)
     offsets = [row.offset for row in landed(spark, tmp_path, topic).orderBy("offset").collect()]
     assert offsets == list(range(100)) + list(range(150, 200)) + list(range(250, 300))
     gaps = spark.read.format("delta").load(gaps_table_location(str(tmp_path))).drop("detected_at")
