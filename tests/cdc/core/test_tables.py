@@ -2,6 +2,7 @@
 
 from delta.tables import DeltaTable
 
+from cdc.core.streaming import counting_spark_jobs
 from cdc.core.tables import delta_properties, table_snapshot, table_version
 
 
@@ -12,11 +13,26 @@ def test_a_tables_snapshot_is_its_last_commit_and_the_size_delta_reports(spark, 
         # Each commit changes both: the snapshot is read again, never the one of an earlier call.
         spark.range(100 * (round_ + 1)).write.format("delta").mode("append").save(location)
         table = DeltaTable.forPath(spark, location)
-        assert table_snapshot(spark, location) == (
-            table.history(1).head().version,
-            table.detail().head().sizeInBytes,
-        )
+        detail = table.detail().head()
+        assert table_snapshot(spark, location) == (table.history(1).head().version, detail.sizeInBytes, detail.id)
     assert table_version(spark, location) == 3
+
+
+def test_a_tables_snapshot_runs_no_spark_job(spark, tmp_path):
+    """Its size comes from the version's checksum: Delta's own ``sizeInBytes`` rebuilt the version's state in
+    three Spark jobs (~0.7 s) on every call, and the refine loop asks for every table's version each round."""
+    location = str(tmp_path / "table")
+    spark.range(10).write.format("delta").save(location)
+    jobs: dict[int, int] = {}
+    for round_ in range(3):
+        spark.range(5).write.format("delta").mode("append").save(location)
+        spark.sparkContext.setJobGroup("cdc-snapshot-test", "a table's snapshot")
+        try:
+            with counting_spark_jobs(spark, jobs, round_):
+                table_snapshot(spark, location)
+        finally:
+            spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+    assert jobs == {0: 0, 1: 0, 2: 0}
 
 
 def test_a_commit_of_another_session_is_seen(spark, tmp_path):
