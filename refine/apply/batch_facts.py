@@ -30,6 +30,10 @@ class BatchFacts(NamedTuple):
     other_schemas: int  # records of a schema the parser was not built for (only_schemas)
     records: int
     newest_commit: datetime | None = None  # the source commit time of the batch's newest change
+    # Source positions (LSN, Kafka offset): of its oldest create, update or read, and of its newest change
+    # (None: unknown), which tell whether a deleted key's guard can leave the batch alone (refine/apply/deleted.py).
+    oldest_upsert: tuple[int, int] | None = None
+    newest_change: tuple[int, int] | None = None
 
     @property
     def resets(self) -> bool:
@@ -38,6 +42,7 @@ class BatchFacts(NamedTuple):
 
 
 def batch_facts(changes: DataFrame) -> BatchFacts:
+    position = F.struct("source_lsn", "kafka_offset")
     row = changes.agg(
         F.count(F.when(F.col("problem").isNotNull(), 1)).alias("problems"),
         F.max(F.when(F.col("op") == Op.TRUNCATE.value, F.struct("source_lsn", "kafka_offset"))).alias("truncate"),
@@ -51,6 +56,10 @@ def batch_facts(changes: DataFrame) -> BatchFacts:
         (F.max("source_committed_at") if "source_committed_at" in changes.columns else F.lit(None)).alias(
             "newest_commit"
         ),
+        F.min(F.when(F.col("op") != Op.DELETE.value, position)).alias("oldest_upsert"),
+        F.max(position).alias("newest_change"),
+        # Structs order by their first field and nulls come first: a change without a position is told apart.
+        F.count(F.when(F.col("source_lsn").isNull() | F.col("kafka_offset").isNull(), 1)).alias("unplaced"),
     ).collect()[0]  # an aggregate without grouping: one row
     truncate = tuple(row.truncate) if row.truncate else None
     return BatchFacts(
@@ -64,6 +73,8 @@ def batch_facts(changes: DataFrame) -> BatchFacts:
         row.other_schemas,
         row.records,
         row.newest_commit,
+        tuple(row.oldest_upsert) if row.oldest_upsert and not row.unplaced else None,
+        tuple(row.newest_change) if row.newest_change and not row.unplaced else None,
     )
 
 

@@ -16,6 +16,7 @@ from cdc.core.tables import is_delta_table
 from refine.apply.batch_facts import BatchFacts, row_type_of
 from refine.apply.deleted import (
     DELETED_KIND,
+    DeletedBound,
     record_deletes,
     record_snapshot_removals,
     record_truncate,
@@ -51,6 +52,7 @@ class KeyedTables:
     settings: TableSettings  # what the job declares for them (the deleted keys: settings.side())
     shape: TableShape = field(default_factory=TableShape)  # how the refined, history and child tables are shaped
     mask_key: bytes | None = None  # the hmac_sha256 key (read once by the job)
+    deleted_bound: DeletedBound = field(default_factory=DeletedBound)  # kept between batches
 
     def shaped(self, rows: DataFrame, key_columns: list[str]) -> DataFrame:
         """Refined rows as the shape declares them (:func:`refine.apply.shaping.shaped_rows`)."""
@@ -153,14 +155,21 @@ def _write_rows(
     """Record the deleted keys, truncate and snapshot start of the batch's last ``rows`` per key, then
     MERGE those that bring back no deleted row, and refresh the child tables of their keys."""
     truncated_at = facts.truncated_at
-    if facts.deletes or tables.shape.where is not None:  # a row that stops matching `where` is a delete
-        record_deletes(spark, tables.deleted, tables.settings, rows)
-    if truncated_at is not None:
-        record_truncate(spark, tables.deleted, tables.settings, rows, truncated_at)
     snapshot_at = None if facts.snapshot_from is None else facts.snapshot_from.position
-    if snapshot_at is not None:
-        record_snapshot_removals(spark, tables.deleted, tables.settings, tables.refined, rows, key_columns, snapshot_at)
-    guarded = without_resurrections(spark, tables.deleted, rows, key_columns)
+    deletes = facts.deletes or tables.shape.where is not None  # a row that stops matching `where` is a delete
+    # A truncate of the batch drops its older changes: the guard applies it.
+    oldest_upsert = facts.oldest_upsert if truncated_at is None else None
+    guard = tables.deleted_bound.may_drop(spark, tables.deleted, oldest_upsert)
+    with tables.deleted_bound.recording(spark, tables.deleted, facts.newest_change, deletes or facts.resets):
+        if deletes:
+            record_deletes(spark, tables.deleted, tables.settings, rows)
+        if truncated_at is not None:
+            record_truncate(spark, tables.deleted, tables.settings, rows, truncated_at)
+        if snapshot_at is not None:
+            record_snapshot_removals(
+                spark, tables.deleted, tables.settings, tables.refined, rows, key_columns, snapshot_at
+            )
+    guarded = without_resurrections(spark, tables.deleted, rows, key_columns) if guard else rows
     keys = rows.select(*[F.col(f"`{key}`") for key in key_columns])  # cached with rows
     merge_changes(
         spark,
