@@ -41,6 +41,12 @@ class BatchFacts(NamedTuple):
         return self.truncated_at is not None or self.snapshot_from is not None
 
 
+# The changes a batch applies (a tombstone follows its delete, a message changes no row), and of them those
+# that create or update a row.
+_UPSERTS = (Op.READ.value, Op.CREATE.value, Op.UPDATE.value)
+_CHANGES = (*_UPSERTS, Op.DELETE.value, Op.TRUNCATE.value)
+
+
 def batch_facts(changes: DataFrame) -> BatchFacts:
     position = F.struct("source_lsn", "kafka_offset")
     row = changes.agg(
@@ -56,10 +62,12 @@ def batch_facts(changes: DataFrame) -> BatchFacts:
         (F.max("source_committed_at") if "source_committed_at" in changes.columns else F.lit(None)).alias(
             "newest_commit"
         ),
-        F.min(F.when(F.col("op") != Op.DELETE.value, position)).alias("oldest_upsert"),
-        F.max(position).alias("newest_change"),
+        F.min(F.when(F.col("op").isin(*_UPSERTS), position)).alias("oldest_upsert"),
+        F.max(F.when(F.col("op").isin(*_CHANGES), position)).alias("newest_change"),
         # Structs order by their first field and nulls come first: a change without a position is told apart.
-        F.count(F.when(F.col("source_lsn").isNull() | F.col("kafka_offset").isNull(), 1)).alias("unplaced"),
+        F.count(
+            F.when(F.col("op").isin(*_CHANGES) & (F.col("source_lsn").isNull() | F.col("kafka_offset").isNull()), 1)
+        ).alias("unplaced"),
     ).collect()[0]  # an aggregate without grouping: one row
     truncate = tuple(row.truncate) if row.truncate else None
     return BatchFacts(
