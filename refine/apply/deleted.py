@@ -185,7 +185,7 @@ class DeletedBound:
         held = self.holds_for(spark, location) if existed else self.table is None
         self.table = None  # not valid while the side table changes (a failed write included)
         yield
-        if held and newest_change is not None:
+        if held and newest_change is not None and is_delta_table(spark, location):
             self.table = _side_table_at(spark, location)
             self.newest = max([newest_change, *([self.newest] if existed and self.newest else [])])
 
