@@ -110,8 +110,10 @@ def watch_refine_queries(
     changes = dict.fromkeys(queries, 0)
     reports = {name: ProgressReports(query) for name, query in queries.items()}
     # Batch ids go on from the refine loop's where a query took its table over from it.
-    storage = None if warehouse is None else Storage(SparkSession.builder.getOrCreate())
-    first = {name: 0 if storage is None else first_batch_id(storage, warehouse, name) for name in queries}
+    first = dict.fromkeys(queries, 0)
+    if warehouse is not None:
+        storage = Storage(SparkSession.builder.getOrCreate())
+        first = {name: first_batch_id(storage, warehouse, name) for name in queries}
     try:
         with ending_on_request(stop):
             while any(query.isActive for query in queries.values()) and not stop.is_set():
