@@ -13,6 +13,7 @@ from pyspark.sql.types import StructType
 from refine.apply.latest import SnapshotStart, last_snapshot_start, lone_snapshot_reads
 from refine.apply.rekey import is_key_change
 from refine.records.envelope import Op
+from refine.records.flattened import LONE_TOMBSTONE_LSN
 from refine.records.parse import OTHER_SCHEMA
 from refine.records.toast import has_placeholder
 
@@ -34,6 +35,7 @@ class BatchFacts(NamedTuple):
     # (None: unknown), which tell whether a deleted key's guard can leave the batch alone (refine/apply/deleted.py).
     oldest_upsert: tuple[int, int] | None = None
     newest_change: tuple[int, int] | None = None
+    lone_tombstones: bool = False  # a flattened topic's tombstone without an LSN (refine/records/flattened.py)
 
     @property
     def resets(self) -> bool:
@@ -68,6 +70,9 @@ def batch_facts(changes: DataFrame) -> BatchFacts:
         F.count(
             F.when(F.col("op").isin(*_CHANGES) & (F.col("source_lsn").isNull() | F.col("kafka_offset").isNull()), 1)
         ).alias("unplaced"),
+        F.coalesce(
+            F.max((F.col("op") == Op.DELETE.value) & (F.col("source_lsn") == LONE_TOMBSTONE_LSN)), F.lit(False)
+        ).alias("lone_tombstones"),
     ).collect()[0]  # an aggregate without grouping: one row
     truncate = tuple(row.truncate) if row.truncate else None
     return BatchFacts(
@@ -83,6 +88,7 @@ def batch_facts(changes: DataFrame) -> BatchFacts:
         row.newest_commit,
         tuple(row.oldest_upsert) if row.oldest_upsert and not row.unplaced else None,
         tuple(row.newest_change) if row.newest_change and not row.unplaced else None,
+        row.lone_tombstones,
     )
 
 

@@ -45,8 +45,10 @@ from refine.apply.merge import LSN, OFFSET, OP, TableSettings, ensure_refined_ta
 from refine.apply.rekey import with_state_before
 from refine.apply.schema_changes import conformed
 from refine.records.envelope import Op
+from refine.records.flattened import LONE_TOMBSTONE_LSN
 
 DELETED_KIND = "deleted"
+_LAST_OFFSET = 2**63 - 1
 TRUNCATED_AT_PROPERTY = "cdc.truncated_at"
 
 
@@ -84,13 +86,42 @@ def _ensure_side_table(spark: SparkSession, location: str, settings: TableSettin
     return ensure_refined_table(spark, location, settings.side(), schema, kind=DELETED_KIND)
 
 
-def record_deletes(spark: SparkSession, location: str, settings: TableSettings, rows: DataFrame) -> None:
+def record_deletes(
+    spark: SparkSession,
+    location: str,
+    settings: TableSettings,
+    rows: DataFrame,
+    lone_tombstones: tuple[str, list[str]] | None = None,
+) -> None:
     """Append the deletes among a batch's refined ``rows`` (the last change per key) to the side table
-    (of the refined table's ``settings``, without its features)."""
+    (of the refined table's ``settings``, without its features). ``lone_tombstones``: the refined table and its
+    key columns, when the rows hold a flattened topic's tombstone without an LSN of its own."""
     side_table = _ensure_side_table(spark, location, settings, rows)
     zone = settings.schema_rules.source_time_zone
-    deletes = conformed(rows.where(F.col(OP) == Op.DELETE.value), side_table, True, zone)
-    deletes.write.format("delta").mode("append").save(location)
+    deletes = rows.where(F.col(OP) == Op.DELETE.value)
+    if lone_tombstones is not None:
+        deletes = _placed_at_their_rows(spark, deletes, *lone_tombstones)
+    conformed(deletes, side_table, True, zone).write.format("delta").mode("append").save(location)
+
+
+def _placed_at_their_rows(spark: SparkSession, deletes: DataFrame, refined: str, key_columns: list[str]) -> DataFrame:
+    """``deletes`` with each lone tombstone's entry at the LSN of the row it deletes (read before the MERGE),
+    after every offset: a replay of that row's changes stays out, a create of the key by a later transaction
+    comes in. Its own LSN, the largest, would keep every later create of the key out for good."""
+    if not is_delta_table(spark, refined):
+        return deletes
+    stored = (
+        spark.read.format("delta")
+        .load(refined)
+        .select(*[F.col(f"`{k}`") for k in key_columns], F.col(LSN).alias("_cdc_stored_lsn"))
+    )
+    lone = F.col(LSN) == LONE_TOMBSTONE_LSN
+    return (
+        deletes.join(stored, key_columns, "left")
+        .withColumn(OFFSET, F.when(lone, F.lit(_LAST_OFFSET)).otherwise(F.col(OFFSET)))
+        .withColumn(LSN, F.when(lone, F.coalesce(F.col("_cdc_stored_lsn"), F.lit(0))).otherwise(F.col(LSN)))
+        .drop("_cdc_stored_lsn")
+    )
 
 
 def record_truncate(
@@ -164,7 +195,8 @@ class DeletedBound:
         aggregate over the side table)."""
         if not self.holds_for(spark, location):
             at = _side_table_at(spark, location)
-            newest = spark.read.format("delta").load(location).agg(F.max(F.struct(LSN, OFFSET)).alias("newest"))
+            placed = spark.read.format("delta").load(location).where(F.col(LSN).isNotNull() & F.col(OFFSET).isNotNull())
+            newest = placed.agg(F.max(F.struct(LSN, OFFSET)).alias("newest"))  # an entry without both drops nothing
             row = newest.collect()[0].newest
             recorded = [tuple(row)] if row is not None else []
             truncated = _truncated_at(spark, location)

@@ -162,7 +162,8 @@ def _write_rows(
     guard = tables.deleted_bound.may_drop(spark, tables.deleted, oldest_upsert)
     with tables.deleted_bound.recording(spark, tables.deleted, facts.newest_change, deletes or facts.resets):
         if deletes:
-            record_deletes(spark, tables.deleted, tables.settings, rows)
+            lone = (tables.refined, key_columns) if facts.lone_tombstones else None
+            record_deletes(spark, tables.deleted, tables.settings, rows, lone)
         if truncated_at is not None:
             record_truncate(spark, tables.deleted, tables.settings, rows, truncated_at)
         if snapshot_at is not None:

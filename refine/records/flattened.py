@@ -50,7 +50,9 @@ from refine.records.parse import (
 
 ENVELOPE_FIELDS = ("op", "source")
 SCHEMA_PROPERTY = "cdc.flattened.schema"  # the refined table's last row schema (Connect JSON)
-_MAX_LSN = 2**63 - 1
+# A tombstone alone (no earlier record of its key in the batch) has no LSN of its own: it takes the largest,
+# so that it deletes the stored row; its deleted-keys entry takes the row's (refine/apply/deleted.py).
+LONE_TOMBSTONE_LSN = 2**63 - 1
 # The ops ExtractNewRecordState writes in ``__op`` (a truncate it drops).
 _TRANSFORM_OPS = (Op.READ.value, Op.CREATE.value, Op.UPDATE.value, Op.DELETE.value)
 _METADATA = StructType(
@@ -142,7 +144,7 @@ def parse_flattened(
     lsn = F.coalesce(F.col("metadata.__lsn"), F.lit(0)) if with_lsn else F.lit(0).cast("long")
     by_key = Window.partitionBy(*[F.col(f"key.`{k}`") for k in key_names]).orderBy("kafka_offset")
     before_it = F.max(F.when(F.col("value").isNotNull(), lsn)).over(by_key.rowsBetween(Window.unboundedPreceding, -1))
-    tombstone_lsn = F.coalesce(before_it, F.lit(_MAX_LSN if with_lsn else 0).cast("long"))
+    tombstone_lsn = F.coalesce(before_it, F.lit(LONE_TOMBSTONE_LSN if with_lsn else 0).cast("long"))
     decoded = parsed.select("*", op.alias("op"), after.alias("decoded"))
     decoded_type = decoded.schema["decoded"].dataType
     assert isinstance(decoded_type, StructType)

@@ -126,6 +126,16 @@ def test_flattened_rows_are_upserted_and_deleted_in_lsn_order(
     assertDataFrameEqual(refined.select(*expected.columns), expected.where("id = 4"))
     assert len(searched) == (0 if compact else 2)  # with spaces: each of the two batches
 
+    # That tombstone's deleted-keys entry keeps a replay of key 1's last change out, and lets a create of the key
+    # by a later transaction in (at the tombstone's own LSN, the largest, it kept every later create out).
+    kafka.produce(topic, [(key(topic, 1), row(topic, 1, "a2", "7.25", "u", 300))])
+    land_and_refine(warehouse, topic)
+    kafka.produce(topic, [(key(topic, 1), row(topic, 1, "back", "3.00", "c", 700))])
+    land_and_refine(warehouse, topic)
+    refined = spark.read.format("delta").load(refined_table_location(warehouse, topic))
+    back = spark.createDataFrame([(1, "back", Decimal("3.00"), 700, "c")], expected.schema)
+    assertDataFrameEqual(refined.select(*expected.columns), expected.where("id = 4").union(back))
+
 
 def test_a_batch_of_only_bad_records_on_a_flattened_topic_is_quarantined(
     spark, kafka, land_and_refine, unique_name, tmp_path
