@@ -81,17 +81,19 @@ def take_over(storage: Storage, warehouse: str, name: str, rebuilt_from: int | N
     else the loop's own marker, else after the raw version a rebuild made the table from (``rebuilt_from``),
     else at the start."""
     checkpoint = refine_checkpoint_location(warehouse, name)
-    if batches := committed_batches(storage, checkpoint):
-        last = max(batches)
-        up_to = _read_up_to(storage, checkpoint, last)
-        marker = RefinedUpTo(last + first_batch_id(storage, warehouse, name), -1 if up_to is None else up_to)
+    kept = read_marker(storage, warehouse, name)
+    batches = committed_batches(storage, checkpoint)
+    # A take-over cut short leaves commits without their offsets: the marker it wrote before stands.
+    if batches and (up_to := _read_up_to(storage, checkpoint, max(batches))) is not None:
+        marker = RefinedUpTo(max(batches) + first_batch_id(storage, warehouse, name), up_to)
         write_marker(storage, warehouse, name, marker)
-    elif (kept := read_marker(storage, warehouse, name)) is not None:
+    elif kept is not None:
         marker = kept
     else:
         marker = RefinedUpTo(-1, -1 if rebuilt_from is None else rebuilt_from)
-    # A batch planned and not committed is replayed by the loop's marker.
-    for location in (f"{checkpoint}/offsets", f"{checkpoint}/commits", _first_batch_location(warehouse, name)):
+    # A batch planned and not committed is replayed by the loop's marker; the commits go first, so that a
+    # removal cut short leaves no commit without its offsets.
+    for location in (f"{checkpoint}/commits", f"{checkpoint}/offsets", _first_batch_location(warehouse, name)):
         if storage.exists(location):
             storage.delete(location)
     return marker
@@ -233,10 +235,13 @@ def _after(at: str, seconds: float) -> bool:
 
 def _read_up_to(storage: Storage, checkpoint: str, batch: int) -> int | None:
     """The raw table's last version that batch ``batch`` and those before it read completely."""
+    location = f"{checkpoint}/offsets/{batch}"
     try:
-        offset = json.loads(storage.read_text(f"{checkpoint}/offsets/{batch}").splitlines()[-1])
+        if not storage.exists(location):
+            return None
+        offset = json.loads(storage.read_text(location).splitlines()[-1])
         version, index = int(offset["reservoirVersion"]), int(offset.get("index", -1))
-    except (OSError, ValueError, KeyError, IndexError):
+    except (CdcError, OSError, ValueError, KeyError, IndexError):
         return None
     return version if index == _WHOLE_VERSION_INDEX else version - 1
 

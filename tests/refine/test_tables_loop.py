@@ -209,3 +209,19 @@ def test_a_replay_after_a_delete_stays_out_when_the_guard_is_left_out_for_newer_
     land(spark, warehouse, topic, [("u", 50, {"id": 2, "name": "a"}, {"id": 2, "name": "late"})])
     table.refine_new()
     assert refined(spark, warehouse, topic) == [(1, "b"), (2, "a"), (5, "e")]
+
+
+def test_a_take_over_cut_short_between_the_checkpoints_folders_leaves_the_table_refinable(spark, tmp_path):
+    """A take-over that wrote its marker and removed the streaming query's offsets, and died before its commits
+    went, left commits without offsets: every later start of the loop failed reading them."""
+    warehouse, topic = str(tmp_path), "demo.shop.cut_over"
+    land(spark, warehouse, topic, [("c", 10, None, {"id": 1, "name": "a"})])
+    assert run_refine_job(spark, job(warehouse, topic), say=lambda line: None) == 1
+    checkpoint = refine_checkpoint_location(warehouse, topic)
+    storage = Storage(spark)
+    write_marker(storage, warehouse, topic, RefinedUpTo(0, table_version(spark, raw_table_location(warehouse, topic))))
+    storage.delete(f"{checkpoint}/offsets")
+    land(spark, warehouse, topic, [("u", 20, {"id": 1, "name": "a"}, {"id": 1, "name": "b"})])
+    assert run_loop(spark, warehouse, [topic]) == ({topic: 1}, [f"refine {topic} batch 1: 1 changes"])
+    assert refined(spark, warehouse, topic) == [(1, "b")]
+    assert not storage.exists(f"{checkpoint}/commits")
