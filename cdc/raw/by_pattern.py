@@ -214,7 +214,7 @@ def _start(
             storage.delete(own)
     if config.on_gap is GapPolicy.FAIL:
         refuse_gaps(find_gaps(next_offsets, held), config.warehouse)
-    else:  # the first batch's gaps: it has no batch before it in the checkpoint to compare with
+    elif starting is not None:  # re-based: the first batch has no batch before it in the checkpoint to compare with
         _record_gaps(spark, config.warehouse, find_gaps(next_offsets, held))
     for topic in topics:
         if topic not in batch.ready and raw_table_topic(spark, raw_table_location(config.warehouse, topic)):

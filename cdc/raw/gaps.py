@@ -67,7 +67,8 @@ def refuse_gaps(gaps: list[OffsetGap], warehouse: str) -> None:
 
 
 def record_gaps(spark: SparkSession, gaps_table: str, raw_table: str, gaps: list[OffsetGap]) -> None:
-    """Add ``gaps`` to the gaps table; a gap already recorded (a replayed batch) is not added twice."""
+    """Add ``gaps`` to the gaps table; a gap already recorded (a replayed batch) is not added twice, and grows
+    when Kafka has deleted more of it since."""
     if not gaps:
         return
     detected_at = datetime.now(UTC)
@@ -80,5 +81,10 @@ def record_gaps(spark: SparkSession, gaps_table: str, raw_table: str, gaps: list
         spark,
         gaps_table,
         GAPS_SCHEMA,
-        lambda table: table.alias("recorded").merge(new.alias("new"), same).whenNotMatchedInsertAll(),
+        lambda table: (
+            table.alias("recorded")
+            .merge(new.alias("new"), same)
+            .whenMatchedUpdate("new.last_missing > recorded.last_missing", {"last_missing": "new.last_missing"})
+            .whenNotMatchedInsertAll()
+        ),
     )

@@ -1,7 +1,7 @@
 from cdc.core.source import PartitionOffsets
 from cdc.core.storage import Storage
 from cdc.raw.checkpoint import committed_offsets
-from cdc.raw.gaps import OffsetGap, find_gaps
+from cdc.raw.gaps import OffsetGap, find_gaps, record_gaps
 
 
 def test_a_gap_is_what_kafka_deleted_before_it_was_read():
@@ -21,3 +21,13 @@ def test_committed_offsets_come_from_the_last_committed_batch(spark, tmp_path):
     (checkpoint / "commits" / ".1.crc").write_text("")
     assert committed_offsets(Storage(spark), str(checkpoint)) == {("t", 0): 20, ("t", 1): 9}
     assert committed_offsets(Storage(spark), str(tmp_path / "none")) == {}
+
+
+def test_a_gap_recorded_again_is_kept_once_and_grows_with_what_kafka_deleted_since(spark, tmp_path):
+    gaps_table = str(tmp_path / "gaps")
+    record_gaps(spark, gaps_table, "raw/t", [OffsetGap("t", 0, 100, 149)])
+    record_gaps(spark, gaps_table, "raw/t", [OffsetGap("t", 0, 100, 149), OffsetGap("t", 1, 5, 9)])
+    record_gaps(spark, gaps_table, "raw/t", [OffsetGap("t", 0, 100, 180)])  # found again later: more is gone
+    record_gaps(spark, gaps_table, "raw/t", [OffsetGap("t", 0, 100, 149)])  # an older sight of it
+    rows = spark.read.format("delta").load(gaps_table).collect()
+    assert sorted((row.partition, row.first_missing, row.last_missing) for row in rows) == [(0, 100, 180), (1, 5, 9)]
