@@ -9,12 +9,14 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
+from cdc.core.config import validate
 from cdc.core.errors import TableError
 from cdc.pipeline.business import BusinessTableConfig, refresh_business_table
 from refine.apply.flatten import child_table_name
 from refine.apply.rules import history_table_name
 from refine.config import RefineJobConfig, refined_table_location
 from refine.rebuild import rebuild_refined_table
+from refine.tables_loop import RefineLoop
 
 SOURCE_ZONE = "Europe/Berlin"
 COLUMNS = "qty smallint, price numeric(8,2), name varchar(20), born date, score real, gone text, old_name text"
@@ -186,6 +188,26 @@ def test_every_alter_mid_stream_refines_equal_to_postgres_after_each_step(
 ):
     """A third of the steps per test (each well within the time a test has): a later third's table takes the
     earlier steps' changes in one batch, then goes step by step."""
+    _every_alter_step_by_step(spark, kafka, stack_config, items, postgres_connector, tmp_path, land, refine, first)
+
+
+def test_every_alter_refines_equal_to_postgres_through_the_refine_loop(
+    spark, kafka, stack_config, items, postgres_connector, tmp_path, land
+):
+    """A whole database's tables are refined by one loop (refine/tables_loop.py), not a query each: the last
+    third of the steps, after the others in one batch, through it."""
+
+    def refine_in_loop(warehouse: str, topic: str, **settings) -> None:
+        document = {"table": topic, "warehouse": warehouse, "trigger": {"kind": "available_now"}, **settings}
+        config = validate(RefineJobConfig, document, "refine job")
+        loop = RefineLoop(spark, config.trigger, lambda line: None)
+        loop.add(config)
+        loop.run()
+
+    _every_alter_step_by_step(spark, kafka, stack_config, items, postgres_connector, tmp_path, land, refine_in_loop, 9)
+
+
+def _every_alter_step_by_step(spark, kafka, stack_config, items, postgres_connector, tmp_path, land, refine, first):
     dsn, prefix = stack_config.postgres.dsn(), postgres_connector.topic_prefix
     steps, warehouse = _Steps(kafka, dsn, prefix, items, land, refine), str(tmp_path)
     last = first + len(STEPS) // 3 - 1
