@@ -81,13 +81,12 @@ def take_over(storage: Storage, warehouse: str, name: str, rebuilt_from: int | N
     else the loop's own marker, else after the raw version a rebuild made the table from (``rebuilt_from``),
     else at the start."""
     checkpoint = refine_checkpoint_location(warehouse, name)
-    kept = read_marker(storage, warehouse, name)
     batches = committed_batches(storage, checkpoint)
     # A take-over cut short leaves commits without their offsets: the marker it wrote before stands.
     if batches and (up_to := _read_up_to(storage, checkpoint, max(batches))) is not None:
         marker = RefinedUpTo(max(batches) + first_batch_id(storage, warehouse, name), up_to)
         write_marker(storage, warehouse, name, marker)
-    elif kept is not None:
+    elif (kept := read_marker(storage, warehouse, name)) is not None:
         marker = kept
     else:
         marker = RefinedUpTo(-1, -1 if rebuilt_from is None else rebuilt_from)
