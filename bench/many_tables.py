@@ -12,7 +12,8 @@ schema, and starts one `cdc sync --pattern` over its topics as a user runs it. P
   SECONDS seconds: p50, p95 and max from a commit to the Delta commit that made its row visible in its
   refined table (the table's first commit at or after the row's `_cdc_refined_at`), and the rows that
   never arrived within a minute after the last commit;
-- the job's peak resident memory (its Python and its JVM) and CPU seconds over the steady part;
+- the job's peak memory (its Python and its JVM, as the sum of their proportional set sizes: bench/usage.py) and
+  CPU seconds over the steady part;
 - where the refinement's time went, from the job's event log (`_cdc/events`): refine batches, their seconds
   (p50, p95, sum) and Spark jobs per batch;
 - the floor: one bare Delta MERGE of one row into each of the refined tables, one after the other, from
@@ -24,7 +25,6 @@ Figures only.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -41,6 +41,7 @@ from delta.tables import DeltaTable
 from latency import percentile, start_job, stop_job
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
+from usage import cpu_seconds, memory_bytes, processes
 
 from cdc.core.config import Settings, load_settings
 from cdc.core.session import build_spark_session
@@ -52,21 +53,10 @@ from refine.config import refined_table_location
 
 
 def group_usage(pgid: int) -> tuple[int, float]:
-    """(resident bytes, CPU seconds) of the processes of process group ``pgid`` (from /proc)."""
-    rss, cpu = 0, 0.0
-    ticks, page = os.sysconf("SC_CLK_TCK"), os.sysconf("SC_PAGE_SIZE")
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) != pgid:  # fields after the command: state, ppid, pgrp, ...
-            continue
-        cpu += (int(fields[11]) + int(fields[12])) / ticks
-        rss += int(fields[21]) * page
-    return rss, cpu
+    """(memory bytes, CPU seconds) of the processes of process group ``pgid``: the sum of their proportional
+    set sizes (bench/usage.py) and of their CPU times."""
+    group = {pid: stat for pid, stat in processes().items() if int(stat[2]) == pgid}
+    return sum(map(memory_bytes, group)), sum(map(cpu_seconds, group.values()))
 
 
 def main() -> None:
@@ -154,7 +144,7 @@ def measure(args: argparse.Namespace, settings: Settings) -> None:
             f"max {max(latencies):.2f} s; {missing} not refined within 60 s of the last commit"
         )
         print(
-            f"peak resident memory {peak[0] / 2**30:.2f} GiB; CPU {cpu_after - cpu_before:.0f} s in the "
+            f"peak memory {peak[0] / 2**30:.2f} GiB; CPU {cpu_after - cpu_before:.0f} s in the "
             f"{args.seconds:.0f} s of commits"
         )
         print(refine_breakdown(spark, warehouse, steady))

@@ -1,0 +1,40 @@
+"""Memory and CPU of a job's processes, read from /proc (Linux)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def memory_bytes(pid: int) -> int:
+    """The process's proportional set size: its resident pages, each shared page divided among the processes
+    that map it. Resident sizes summed over processes count shared pages once per process: a JVM that spawns
+    a command (Hadoop's shell calls) has, until the exec, a child that shares all its memory and reports the
+    JVM's whole resident size as its own."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:  # no smaps_rollup (older kernels): the resident size
+        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0  # gone meanwhile
+
+
+def processes() -> dict[int, list[str]]:
+    """Each process's fields of /proc/PID/stat after its command: state, ppid, pgrp, ..."""
+    fields = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields[int(entry)] = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+    return fields
+
+
+def cpu_seconds(stat: list[str]) -> float:
+    """User and system CPU time of a process so far, from its /proc/PID/stat fields."""
+    return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
