@@ -8,10 +8,11 @@ same Spark settings but for the JVM's garbage collector (each variant's own, unl
 cold (the first landing of a fresh JVM, as a scheduled `--available-now` run) and warm (the second,
 as a long-running job after the JIT compiled its hot paths). Prints rows/s of each
 landing (Spark start-up excluded), the CPU seconds it took (which, unlike wall time, barely move
-when other work shares the machine) and the peak resident memory of each worker's whole process
-tree (Python and its JVM). `--class-archive both` runs every variant also without the driver JVM's
-class archive (see README, Configuration), to show what it saves of a fresh JVM; the start column is
-the Spark session's start. Prints figures; asserts nothing.
+when other work shares the machine) and the peak memory of each worker's whole process
+tree (Python and its JVM, the sum of their proportional set sizes: bench/usage.py).
+`--class-archive both` runs every variant also without the driver JVM's class archive (see README,
+Configuration), to show what it saves of a fresh JVM; the start column is the Spark session's start.
+Prints figures; asserts nothing.
 """
 
 from __future__ import annotations
@@ -26,13 +27,13 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pyspark.sql import SparkSession
 from targets import RAW_AGAINST_PLAIN_STREAM, RAW_RATE
+from usage import tree_cpu_seconds, tree_memory_bytes
 
 from cdc.core.config import Settings, load_settings
 from cdc.core.session import build_spark_session, job_spark_config
@@ -127,37 +128,6 @@ def worker(variant: str, topic: str, bootstrap: str, warehouse: str) -> None:
     print(json.dumps(result), flush=True)
 
 
-def _tree_sum(root: int, reading: Callable[[list[str]], float]) -> float:
-    """The sum of ``reading(fields of /proc/PID/stat)`` over ``root`` and all its descendants."""
-    children: dict[int, list[int]] = {}
-    values: dict[int, float] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(stat[1]), []).append(int(entry))
-        values[int(entry)] = reading(stat)
-    total, pending = 0.0, [root]
-    while pending:
-        pid = pending.pop()
-        total += values.get(pid, 0)
-        pending.extend(children.get(pid, []))
-    return total
-
-
-def tree_rss_bytes(root: int) -> float:
-    """Resident memory of ``root`` and all its descendants."""
-    return _tree_sum(root, lambda stat: int(stat[21]) * os.sysconf("SC_PAGE_SIZE"))
-
-
-def tree_cpu_seconds(root: int) -> float:
-    """User and system CPU time of ``root`` and all its descendants so far."""
-    return _tree_sum(root, lambda stat: (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK"))
-
-
 def run_worker(variant: str, topic: str, bootstrap: str, class_archive: bool, collector: str) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="bench-raw-") as warehouse:
         process = subprocess.Popen(
@@ -187,7 +157,7 @@ def run_worker(variant: str, topic: str, bootstrap: str, class_archive: bool, co
         def sample() -> None:
             nonlocal peak
             while process.poll() is None:
-                peak = max(peak, tree_rss_bytes(process.pid))
+                peak = max(peak, tree_memory_bytes(process.pid))
                 time.sleep(0.2)
 
         sampler = threading.Thread(target=sample)
@@ -197,7 +167,7 @@ def run_worker(variant: str, topic: str, bootstrap: str, class_archive: bool, co
         if process.returncode != 0:
             raise SystemExit(f"{variant} worker failed with exit code {process.returncode}")
         result = json.loads(output.strip().splitlines()[-1])
-        return {**result, "peak_rss_mib": peak / 2**20}
+        return {**result, "peak_mib": peak / 2**20}
 
 
 def main() -> None:
@@ -257,7 +227,7 @@ def measure(args: argparse.Namespace, settings: Settings) -> None:
     width = max(map(len, workers))
     print(
         f"{'variant':<{width}} {'round':>5} {'start s':>7} {'rows':>10} {'cold s':>7} {'cold rows/s':>12} {'CPU s':>6} "
-        f"{'warm s':>7} {'warm rows/s':>12} {'CPU s':>6} {'peak RSS MiB':>13}"
+        f"{'warm s':>7} {'warm rows/s':>12} {'CPU s':>6} {'peak MiB':>13}"
     )
     results: dict[str, list[dict[str, float]]] = {label: [] for label in workers}
     for round_ in range(1, args.rounds + 1):
@@ -272,7 +242,7 @@ def measure(args: argparse.Namespace, settings: Settings) -> None:
                 f"{result['cold_rows_per_s']:>12,.0f} {result['cold_cpu_seconds']:>6.1f} "
                 f"{result['warm_seconds']:>7.1f} "
                 f"{result['warm_rows_per_s']:>12,.0f} {result['warm_cpu_seconds']:>6.1f} "
-                f"{result['peak_rss_mib']:>13,.0f}",
+                f"{result['peak_mib']:>13,.0f}",
                 flush=True,
             )
     for run in ("cold", "warm"):
@@ -290,8 +260,8 @@ def measure(args: argparse.Namespace, settings: Settings) -> None:
             rate = best[VARIANTS[0] + suffix][f"{run}_rows_per_s"]
             print(RAW_RATE.verdict(rate, f"{measured}, {args.messages:,} messages of ~{args.size} B"))
     for label, runs in results.items():
-        peak = max(result["peak_rss_mib"] for result in runs)
-        print(f"peak RSS {label}: {peak:,.0f} MiB (Python and its JVM, both landings)")
+        peak = max(result["peak_mib"] for result in runs)
+        print(f"peak memory {label}: {peak:,.0f} MiB (Python and its JVM, both landings)")
 
 
 if __name__ == "__main__":

@@ -38,3 +38,28 @@ def processes() -> dict[int, list[str]]:
 def cpu_seconds(stat: list[str]) -> float:
     """User and system CPU time of a process so far, from its /proc/PID/stat fields."""
     return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tree(root: int) -> dict[int, list[str]]:
+    """``root`` and all its descendants, with their /proc/PID/stat fields (as :func:`processes`)."""
+    every = processes()
+    children: dict[int, list[int]] = {}
+    for pid, stat in every.items():
+        children.setdefault(int(stat[1]), []).append(pid)
+    found, pending = {}, [root]
+    while pending:
+        pid = pending.pop()
+        if pid in every:
+            found[pid] = every[pid]
+        pending.extend(children.get(pid, []))
+    return found
+
+
+def tree_memory_bytes(root: int) -> int:
+    """Memory of ``root`` and all its descendants: the sum of their proportional set sizes."""
+    return sum(map(memory_bytes, tree(root)))
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """User and system CPU time of ``root`` and all its descendants so far."""
+    return sum(map(cpu_seconds, tree(root).values()))
