@@ -11,13 +11,16 @@ schema, and starts one `cdc sync --pattern` over its topics as a user runs it. P
 - then, with RATE commits per second spread over the tables round-robin (one row inserted per commit) for
   SECONDS seconds: p50, p95 and max from a commit to the Delta commit that made its row visible in its
   refined table (the table's first commit at or after the row's `_cdc_refined_at`), and the rows that
-  never arrived within a minute after the last commit;
+  never arrived within the settling time after the last commit (`--settle`);
 - the job's peak memory (its Python and its JVM, as the sum of their proportional set sizes: bench/usage.py) and
   CPU seconds over the steady part;
 - where the refinement's time went, from the job's event log (`_cdc/events`): refine batches, their seconds
   (p50, p95, sum) and Spark jobs per batch;
 - the floor: one bare Delta MERGE of one row into each of the refined tables, one after the other, from
-  this process's Spark session, as the time it takes (what refining every table once costs at least).
+  this process's Spark session, as the time it takes (what refining every table once costs at least), and two
+  tables at a time;
+- the targets' lines (bench/targets.py): p95 (at up to 50 tables), p95 against the two-at-a-time floor, and
+  peak memory.
 
 Figures only.
 """
@@ -41,7 +44,8 @@ from delta.tables import DeltaTable
 from latency import percentile, start_job, stop_job
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
-from usage import cpu_seconds, memory_bytes, processes
+from targets import MANY_TABLES_AGAINST_FLOOR, MANY_TABLES_MEMORY, MANY_TABLES_P95
+from usage import cpu_seconds, processes, total_memory_bytes
 
 from cdc.core.config import Settings, load_settings
 from cdc.core.session import build_spark_session
@@ -56,7 +60,7 @@ def group_usage(pgid: int) -> tuple[int, float]:
     """(memory bytes, CPU seconds) of the processes of process group ``pgid``: the sum of their proportional
     set sizes (bench/usage.py) and of their CPU times."""
     group = {pid: stat for pid, stat in processes().items() if int(stat[2]) == pgid}
-    return sum(map(memory_bytes, group)), sum(map(cpu_seconds, group.values()))
+    return total_memory_bytes(group), sum(map(cpu_seconds, group.values()))
 
 
 def main() -> None:
@@ -66,6 +70,11 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=2.0, help="commits per second, over all tables")
     parser.add_argument("--seconds", type=float, default=120.0, help="how long commits are made")
     parser.add_argument("--trigger-interval", type=float, default=1.0, help="the job's trigger interval")
+    parser.add_argument(
+        "--settle",
+        type=float,
+        help="seconds after the last commit for the rest to reach their refined tables (default: 60, or 1 s a table)",
+    )
     parser.add_argument("--log", type=Path, help="keep the job's output here")
     args = parser.parse_args()
     settings = load_settings()
@@ -111,7 +120,7 @@ def measure(args: argparse.Namespace, settings: Settings) -> None:
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
         try:
-            fresh_s = wait_until_fresh(spark, locations, args.rows, started, timeout_s=900)
+            fresh_s = wait_until_fresh(spark, locations, args.rows, started, timeout_s=max(900, 6 * args.tables))
             print(
                 f"{args.tables} tables of {args.rows} rows: every refined table held its snapshot {fresh_s:.0f} s "
                 "after the job started"
@@ -122,13 +131,14 @@ def measure(args: argparse.Namespace, settings: Settings) -> None:
             last = {
                 t: max(i for (table, i) in committed if table == t) for t in tables if any(c[0] == t for c in committed)
             }
-            deadline, seen = time.monotonic() + 60, dict.fromkeys(last, -1)
+            settle = args.settle or max(60.0, args.tables)
+            deadline, seen = time.monotonic() + settle, dict.fromkeys(last, -1)
             while last and time.monotonic() < deadline:  # each table looked at again only once its version moved
                 moved = {t for t in last if table_version(spark, locations[t]) != seen[t]}
                 seen.update({t: table_version(spark, locations[t]) for t in moved})
                 last = {t: i for t, i in last.items() if t not in moved or not has_row(spark, locations[t], i)}
                 time.sleep(2)
-            steady = (time.time() - args.seconds - 60, time.time())
+            steady = (time.time() - args.seconds - settle, time.time())
         finally:
             sampling.set()
             stop_job(job)
@@ -141,7 +151,7 @@ def measure(args: argparse.Namespace, settings: Settings) -> None:
         print(
             f"{len(committed)} commits at {args.rate}/s over {args.tables} tables for {args.seconds:.0f} s: "
             f"commit to refined p50 {statistics.median(latencies):.2f} s, p95 {percentile(latencies, 0.95):.2f} s, "
-            f"max {max(latencies):.2f} s; {missing} not refined within 60 s of the last commit"
+            f"max {max(latencies):.2f} s; {missing} not refined within {settle:.0f} s of the last commit"
         )
         print(
             f"peak memory {peak[0] / 2**30:.2f} GiB; CPU {cpu_after - cpu_before:.0f} s in the "
@@ -154,6 +164,12 @@ def measure(args: argparse.Namespace, settings: Settings) -> None:
             f"{floor:.1f} s ({floor / args.tables:.2f} s each); two at a time: {floor_two:.1f} s "
             f"({args.tables / floor_two:.2f} tables/s)"
         )
+        measured = f"{args.tables} tables at {args.rate:g} commits/s"
+        p95 = percentile(latencies, 0.95)
+        if args.tables <= 50:
+            print(MANY_TABLES_P95.verdict(p95, measured))
+        print(MANY_TABLES_AGAINST_FLOOR.verdict(p95 / floor_two, f"{measured}: {p95:.1f} s against {floor_two:.1f} s"))
+        print(MANY_TABLES_MEMORY.verdict(peak[0] / 2**30, measured))
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f"DROP SCHEMA {name} CASCADE")
 

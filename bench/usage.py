@@ -8,9 +8,7 @@ from pathlib import Path
 
 def memory_bytes(pid: int) -> int:
     """The process's proportional set size: its resident pages, each shared page divided among the processes
-    that map it. Resident sizes summed over processes count shared pages once per process: a JVM that spawns
-    a command (Hadoop's shell calls) has, until the exec, a child that shares all its memory and reports the
-    JVM's whole resident size as its own."""
+    that map it (resident sizes summed over processes count shared pages once per process)."""
     try:
         for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
             if line.startswith("Pss:"):
@@ -56,8 +54,23 @@ def tree(root: int) -> dict[int, list[str]]:
 
 
 def tree_memory_bytes(root: int) -> int:
-    """Memory of ``root`` and all its descendants: the sum of their proportional set sizes."""
-    return sum(map(memory_bytes, tree(root)))
+    """Memory of ``root`` and all its descendants (:func:`total_memory_bytes`)."""
+    return total_memory_bytes(tree(root))
+
+
+def total_memory_bytes(group: dict[int, list[str]]) -> int:
+    """The sum of the processes' proportional set sizes, leaving out a child that still runs its parent's program.
+    A JVM spawns commands (Hadoop's shell calls) with a child that shares the JVM's memory until its exec
+    (``posix_spawn``: ``CLONE_VM``); its proportional size is the JVM's whole, counted twice. A child forked
+    without sharing its parent's memory only holds copies of its pages until the exec."""
+    return sum(memory_bytes(pid) for pid, stat in group.items() if not _runs_its_parents_program(pid, int(stat[1])))
+
+
+def _runs_its_parents_program(pid: int, parent: int) -> bool:
+    try:
+        return os.readlink(f"/proc/{pid}/exe") == os.readlink(f"/proc/{parent}/exe")
+    except OSError:
+        return False  # gone, or the parent is not ours to read
 
 
 def tree_cpu_seconds(root: int) -> float:
