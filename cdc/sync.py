@@ -186,6 +186,8 @@ def _refinements(
                 assert isinstance(config.raw.topics, TopicPattern)  # checked by SyncJobConfig
                 pattern = config.raw.topics.pattern
                 return {pattern: lambda: _refine_each_landed(spark, pattern, each, say, stop, landing)}
+            if landing is not None:  # continuous: one loop for them all, each table joining once landed
+                return {"topics": lambda: _refine_named(spark, jobs, say, stop, landing)}
             return {
                 job.target: once_landed([job.table], partial(run_refine_job, spark, job, say, stop)) for job in jobs
             }
@@ -208,8 +210,6 @@ def _refine_each_landed(
     all in one loop (refine/tables_loop.py): run once, those landed now; continuously, those landed later too
     (looked for every ``TABLE_RESCAN_S``), until ``stop``."""
     regex = re.compile(pattern)
-    since = datetime.now(UTC)
-    continuous = isinstance(each.trigger, Continuous)
     started: set[str] = set()
 
     def new_tables() -> list[RefineJobConfig]:
@@ -217,18 +217,56 @@ def _refine_each_landed(
         started.update(landed)
         return [each.model_copy(update={"table": topic}) for topic in landed]
 
-    with EventLog.of(each.warehouse).kept_flushed(spark, continuous) as events:
+    _refine_in_a_loop(spark, each, new_tables, say, stop, landing)
+
+
+def _refine_named(
+    spark: SparkSession,
+    jobs: list[RefineJobConfig],
+    say: Callable[[str], None],
+    stop: threading.Event,
+    landing: LandingNews,
+) -> None:
+    """Refine the topics named, continuously, in one loop (refine/tables_loop.py), each table from the first round
+    after its raw table exists. A query per table gave each its own planning and thread: in a process that lived
+    a minute, the landing and the queries' first batches shared the cores and no refined table was committed."""
+    waiting = {job.target: job for job in jobs}
+
+    def landed_tables() -> list[RefineJobConfig]:
+        landed = [
+            job for job in waiting.values() if is_delta_table(spark, raw_table_location(job.warehouse, job.table))
+        ]
+        for job in landed:
+            del waiting[job.target]
+        return landed
+
+    _refine_in_a_loop(spark, jobs[0], landed_tables, say, stop, landing)
+
+
+def _refine_in_a_loop(
+    spark: SparkSession,
+    run: RefineJobConfig,
+    discover: Callable[[], list[RefineJobConfig]],
+    say: Callable[[str], None],
+    stop: threading.Event,
+    landing: LandingNews | None,
+) -> None:
+    """The tables ``discover`` finds, refined by one :class:`RefineLoop` with ``run``'s warehouse, trigger and
+    quarantine policy; its summary said at the end."""
+    since = datetime.now(UTC)
+    continuous = isinstance(run.trigger, Continuous)
+    with EventLog.of(run.warehouse).kept_flushed(spark, continuous) as events:
         loop = RefineLoop(
             spark,
-            each.trigger,
+            run.trigger,
             say,
             stop,
             events=events,
             told_what_landed=landing is not None,
-            discover=new_tables,
+            discover=discover,
             discover_every_s=TABLE_RESCAN_S,
         )
         if landing is not None:
             landing.listen(loop.landed)
         changes = loop.run()
-    fail_if_quarantined(each, summarize_run(spark, each.warehouse, changes, since, say, stop))
+    fail_if_quarantined(run, summarize_run(spark, run.warehouse, changes, since, say, stop))

@@ -350,10 +350,13 @@ def run_pipeline_refine(
                 rebuild_refined_table(spark, job, say)
     business = business_tables(pipeline, config.warehouse)
     once = isinstance(config.trigger, AvailableNow)
-    # With patterns (a whole database), the Debezium tables are refined by one loop; others by a query each.
+    # Continuously, or with patterns (a whole database), the Debezium tables are refined by one loop
+    # (refine/tables_loop.py); the others by a query each. A query per table gave each its own planning and
+    # thread: in a `cdc sync` that lived a minute, none committed a refined batch.
     discovering = has_patterns(declared)
-    looped = [job for job in jobs if discovering and isinstance(job, RefineJobConfig)]
-    streamed = [job for job in jobs if not (discovering and isinstance(job, RefineJobConfig))]
+    looping = discovering or not once
+    looped = [job for job in jobs if looping and isinstance(job, RefineJobConfig)]
+    streamed = [job for job in jobs if not (looping and isinstance(job, RefineJobConfig))]
     groups = [[job] for job in streamed] if once else [streamed] if streamed else []
     # Run continuously, each business table is refreshed on its own interval in a thread until ``stop``.
     threads = JobThreads(stop)
@@ -380,7 +383,9 @@ def run_pipeline_refine(
             counts.update(watch_refine_queries(queries, say, stop, batches, config.warehouse))
 
         loop = None
-        if discovering:  # tables created at the source while this runs are refined once landed
+        if looping and (
+            looped or discovering
+        ):  # with patterns, tables created at the source while this runs are refined once landed
             loop = RefineLoop(
                 spark,
                 config.trigger,
@@ -388,7 +393,9 @@ def run_pipeline_refine(
                 stop,
                 events=events,
                 told_what_landed=landing is not None,
-                discover=None if once else _new_tables(spark, declared, config, {job.target for job in jobs}, say),
+                discover=_new_tables(spark, declared, config, {job.target for job in jobs}, say)
+                if discovering and not once
+                else None,
                 discover_every_s=TABLE_RESCAN_S,
             )
             for job in looped:

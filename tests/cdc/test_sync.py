@@ -268,6 +268,8 @@ def test_a_failed_refinement_ends_the_landing_and_is_the_error(spark, kafka, tmp
             "the first row refined",
             0.5,
         )
+        # The topics named are refined by one loop beside the landing, not by a streaming query each.
+        assert [query.name for query in spark.streams.active if query.name.startswith("refine")] == []
         kafka.produce(topic, [(flattened_key(2), flattened_value(2, 2, "int64"))])  # `name` turned a number
         # No stop is ever set here: the landing, which would otherwise run on, ends because refining failed.
         thread.join(300)
