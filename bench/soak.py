@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -76,7 +77,23 @@ def start_sync(pipeline: Path, warehouse: str, bootstrap_servers: str, log: Path
         *more,
     ]
     env = {**os.environ, "PYTHONPATH": root, "CDC_KAFKA__BOOTSTRAP_SERVERS": bootstrap_servers}
+    with log.open("a") as out:
+        out.write(f"{RUN_STARTS} {' '.join(more)}\n")  # where this run's lines begin (runs_refined reads them)
     return subprocess.Popen(command, env=env, stdout=log.open("a"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+RUN_STARTS = "soak: cdc sync started"
+
+
+def runs_refined(log: Path, tables: list[str]) -> list[dict[str, int]]:
+    """For each continuous run of `cdc sync` in ``log``, the refine batches it reported per table."""
+    runs: list[dict[str, int]] = []
+    for line in log.read_text(errors="replace").splitlines():
+        if line.startswith(RUN_STARTS):
+            runs.append(dict.fromkeys(tables, 0) if "--trigger-interval" in line else {})
+        elif runs and runs[-1] and (found := re.match(r"refine (\S+) batch \d+: ", line)) and found[1] in runs[-1]:
+            runs[-1][found[1]] += 1
+    return [run for run in runs if run]
 
 
 def kill_group(process: subprocess.Popen, signal_number: int = signal.SIGKILL) -> None:
@@ -152,6 +169,7 @@ def soak(args: argparse.Namespace, settings: Settings, stack: LocalStack, seed: 
     try:
         wait_for_marks(bootstrap, topics, workload.mark())  # the topics exist
         sync = start_sync(pipeline, warehouse, bootstrap, log, "--trigger-interval", "1")
+        lifetimes, started = [], time.monotonic()
         end = time.monotonic() + args.minutes * 60
         next_fault = time.monotonic() + faults_rng.expovariate(1 / args.fault_every)
         while time.monotonic() < end:
@@ -159,6 +177,8 @@ def soak(args: argparse.Namespace, settings: Settings, stack: LocalStack, seed: 
             time.sleep(faults_rng.uniform(0, 0.3))  # the workload's pace
             if sync.poll() is not None:  # it stopped by itself (Kafka gone too long, say): started again
                 faults["cdc sync stopped by itself"] += 1
+                lifetimes.append(time.monotonic() - started)
+                started = time.monotonic()
                 sync = start_sync(pipeline, warehouse, bootstrap, log, "--trigger-interval", "1")
             if time.monotonic() < next_fault:
                 continue
@@ -167,7 +187,9 @@ def soak(args: argparse.Namespace, settings: Settings, stack: LocalStack, seed: 
             print(f"soak: {workload.counts.transactions} transactions; kill -9 {victim}", flush=True)
             if victim == "cdc sync":
                 kill_group(sync)
+                lifetimes.append(time.monotonic() - started)
                 sync = start_sync(pipeline, warehouse, bootstrap, log, "--trigger-interval", "1")
+                started = time.monotonic()
             else:
                 component = kafka if victim == "kafka" else connect
                 pid = component.status().pid
@@ -191,6 +213,7 @@ def soak(args: argparse.Namespace, settings: Settings, stack: LocalStack, seed: 
         restart_failed_tasks(client, name)
         wait_for_marks(bootstrap, topics, workload.mark(), timeout_s=600)
         kill_group(sync, signal.SIGTERM)
+        lifetimes.append(time.monotonic() - started)
         once = start_sync(pipeline, warehouse, bootstrap, log, "--available-now")
         if once.wait() != 0:
             print(f"soak: the last `cdc sync --available-now` failed (exit {once.returncode}); log: {log}")
@@ -209,6 +232,12 @@ def soak(args: argparse.Namespace, settings: Settings, stack: LocalStack, seed: 
         print(
             f"soak: rows compared: {sum(result.rows for result in results)} "
             f"({', '.join(f'{result.name} {result.rows}' for result in results)})"
+        )
+        refined = runs_refined(log, tables.names)
+        print(
+            f"soak: continuous runs of cdc sync: {len(refined)}; refine batches each (seconds it lived): "
+            + "; ".join(f"{sum(run.values())} ({lived:.0f} s)" for run, lived in zip(refined, lifetimes, strict=False))
+            + f"; runs that refined none of the tables: {sum(1 for run in refined if not any(run.values()))}"
         )
         print(f"soak: mismatches: {mismatches}")
         for result in results:
