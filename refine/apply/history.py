@@ -327,17 +327,19 @@ def apply_history(
     )
 
 
-def delivered_first(versions: DataFrame, held: DataFrame, key_columns: list[str]) -> DataFrame:
+def delivered_first(versions: DataFrame, held: DataFrame | None, key_columns: list[str]) -> DataFrame:
     """``versions`` without the streamed changes delivered again (pure): Kafka Connect re-sends a change at
     a later offset, with the LSN and op it had. A streamed change (op ``c``, ``u``, ``d``) whose key, LSN
-    and op the ``held`` versions (the history table's) or an earlier offset of the batch already have is
-    left out. Snapshot reads and a reset's delete versions share a snapshot's LSN (and two snapshots may
-    share one): they stay told apart by their whole position."""
+    and op the ``held`` versions (the history table's; None before its first batch) or an earlier offset of
+    the batch already have is left out. Snapshot reads and a reset's delete versions share a snapshot's LSN
+    (and two snapshots may share one): they stay told apart by their whole position."""
     change = [*key_columns, LSN, OP]
     streamed = F.col(OP).isin(Op.CREATE.value, Op.UPDATE.value, Op.DELETE.value)
     first = F.row_number().over(Window.partitionBy(*change).orderBy(F.col(OFFSET)))
     in_batch = versions.withColumn("_first", F.when(streamed, first).otherwise(F.lit(1)))
     once = in_batch.where(F.col("_first") == 1).drop("_first")
+    if held is None:
+        return once
     again = once.where(streamed).join(held.select(*change).distinct(), change, "left_semi")
     return once.join(again.select(*change, OFFSET), [*change, OFFSET], "left_anti").select(*versions.columns)
 
@@ -370,8 +372,9 @@ def record_debezium_history(
     spec = debezium_history_spec(key_columns, list(SOURCE_POSITION), tracked_columns)
     versions = debezium_versions(rows)
     versions = passing(versions, F.col(CHANGE) == ChangeOp.DELETE.value)
-    if is_delta_table(spark, location):
-        versions = delivered_first(versions, spark.read.format("delta").load(location), key_columns)
+    # A batch's own records delivered twice are left out in the history's first batch too.
+    held = spark.read.format("delta").load(location) if is_delta_table(spark, location) else None
+    versions = delivered_first(versions, held, key_columns)
     unchanged = {
         f.name: test
         for f in versions.schema
