@@ -73,10 +73,11 @@ class LoopTable:
         self.more = False  # the last batch stopped short of the raw table's latest version (a backlog)
         self.session = own_session(spark)
 
-    def refine_new(self, up_to: int | None = None) -> int | None:
+    def refine_new(self, up_to: int | None = None, stop: threading.Event | None = None) -> int | None:
         """Refine the raw versions after the marker (up to ``up_to``, else the latest, at most
         ``MAX_VERSIONS_PER_BATCH``) as one batch, in the table's own session; return the changes read (None:
-        nothing new)."""
+        nothing new). A batch that fails once ``stop`` is set was cut short by the stop, not failed: it is not
+        recorded as the table's failure (the next run refines those versions again)."""
         spark = self.session
         position = self.position
         if position.begun_to is None:
@@ -104,7 +105,8 @@ class LoopTable:
         except Exception as error:  # noqa: BLE001 - raised as the table's error, naming its batch
             failure = self.batch.error or batch_error(error, self.name, batch_id)
             self.batch.error = None
-            record_failure(self.storage, self.job.warehouse, self.name, failure)
+            if stop is None or not stop.is_set():
+                record_failure(self.storage, self.job.warehouse, self.name, failure)
             raise failure from None
         facts = self.batch.facts
         read = self.batch.records_read.pop(batch_id, facts.records if facts is not None else 0)
@@ -164,6 +166,7 @@ class RefineLoop:
         self._moved: set[str] = set()  # topics the landing wrote since the last round
         self._woken = threading.Event()
         self._lock = threading.Lock()
+        self._failed = False  # a table's batch failed (and set ``stop``)
 
     def add(self, job: RefineJobConfig) -> None:
         """Refine ``job``'s table in this loop (its raw table must exist)."""
@@ -185,7 +188,17 @@ class RefineLoop:
     def run(self) -> dict[str, int]:
         """Refine until done (see the class); return the changes each table read. The first table whose batch
         fails stops the loop: its error (naming the table and the batch) is raised once the batches running
-        beside it end."""
+        beside it end. Once ``stop`` is set from outside, what fails is the stop, not an error: a service manager
+        stopping the job signals its whole process group, and the JVM exits under the batches still running
+        (each runs again in the next run)."""
+        try:
+            return self._run()
+        except Exception:
+            if not self.stop.is_set() or self._failed:
+                raise
+            return self.changes()
+
+    def _run(self) -> dict[str, int]:
         continuous = isinstance(self.trigger, Continuous)
         interval = self.trigger.interval_s if isinstance(self.trigger, Continuous) else 0.0
         self._discover()
@@ -233,7 +246,7 @@ class RefineLoop:
         def refine(table: LoopTable) -> None:
             if self.stop.is_set():
                 return
-            read = table.refine_new(None if limits is None else limits[table.name])
+            read = table.refine_new(None if limits is None else limits[table.name], self.stop)
             if read:
                 self.say(ProgressLine(f"refine {table.name} batch {table.position.batch}: {read:,} changes"))
 
@@ -242,7 +255,10 @@ class RefineLoop:
             try:
                 future.result()
             except Exception as error:  # noqa: BLE001 - raised below, once the other batches have ended
+                if self.stop.is_set() and not self._failed:
+                    continue  # cut short by the stop (see run)
                 failures.append(error)
+                self._failed = True
                 self.stop.set()
         if failures:
             raise failures[0]

@@ -5,11 +5,14 @@ table's streaming query both ways."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
+from py4j.protocol import Py4JError
 from pyspark.sql import functions as F
 
+from cdc.core.errors import CdcError
 from cdc.core.storage import Storage
 from cdc.core.tables import raw_table_location, table_version
 from cdc.raw.rows import raw_rows
@@ -225,3 +228,46 @@ def test_a_take_over_cut_short_between_the_checkpoints_folders_leaves_the_table_
     assert run_loop(spark, warehouse, [topic]) == ({topic: 1}, [f"refine {topic} batch 1: 1 changes"])
     assert refined(spark, warehouse, topic) == [(1, "b")]
     assert not storage.exists(f"{checkpoint}/commits")
+
+
+class FailingBatch:
+    """A table's batch function that fails as py4j does (setting ``stop`` first, if given)."""
+
+    error = None
+
+    def __init__(self, message: str, stop: threading.Event | None = None) -> None:
+        self.message, self.stop = message, stop
+
+    def __call__(self, rows, batch_id: int) -> None:
+        if self.stop is not None:
+            self.stop.set()
+        raise Py4JError(self.message)
+
+
+def test_a_batch_the_stop_cuts_short_is_no_failure_and_runs_again(spark, tmp_path):
+    """A service manager's SIGTERM reaches the JVM too, which exits under the batch running: once the stop is set,
+    its failure is the stop (no error, no failure recorded for `cdc status`), and the next run refines it."""
+    warehouse, topic = str(tmp_path), "demo.shop.stopped"
+    land(spark, warehouse, topic, [("c", 10, None, {"id": 1, "name": "a"})])
+    stop = threading.Event()
+    loop = RefineLoop(spark, job(warehouse, topic).trigger, lambda line: None, stop)
+    loop.add(job(warehouse, topic))
+    table = loop.tables[topic]
+    refine_batch = table.batch
+    table.batch = FailingBatch("Answer from Java side is empty", stop)  # what a batch sees when the JVM exits
+    assert loop.run() == {topic: 0}
+    assert refined_table_status(spark, warehouse, topic).last_error is None
+    table.batch = refine_batch
+    assert run_loop(spark, warehouse, [topic]) == ({topic: 1}, [f"refine {topic} batch 0: 1 changes"])
+    assert refined(spark, warehouse, topic) == [(1, "a")]
+
+
+def test_a_batch_that_fails_without_a_stop_is_the_loop_s_error(spark, tmp_path):
+    warehouse, topic = str(tmp_path), "demo.shop.failing"
+    land(spark, warehouse, topic, [("c", 10, None, {"id": 1, "name": "a"})])
+    loop = RefineLoop(spark, job(warehouse, topic).trigger, lambda line: None)
+    loop.add(job(warehouse, topic))
+    loop.tables[topic].batch = FailingBatch("a genuine failure")
+    with pytest.raises(CdcError, match="a genuine failure"):
+        loop.run()
+    assert "a genuine failure" in refined_table_status(spark, warehouse, topic).last_error.error
