@@ -2,9 +2,10 @@
 
 A streaming query per table gives each table its own trigger, polling, planning and thread: 50 tables at
 2 commits/s in all reached their refined tables after p95 179 s (docs/operations/scaling.md). Here one loop
-serves them all. Each round it reads, for each table whose raw table has new versions, the Change Data Feed of
-those versions as one batch, and refines it with the table's :class:`refine.batch.RefineBatch` (the function a
-table's streaming query runs per micro-batch), ``workers`` tables at a time. A table without new versions costs
+serves them all. For each table whose raw table has new versions it reads the Change Data Feed of those versions
+as one batch, and refines it with the table's :class:`refine.batch.RefineBatch` (the function a table's streaming
+query runs per micro-batch), ``workers`` tables at a time: run continuously, a table's batch starts as soon as a
+worker is free; run once, in rounds until each table has refined what its raw table held at the start. A table without new versions costs
 nothing when the landing in the same process says which topics it wrote (:meth:`RefineLoop.landed`); else
 each round looks at each table's log (~10-30 ms).
 
@@ -27,7 +28,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import suppress
 
 from pyspark.sql import SparkSession
 
@@ -204,54 +206,72 @@ class RefineLoop:
         self._discover()
         last_discovery = last_full_look = time.monotonic()
         limits: dict[str, int] | None = None
+        # Continuously, a table's batch starts as soon as a worker is free: no round waits for its slowest batch
+        # (a table's first batch, with its history and child tables, took minutes while the others waited).
+        running: dict[Future[None], LoopTable] = {}
+        again: set[str] = set()  # tables due while their batch was running: looked at once it has ended
         with ThreadPoolExecutor(self.workers, thread_name_prefix="refine") as pool:
-            while not self.stop.is_set():
-                began = time.monotonic()
-                if continuous and self.discover is not None and began - last_discovery >= self.discover_every_s:
-                    self._discover()
-                    last_discovery = began
-                if not continuous:
-                    if limits is None:  # what each raw table holds now: the run's end
-                        limits = {name: table_version(self.spark, t.raw) for name, t in self.tables.items()}
-                    due = [t for name, t in self.tables.items() if not t.caught_up(self.spark, limits[name])]
-                    if not due:
-                        break
-                    self._round(pool, due, limits)
-                    continue
-                full_look = not self.told_what_landed or began - last_full_look >= FULL_LOOK_S
-                with self._lock:
-                    moved, self._moved = self._moved, set()
-                    self._woken.clear()
-                if full_look:
-                    last_full_look = began
-                due = [
-                    t
-                    for t in self.tables.values()
-                    if full_look or t.job.table in moved or t.more or t.position.begun_to is not None
-                ]
-                self._round(pool, due, None)
-                # The next round: at the trigger's interval, or as soon as the landing says what it wrote.
-                rest = max(0.0, interval - (time.monotonic() - began))
-                (self._woken if self.told_what_landed else self.stop).wait(rest)
+            try:
+                while not self.stop.is_set():
+                    began = time.monotonic()
+                    if continuous and self.discover is not None and began - last_discovery >= self.discover_every_s:
+                        self._discover()
+                        last_discovery = began
+                    if not continuous:
+                        if limits is None:  # what each raw table holds now: the run's end
+                            limits = {name: table_version(self.spark, t.raw) for name, t in self.tables.items()}
+                        due = [t for name, t in self.tables.items() if not t.caught_up(self.spark, limits[name])]
+                        if not due:
+                            break
+                        self._round(pool, due, limits)
+                        continue
+                    full_look = not self.told_what_landed or began - last_full_look >= FULL_LOOK_S
+                    with self._lock:
+                        moved, self._moved = self._moved, set()
+                        self._woken.clear()
+                    if full_look:
+                        last_full_look = began
+                    busy = {table.name for table in running.values()}
+                    due = [
+                        t
+                        for t in self.tables.values()
+                        if full_look
+                        or t.job.table in moved
+                        or t.more
+                        or t.position.begun_to is not None
+                        or t.name in again
+                    ]
+                    again = {t.name for t in due if t.name in busy and (full_look or t.job.table in moved)}
+                    for table in due:
+                        if table.name not in busy:
+                            running[pool.submit(self._refine_one, table, None)] = table
+                    # Again once a batch ends, at the trigger's interval, or as soon as the landing says what it wrote.
+                    self._wait(running, max(0.0, interval - (time.monotonic() - began)))
+                    self._collect(running, only_done=True)
+            finally:
+                self._collect(running, only_done=False)
         return self.changes()
 
-    def _discover(self) -> None:
-        for job in self.discover() if self.discover is not None else ():
-            if not self.stop.is_set():
-                self.add(job)
+    def _wait(self, running: dict[Future[None], LoopTable], seconds: float) -> None:
+        woken = self._woken if self.told_what_landed else self.stop
+        deadline = time.monotonic() + seconds
+        while not self.stop.is_set() and not woken.is_set() and time.monotonic() < deadline:
+            if running:
+                if wait(running, timeout=min(0.1, max(0.0, deadline - time.monotonic())), return_when=FIRST_COMPLETED)[
+                    0
+                ]:
+                    return
+            else:
+                woken.wait(min(0.1, max(0.0, deadline - time.monotonic())))
 
-    def _round(self, pool: ThreadPoolExecutor, due: list[LoopTable], limits: dict[str, int] | None) -> None:
-        """One batch of each table ``due`` that has new versions, ``workers`` at a time."""
-
-        def refine(table: LoopTable) -> None:
-            if self.stop.is_set():
-                return
-            read = table.refine_new(None if limits is None else limits[table.name], self.stop)
-            if read:
-                self.say(ProgressLine(f"refine {table.name} batch {table.position.batch}: {read:,} changes"))
-
+    def _collect(self, running: dict[Future[None], LoopTable], only_done: bool) -> None:
+        """Forget the batches that have ended (all of them, waiting, unless ``only_done``); the first failure
+        sets ``stop`` and is raised once the batches running beside it have ended."""
         failures: list[Exception] = []
-        for future in [pool.submit(refine, table) for table in due]:
+        for future in list(running):
+            if only_done and not future.done():
+                continue
+            del running[future]
             try:
                 future.result()
             except Exception as error:  # noqa: BLE001 - raised below, once the other batches have ended
@@ -261,4 +281,27 @@ class RefineLoop:
                 self._failed = True
                 self.stop.set()
         if failures:
+            for future in list(running):  # the batches beside it end (cut short by the stop) before it is raised
+                del running[future]
+                with suppress(Exception):
+                    future.result()
             raise failures[0]
+
+    def _discover(self) -> None:
+        for job in self.discover() if self.discover is not None else ():
+            if not self.stop.is_set():
+                self.add(job)
+
+    def _round(self, pool: ThreadPoolExecutor, due: list[LoopTable], limits: dict[str, int] | None) -> None:
+        """One batch of each table ``due`` that has new versions, ``workers`` at a time."""
+        running = {
+            pool.submit(self._refine_one, table, None if limits is None else limits[table.name]): table for table in due
+        }
+        self._collect(running, only_done=False)
+
+    def _refine_one(self, table: LoopTable, up_to: int | None) -> None:
+        if self.stop.is_set():
+            return
+        read = table.refine_new(up_to, self.stop)
+        if read:
+            self.say(ProgressLine(f"refine {table.name} batch {table.position.batch}: {read:,} changes"))

@@ -12,9 +12,10 @@ import pytest
 from py4j.protocol import Py4JError
 from pyspark.sql import functions as F
 
+from cdc.core.config import Continuous
 from cdc.core.errors import CdcError
 from cdc.core.storage import Storage
-from cdc.core.tables import raw_table_location, table_version
+from cdc.core.tables import is_delta_table, raw_table_location, table_version
 from cdc.raw.rows import raw_rows
 from cdc.raw.table import create_raw_table
 from cdc.stack.envelopes import postgres_envelope
@@ -271,3 +272,55 @@ def test_a_batch_that_fails_without_a_stop_is_the_loop_s_error(spark, tmp_path):
     with pytest.raises(CdcError, match="a genuine failure"):
         loop.run()
     assert "a genuine failure" in refined_table_status(spark, warehouse, topic).last_error.error
+
+
+def test_a_slow_batch_holds_no_other_table_back(spark, tmp_path, wait_for):
+    """Continuously, a table's batch starts as soon as a worker is free: while one table's batch runs long (a
+    first batch with history and child tables), another table is refined batch after batch."""
+    warehouse, slow, quick = str(tmp_path), "demo.shop.slow", "demo.shop.quick"
+    for topic in (slow, quick):
+        land(spark, warehouse, topic, [("c", 10, None, {"id": 1, "name": "a"})])
+    stop, release = threading.Event(), threading.Event()
+    loop = RefineLoop(spark, Continuous(interval_s=0.2), lambda line: None, stop)
+    for topic in (slow, quick):
+        loop.add(job(warehouse, topic, "continuous"))
+    slow_table = loop.tables[slow]
+    refine_batch = slow_table.batch
+
+    class HeldBatch:
+        error = None
+
+        def __call__(self, rows, batch_id: int) -> None:
+            release.wait(300)
+            slow_table.batch = refine_batch
+            refine_batch(rows, batch_id)
+
+    slow_table.batch = HeldBatch()
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            loop.run()
+        except BaseException as error:  # noqa: BLE001 - asserted below
+            failures.append(error)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        quick_location = refined_table_location(warehouse, quick)
+        first = lambda: is_delta_table(spark, quick_location) and refined(spark, warehouse, quick) == [(1, "a")]  # noqa: E731
+        wait_for(lambda: failures or first(), 120, "the quick table's first batch", 0.5)
+        land(spark, warehouse, quick, [("c", 20, None, {"id": 2, "name": "b"})])
+        # Before the slow batch ends: a round waiting for its slowest batch timed out here.
+        second = lambda: refined(spark, warehouse, quick) == [(1, "a"), (2, "b")]  # noqa: E731
+        wait_for(lambda: failures or second(), 60, "the quick table's second batch", 0.5)
+        assert not failures, failures
+        release.set()
+        slow_location = refined_table_location(warehouse, slow)
+        wait_for(lambda: failures or is_delta_table(spark, slow_location), 120, "the slow table's batch", 0.5)
+    finally:
+        release.set()
+        stop.set()
+        thread.join(120)
+    assert not failures, failures
+    assert refined(spark, warehouse, slow) == [(1, "a")]
