@@ -5,9 +5,9 @@ A streaming query per table gives each table its own trigger, polling, planning 
 serves them all. For each table whose raw table has new versions it reads the Change Data Feed of those versions
 as one batch, and refines it with the table's :class:`refine.batch.RefineBatch` (the function a table's streaming
 query runs per micro-batch), ``workers`` tables at a time: run continuously, a table's batch starts as soon as a
-worker is free; run once, in rounds until each table has refined what its raw table held at the start. A table without new versions costs
-nothing when the landing in the same process says which topics it wrote (:meth:`RefineLoop.landed`); else
-each round looks at each table's log (~10-30 ms).
+worker is free; run once, in rounds until each table has refined what its raw table held at the start. A table
+without new versions costs nothing when the landing in the same process says which topics it wrote
+(:meth:`RefineLoop.landed`); else each look is at each table's log (~10-30 ms).
 
 Where each table is, is kept in a marker beside its refine checkpoint (:class:`refine.progress.RefinedUpTo`):
 a batch is marked begun (its versions) before it runs and done after, so a batch cut short by a crash runs
