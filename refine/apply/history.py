@@ -332,9 +332,10 @@ def delivered_first(versions: DataFrame, held: DataFrame | None, key_columns: li
     a later offset, with the LSN and op it had. A streamed change (op ``c``, ``u``, ``d``) whose key, LSN
     and op the ``held`` versions (the history table's; None before its first batch) or an earlier offset of
     the batch already have is left out. Snapshot reads and a reset's delete versions share a snapshot's LSN
-    (and two snapshots may share one): they stay told apart by their whole position."""
+    (and two snapshots may share one): they stay told apart by their whole position. Without an LSN (0: rows
+    flattened without ``__lsn``) a change cannot be told from one delivered again: each is kept."""
     change = [*key_columns, LSN, OP]
-    streamed = F.col(OP).isin(Op.CREATE.value, Op.UPDATE.value, Op.DELETE.value)
+    streamed = F.col(OP).isin(Op.CREATE.value, Op.UPDATE.value, Op.DELETE.value) & (F.col(LSN) != 0)
     first = F.row_number().over(Window.partitionBy(*change).orderBy(F.col(OFFSET)))
     in_batch = versions.withColumn("_first", F.when(streamed, first).otherwise(F.lit(1)))
     once = in_batch.where(F.col("_first") == 1).drop("_first")

@@ -219,6 +219,9 @@ def test_streamed_changes_delivered_again_are_left_out_and_reads_stay(spark):
         delivered_first(versions, held, ["id"]),
         [(1, 5, 8, "u", "c"), (2, 3, 10, "r", "x"), (2, 3, 11, "u", "y")],
     )
+    # Rows flattened without `__lsn` have none (0): two updates of a key are two changes, not one delivered again.
+    unplaced = spark.createDataFrame([(3, 0, 12, "u", "p"), (3, 0, 13, "u", "q")], columns)
+    assertDataFrameEqual(delivered_first(unplaced, held, ["id"]), unplaced)
     # Before the history's first batch nothing is held; a change twice in the batch is still kept once.
     assertDataFrameEqual(
         delivered_first(versions, None, ["id"]),
