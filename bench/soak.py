@@ -34,6 +34,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -85,7 +86,7 @@ def start_sync(pipeline: Path, warehouse: str, bootstrap_servers: str, log: Path
 RUN_STARTS = "soak: cdc sync started"
 
 
-def runs_refined(log: Path, tables: list[str]) -> list[dict[str, int]]:
+def runs_refined(log: Path, tables: Sequence[str]) -> list[dict[str, int]]:
     """For each continuous run of `cdc sync` in ``log``, the refine batches it reported per table."""
     runs: list[dict[str, int]] = []
     for line in log.read_text(errors="replace").splitlines():
