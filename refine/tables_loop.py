@@ -201,68 +201,63 @@ class RefineLoop:
             return self.changes()
 
     def _run(self) -> dict[str, int]:
-        continuous = isinstance(self.trigger, Continuous)
-        interval = self.trigger.interval_s if isinstance(self.trigger, Continuous) else 0.0
         self._discover()
-        last_discovery = last_full_look = time.monotonic()
-        limits: dict[str, int] | None = None
-        # Continuously, a table's batch starts as soon as a worker is free: no round waits for its slowest batch
-        # (a table's first batch, with its history and child tables, took minutes while the others waited).
-        running: dict[Future[None], LoopTable] = {}
-        again: set[str] = set()  # tables due while their batch was running: looked at once it has ended
         with ThreadPoolExecutor(self.workers, thread_name_prefix="refine") as pool:
-            try:
-                while not self.stop.is_set():
-                    began = time.monotonic()
-                    if continuous and self.discover is not None and began - last_discovery >= self.discover_every_s:
-                        self._discover()
-                        last_discovery = began
-                    if not continuous:
-                        if limits is None:  # what each raw table holds now: the run's end
-                            limits = {name: table_version(self.spark, t.raw) for name, t in self.tables.items()}
-                        due = [t for name, t in self.tables.items() if not t.caught_up(self.spark, limits[name])]
-                        if not due:
-                            break
-                        self._round(pool, due, limits)
-                        continue
-                    full_look = not self.told_what_landed or began - last_full_look >= FULL_LOOK_S
-                    with self._lock:
-                        moved, self._moved = self._moved, set()
-                        self._woken.clear()
-                    if full_look:
-                        last_full_look = began
-                    busy = {table.name for table in running.values()}
-                    due = [
-                        t
-                        for t in self.tables.values()
-                        if full_look
-                        or t.job.table in moved
-                        or t.more
-                        or t.position.begun_to is not None
-                        or t.name in again
-                    ]
-                    again = {t.name for t in due if t.name in busy and (full_look or t.job.table in moved)}
-                    for table in due:
-                        if table.name not in busy:
-                            running[pool.submit(self._refine_one, table, None)] = table
-                    # Again once a batch ends, at the trigger's interval, or as soon as the landing says what it wrote.
-                    self._wait(running, max(0.0, interval - (time.monotonic() - began)))
-                    self._collect(running, only_done=True)
-            finally:
-                self._collect(running, only_done=False)
+            if isinstance(self.trigger, Continuous):
+                self._run_continuously(pool, self.trigger.interval_s)
+            else:
+                self._run_once(pool)
         return self.changes()
 
-    def _wait(self, running: dict[Future[None], LoopTable], seconds: float) -> None:
+    def _run_once(self, pool: ThreadPoolExecutor) -> None:
+        """Rounds until each table has refined what its raw table held at the start."""
+        limits = {name: table_version(self.spark, t.raw) for name, t in self.tables.items()}
+        while not self.stop.is_set():
+            due = [t for name, t in self.tables.items() if not t.caught_up(self.spark, limits[name])]
+            if not due:
+                return
+            running = {pool.submit(self._refine_one, table, limits[table.name]): table for table in due}
+            self._collect(running, only_done=False)
+
+    def _run_continuously(self, pool: ThreadPoolExecutor, interval: float) -> None:
+        """Until ``stop``: a table's batch starts as soon as a worker is free, so no table waits for another's
+        slowest batch (a table's first batch, with its history and child tables, took minutes while the others
+        waited)."""
+        last_discovery = last_full_look = time.monotonic()
+        running: dict[Future[None], LoopTable] = {}
+        again: set[str] = set()  # tables that moved while their batch was running: looked at once it has ended
+        try:
+            while not self.stop.is_set():
+                began = time.monotonic()
+                if self.discover is not None and began - last_discovery >= self.discover_every_s:
+                    self._discover()
+                    last_discovery = began
+                full_look = not self.told_what_landed or began - last_full_look >= FULL_LOOK_S
+                if full_look:
+                    last_full_look = began
+                with self._lock:
+                    moved, self._moved = self._moved, set()
+                    self._woken.clear()
+                busy = {table.name for table in running.values()}
+                looked_at = [t for t in self.tables.values() if full_look or t.job.table in moved or t.name in again]
+                again = {t.name for t in looked_at if t.name in busy}
+                due = [t for t in self.tables.values() if t in looked_at or t.more or t.position.begun_to is not None]
+                for table in due:
+                    if table.name not in busy:
+                        running[pool.submit(self._refine_one, table, None)] = table
+                # Again once a batch ends, at the trigger's interval, or as soon as the landing says what it wrote.
+                self._wait(running, began + interval)
+                self._collect(running, only_done=True)
+        finally:
+            self._collect(running, only_done=False)
+
+    def _wait(self, running: dict[Future[None], LoopTable], until: float) -> None:
         woken = self._woken if self.told_what_landed else self.stop
-        deadline = time.monotonic() + seconds
-        while not self.stop.is_set() and not woken.is_set() and time.monotonic() < deadline:
-            if running:
-                if wait(running, timeout=min(0.1, max(0.0, deadline - time.monotonic())), return_when=FIRST_COMPLETED)[
-                    0
-                ]:
-                    return
-            else:
-                woken.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+        while not (self.stop.is_set() or woken.is_set()) and (left := until - time.monotonic()) > 0:
+            if not running:
+                woken.wait(min(0.1, left))
+            elif wait(running, timeout=min(0.1, left), return_when=FIRST_COMPLETED).done:
+                return
 
     def _collect(self, running: dict[Future[None], LoopTable], only_done: bool) -> None:
         """Forget the batches that have ended (all of them, waiting, unless ``only_done``); the first failure
@@ -291,13 +286,6 @@ class RefineLoop:
         for job in self.discover() if self.discover is not None else ():
             if not self.stop.is_set():
                 self.add(job)
-
-    def _round(self, pool: ThreadPoolExecutor, due: list[LoopTable], limits: dict[str, int] | None) -> None:
-        """One batch of each table ``due`` that has new versions, ``workers`` at a time."""
-        running = {
-            pool.submit(self._refine_one, table, None if limits is None else limits[table.name]): table for table in due
-        }
-        self._collect(running, only_done=False)
 
     def _refine_one(self, table: LoopTable, up_to: int | None) -> None:
         if self.stop.is_set():
