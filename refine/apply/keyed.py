@@ -12,6 +12,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
 from cdc.core.errors import ConfigError
+from cdc.core.frames import computed_once
 from cdc.core.tables import is_delta_table
 from refine.apply.batch_facts import BatchFacts, row_type_of
 from refine.apply.deleted import (
@@ -83,12 +84,12 @@ def merge_keyed_batch(
     _follow_schema(spark, changes, columns, key_columns, tables)
     ignored = tables.shape.ignored_nulls(columns, key_columns)
     filled, latest = _latest_changes(spark, changes, key_schema, key_columns, facts, tables, ignored)
-    with rules.enforced_changes(spark, latest, columns, key_columns, batch_id, tables.masked) as enforced:
-        rows = tables.shaped(enforced, key_columns).persist()  # computed once from the tables as they were
-        try:
-            _write_rows(spark, rows, key_columns, facts, tables)
-        finally:
-            rows.unpersist()
+    with (
+        rules.enforced_changes(spark, latest, columns, key_columns, batch_id, tables.masked) as enforced,
+        # Computed once, from the tables as they were, and planned as a leaf by each write that reads them.
+        computed_once(tables.shaped(enforced, key_columns)) as rows,
+    ):
+        _write_rows(spark, rows, key_columns, facts, tables)
     if tables.history is not None:
         record_debezium_history(
             spark,

@@ -164,7 +164,8 @@ def fill_from_old_keys(changes: DataFrame, key_schema: ConnectSchema, stored: Da
     depth = chain_depth(changes, rekeyed)
     if depth == 1:  # one round, over the whole batch: nothing to split
         filled = _fill_one_link(_first_fill(changes, key_columns, stored), key_columns, stored, rekeyed)
-        return filled.drop("old_key", "key_segment")
+        # Computed once, as below: its plan reads the changes twice and is read by three writers.
+        return _checkpointed(filled.drop("old_key", "key_segment"))
     # Up to two keys per key change (no broadcast forced: a bulk update of keys has millions); null-safe,
     # as the rounds fill a change of a null key too.
     linked_keys = changes.where(rekeyed).select(F.explode(F.array("key", "old_key")).alias("linked")).distinct()
