@@ -37,7 +37,6 @@ from pyspark.sql.types import BooleanType, StructField, StructType
 
 from cdc.core.config import _Strict
 from cdc.core.errors import ConfigError
-from cdc.core.frames import computed_once
 from cdc.core.tables import is_delta_table
 from refine.apply.latest import SnapshotStart, at_or_after, from_snapshot_start, resets_table
 from refine.apply.merge import (
@@ -311,23 +310,21 @@ def apply_history(
     # Of the table's types; a column the source dropped is NULL in the versions after the drop.
     versions = StructType([f for f in table if f.name not in (VALID_TO, IS_CURRENT)])
     arriving = conformed(arriving, versions, whole_rows, settings.schema_rules.source_time_zone)
-    # Read twice below (its keys, its versions): planned once, as a leaf of the MERGE's source.
-    with computed_once(arriving) as arriving:
-        history = spark.read.format("delta").load(location)
-        existing = history.join(arriving.select(*spec.key_columns).distinct(), spec.key_columns, "left_semi")
-        updates = history_updates(existing, arriving, spec, unchanged)
-        same_version = " AND ".join(f"t.`{c}` = s.`{c}`" for c in spec.version_columns)
-        held = [VALID_TO, IS_CURRENT]
-        if spec.tracked_columns is not None:  # a version updated in place by untracked changes
-            held += [c for c in updates.columns if c not in (*spec.version_columns, VALID_FROM, IS_DELETED)]
-        (
-            DeltaTable.forPath(spark, location)
-            .alias("t")
-            .merge(updates.alias("s"), same_version)
-            .whenMatchedUpdate(set={f"`{c}`": F.col(f"s.`{c}`") for c in dict.fromkeys(held)})
-            .whenNotMatchedInsert(values={f"`{f.name}`": F.col(f"s.`{f.name}`") for f in updates.schema})
-            .execute()
-        )
+    history = spark.read.format("delta").load(location)
+    existing = history.join(arriving.select(*spec.key_columns).distinct(), spec.key_columns, "left_semi")
+    updates = history_updates(existing, arriving, spec, unchanged)
+    same_version = " AND ".join(f"t.`{c}` = s.`{c}`" for c in spec.version_columns)
+    held = [VALID_TO, IS_CURRENT]
+    if spec.tracked_columns is not None:  # a version updated in place by untracked changes
+        held += [c for c in updates.columns if c not in (*spec.version_columns, VALID_FROM, IS_DELETED)]
+    (
+        DeltaTable.forPath(spark, location)
+        .alias("t")
+        .merge(updates.alias("s"), same_version)
+        .whenMatchedUpdate(set={f"`{c}`": F.col(f"s.`{c}`") for c in dict.fromkeys(held)})
+        .whenNotMatchedInsert(values={f"`{f.name}`": F.col(f"s.`{f.name}`") for f in updates.schema})
+        .execute()
+    )
 
 
 def delivered_first(versions: DataFrame, held: DataFrame | None, key_columns: list[str]) -> DataFrame:
