@@ -172,7 +172,7 @@ def _write_rows(
                 spark, tables.deleted, tables.settings, tables.refined, rows, key_columns, snapshot_at
             )
     guarded = without_resurrections(spark, tables.deleted, rows, key_columns) if guard else rows
-    keys = rows.select(*[F.col(f"`{key}`") for key in key_columns])  # cached with rows
+    keys = rows.select(*[F.col(f"`{key}`") for key in key_columns])  # of the rows computed once
     merge_changes(
         spark,
         tables.refined,
